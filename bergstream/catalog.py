@@ -1,0 +1,91 @@
+"""The Iceberg catalog: one typed description, seen the same way by Spark and by pyiceberg."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from bergstream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+CatalogType = Literal["jdbc", "rest"]
+
+
+class CatalogConfig(BaseModel):
+    """Where the archive tables live.
+
+    `jdbc` takes a JDBC URI (`jdbc:sqlite:/path/catalog.db`, `jdbc:postgresql://host:5432/db`); `rest`
+    takes the REST catalog's HTTP URI. `properties` pass through to Iceberg under its own names
+    (`io-impl`, `s3.endpoint`, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(default="bergstream", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    type: CatalogType = "jdbc"
+    uri: str
+    warehouse: str
+    namespace: str = Field(default="archive", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    user: str | None = None
+    password: SecretStr | None = None
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _uri_matches_type(self) -> CatalogConfig:
+        if self.type == "jdbc" and not self.uri.startswith(("jdbc:sqlite:", "jdbc:postgresql:")):
+            raise ConfigError(
+                f"catalog uri {self.uri!r}: a jdbc catalog needs jdbc:sqlite:<file> or jdbc:postgresql://host/db"
+            )
+        if self.type == "rest" and not self.uri.startswith(("http://", "https://")):
+            raise ConfigError(f"catalog uri {self.uri!r}: a rest catalog needs an http:// or https:// URI")
+        return self
+
+    @classmethod
+    def sqlite(cls, db_file: Path, warehouse: Path, name: str = "bergstream") -> CatalogConfig:
+        return cls(name=name, uri=f"jdbc:sqlite:{db_file}", warehouse=warehouse.as_uri())
+
+    def table_identifier(self, table: str) -> str:
+        """`catalog.namespace.table` for Spark SQL."""
+        return f"{self.name}.{self.namespace}.{table}"
+
+    def spark_conf(self) -> dict[str, str]:
+        prefix = f"spark.sql.catalog.{self.name}"
+        conf = {
+            prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.type": self.type,
+            f"{prefix}.uri": self.uri,
+            f"{prefix}.warehouse": self.warehouse,
+        }
+        if self.type == "jdbc":
+            if self.user is not None:
+                conf[f"{prefix}.jdbc.user"] = self.user
+            if self.password is not None:
+                conf[f"{prefix}.jdbc.password"] = self.password.get_secret_value()
+        for key, value in self.properties.items():
+            conf[f"{prefix}.{key}"] = value
+        return conf
+
+    def sqlalchemy_uri(self) -> str:
+        """The same JDBC catalog as a SQLAlchemy URI, for pyiceberg's SqlCatalog."""
+        if self.uri.startswith("jdbc:sqlite:"):
+            return "sqlite:///" + self.uri.removeprefix("jdbc:sqlite:")
+        rest = self.uri.removeprefix("jdbc:postgresql://")
+        credentials = ""
+        if self.user is not None:
+            secret = self.password.get_secret_value() if self.password is not None else ""
+            credentials = f"{quote(self.user, safe='')}:{quote(secret, safe='')}@"
+        return f"postgresql+psycopg2://{credentials}{rest}"
+
+    def load(self) -> Catalog:
+        """The pyiceberg catalog for this configuration."""
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        if self.type == "rest":
+            return RestCatalog(self.name, uri=self.uri, warehouse=self.warehouse, **self.properties)
+        return SqlCatalog(self.name, uri=self.sqlalchemy_uri(), warehouse=self.warehouse, **self.properties)

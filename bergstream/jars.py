@@ -1,0 +1,117 @@
+"""The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache.
+
+Nothing is downloaded when Spark or the broker starts: both read the cache that `resolve` filled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from bergstream.errors import BergstreamError, MissingToolError
+
+POM = Path(__file__).parent / "jvm" / "pom.xml"
+JarSet = Literal["spark", "kafka"]
+JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka")
+_COMPLETE = ".complete"
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[\w.+-]*)\.jar$")
+
+
+@dataclass(frozen=True)
+class PinnedVersions:
+    spark: str
+    iceberg: str
+    kafka: str
+    scala_binary: str
+
+
+def pinned_versions(pom: Path = POM) -> PinnedVersions:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(pom).getroot().find("m:properties", ns)
+    assert props is not None, f"{pom} has no <properties>"
+
+    def prop(name: str) -> str:
+        node = props.find(f"m:{name}", ns)
+        if node is None or not node.text:
+            raise BergstreamError(f"{pom}: property <{name}> is missing")
+        return node.text.strip()
+
+    return PinnedVersions(
+        spark=prop("spark.version"),
+        iceberg=prop("iceberg.version"),
+        kafka=prop("kafka.version"),
+        scala_binary=prop("scala.binary.version"),
+    )
+
+
+def cache_root() -> Path:
+    base = os.environ.get("BERGSTREAM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bergstream"
+    )
+    return Path(base) / "jars"
+
+
+def _pom_digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+
+
+def jar_dir(jar_set: JarSet, pom: Path = POM) -> Path:
+    return cache_root() / _pom_digest(pom) / jar_set
+
+
+def require_tool(name: str, purpose: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise MissingToolError(f"'{name}' was not found on PATH; it is needed to {purpose}. Install it and retry.")
+    return path
+
+
+def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
+    """Copy one set's jars and their runtime dependencies into the cache; a no-op when already there."""
+    target = jar_dir(jar_set, pom)
+    if (target / _COMPLETE).exists():
+        return target
+    mvn = require_tool("mvn", f"resolve the {jar_set} jars pinned in {pom}")
+    staging = target.with_name(f"{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    command = [
+        mvn, "-q", "-B", "-f", str(pom), "-P", jar_set,
+        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}:\n{tail}")
+    (staging / _COMPLETE).write_text(_pom_digest(pom))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def resolve_all(pom: Path = POM) -> dict[JarSet, Path]:
+    return {jar_set: resolve(jar_set, pom) for jar_set in JAR_SETS}
+
+
+def artifact_name(jar: Path) -> str:
+    match = _JAR_NAME.match(jar.name)
+    return match.group("artifact") if match else jar.stem
+
+
+def spark_jars(spark_home_jars: Path, pom: Path = POM) -> list[Path]:
+    """The jars for spark.jars: the resolved set less the artifacts Spark already ships."""
+    shipped = {artifact_name(jar) for jar in spark_home_jars.glob("*.jar")}
+    resolved = sorted(resolve("spark", pom).glob("*.jar"))
+    return [jar for jar in resolved if artifact_name(jar) not in shipped]
+
+
+def kafka_classpath(pom: Path = POM) -> list[Path]:
+    return sorted(resolve("kafka", pom).glob("*.jar"))

@@ -1,0 +1,161 @@
+"""A single-node Apache Kafka broker in KRaft mode, run from the jars pinned in jvm/pom.xml."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from bergstream import jars
+from bergstream.errors import StackError
+from bergstream.local import processes
+
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+LOG4J_CONFIG = Path(__file__).parent / "log4j2.properties"
+READY_TIMEOUT_SECONDS = 90.0
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    home: Path
+    host: str
+    port: int
+    controller_port: int
+    partitions: int = 4
+    heap: str = "1g"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def properties_file(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "broker.log"
+
+
+def server_properties(config: BrokerConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{config.controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{config.port},CONTROLLER://{host}:{config.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{config.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(config.log_dir),
+        "num.partitions": str(config.partitions),
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        # A short check interval lets small per-topic retention settings take effect quickly.
+        "log.retention.check.interval.ms": "10000",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    return jars.require_tool("java", "run the Kafka broker (install OpenJDK 17 or newer)")
+
+
+def _classpath() -> str:
+    return os.pathsep.join(str(jar) for jar in jars.kafka_classpath())
+
+
+def _format_storage(config: BrokerConfig, java: str, classpath: str) -> None:
+    if (config.log_dir / "meta.properties").exists():
+        return
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    done = subprocess.run(
+        [java, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", classpath, STORAGE_TOOL,
+         "format", "-t", cluster_id, "-c", str(config.properties_file)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise StackError(f"formatting the Kafka log directory {config.log_dir} failed: {done.stdout}{done.stderr}")
+
+
+def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers, "log_level": 0})
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StackError(
+                f"the Kafka broker exited with code {process.returncode} while starting; "
+                f"end of {config.log_file}:\n{processes.log_tail(config.log_file)}"
+            )
+        try:
+            metadata = admin.list_topics(timeout=2)
+            if metadata.brokers:
+                return
+        except Exception:  # noqa: BLE001 - not reachable yet; retried until the deadline
+            time.sleep(0.5)
+    raise StackError(
+        f"the Kafka broker did not answer on {config.bootstrap_servers} within {READY_TIMEOUT_SECONDS:.0f}s; "
+        f"end of {config.log_file}:\n{processes.log_tail(config.log_file)}"
+    )
+
+
+def start(config: BrokerConfig) -> int:
+    """Start the broker in the background and return its pid once it answers metadata requests."""
+    java = _java()
+    classpath = _classpath()
+    config.home.mkdir(parents=True, exist_ok=True)
+    config.properties_file.write_text(server_properties(config))
+    _format_storage(config, java, classpath)
+    command = [
+        java, f"-Xmx{config.heap}", "-Xms256m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", f"-Dkafka.logs.dir={config.home}",
+        "-cp", classpath, MAIN_CLASS, str(config.properties_file),
+    ]  # fmt: skip
+    with config.log_file.open("ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    config.pid_file.write_text(str(process.pid))
+    try:
+        _wait_until_ready(config, process)
+    except BaseException:
+        processes.stop(process.pid, grace_seconds=5)
+        process.wait()
+        config.pid_file.unlink(missing_ok=True)
+        raise
+    return process.pid
+
+
+def stop(config: BrokerConfig, grace_seconds: float = 30.0) -> bool:
+    """Stop the broker; False when none was running."""
+    pid = processes.running_pid(config.pid_file)
+    if pid is not None:
+        processes.stop(pid, grace_seconds)
+    config.pid_file.unlink(missing_ok=True)
+    return pid is not None

@@ -1,0 +1,133 @@
+"""`bergstream local up | down | status`: the embedded stack on the loopback interface."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bergstream import jars
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError, StackError
+from bergstream.local import kafka_broker, processes
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_CONTROLLER_PORT = 9093
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("BERGSTREAM_HOME", ".bergstream")).absolute()
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    data_dir: Path
+    host: str = DEFAULT_HOST
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+
+    def __post_init__(self) -> None:
+        if self.host not in LOOPBACK:
+            raise ConfigError(f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)")
+        for name, port in (("kafka port", self.kafka_port), ("controller port", self.controller_port)):
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"{name} {port} is not a TCP port (1-65535)")
+        if self.kafka_port == self.controller_port:
+            raise ConfigError(f"the kafka port and the controller port are both {self.kafka_port}; pick two")
+
+    @property
+    def broker(self) -> kafka_broker.BrokerConfig:
+        return kafka_broker.BrokerConfig(
+            home=self.data_dir / "kafka", host=self.host, port=self.kafka_port, controller_port=self.controller_port
+        )
+
+    @property
+    def catalog(self) -> CatalogConfig:
+        return CatalogConfig.sqlite(self.data_dir / "catalog" / "catalog.db", self.data_dir / "warehouse")
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "stack.json"
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    running: bool
+    data_dir: str
+    bootstrap_servers: str
+    broker_pid: int | None
+    catalog_name: str
+    catalog_uri: str
+    catalog_sqlalchemy_uri: str
+    catalog_namespace: str
+    warehouse: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def at(cls, data_dir: Path) -> LocalStack:
+        """The stack last started in `data_dir`, with the ports it was started with."""
+        state = data_dir / "stack.json"
+        if not state.exists():
+            return cls(StackConfig(data_dir=data_dir))
+        saved = json.loads(state.read_text())
+        return cls(
+            StackConfig(
+                data_dir=data_dir,
+                host=saved["host"],
+                kafka_port=saved["kafka_port"],
+                controller_port=saved["controller_port"],
+            )
+        )
+
+    def up(self) -> StackStatus:
+        config = self.config
+        pid = processes.running_pid(config.broker.pid_file)
+        if pid is not None:
+            running = LocalStack.at(config.data_dir).status()
+            raise StackError(
+                f"the local stack in {config.data_dir} is already running (broker pid {pid}, "
+                f"{running.bootstrap_servers}); stop it with `bergstream local down`"
+            )
+        for name, port in (("--kafka-port", config.kafka_port), ("--controller-port", config.controller_port)):
+            if processes.port_in_use(config.host, port):
+                raise StackError(f"port {port} on {config.host} is already in use; choose another with {name}")
+        jars.resolve_all()
+        (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
+        (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
+        kafka_broker.start(config.broker)
+        config.state_file.write_text(
+            json.dumps(
+                {"host": config.host, "kafka_port": config.kafka_port, "controller_port": config.controller_port}
+            )
+        )
+        return self.status()
+
+    def down(self) -> None:
+        if not kafka_broker.stop(self.config.broker):
+            raise StackError(f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack")
+
+    def status(self) -> StackStatus:
+        config = self.config
+        catalog = config.catalog
+        return StackStatus(
+            running=processes.running_pid(config.broker.pid_file) is not None,
+            data_dir=str(config.data_dir),
+            bootstrap_servers=config.broker.bootstrap_servers,
+            broker_pid=processes.running_pid(config.broker.pid_file),
+            catalog_name=catalog.name,
+            catalog_uri=catalog.uri,
+            catalog_sqlalchemy_uri=catalog.sqlalchemy_uri(),
+            catalog_namespace=catalog.namespace,
+            warehouse=catalog.warehouse,
+        )

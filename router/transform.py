@@ -1,0 +1,30 @@
+"""From Kafka records to archive rows and dead-letter rows; the same for a batch and a micro-batch."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from router.parse import ERROR, EVENT, parse
+from router.stamp import metadata
+from schemas.archive import METADATA, ArchiveLayout
+from schemas.registry import Encoding
+
+
+def split(
+    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str
+) -> tuple[DataFrame, DataFrame]:
+    """(archive rows, dead-letter rows): every record lands in exactly one of the two."""
+    with_headers = "headers" in records.columns
+    parsed = parse(records, layout, encoding).withColumn(METADATA, metadata(cluster, with_headers))
+    archived = parsed.where(F.col(ERROR).isNull()).select(
+        *[F.col(f"{EVENT}.{f.name}").alias(f.name) for f in layout.event_type.fields], F.col(METADATA)
+    )
+    dead_letters = parsed.where(F.col(ERROR).isNotNull()).select(
+        F.col("key").alias("raw_key"),
+        F.col("value").alias("raw_value"),
+        F.col(ERROR).alias("error"),
+        F.lit(layout.event.name).alias("schema_name"),
+        F.col(METADATA),
+    )
+    return archived, dead_letters
