@@ -8,8 +8,6 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from bergstream.errors import ConfigError
-
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
@@ -38,11 +36,11 @@ class CatalogConfig(BaseModel):
     @model_validator(mode="after")
     def _uri_matches_type(self) -> CatalogConfig:
         if self.type == "jdbc" and not self.uri.startswith(("jdbc:sqlite:", "jdbc:postgresql:")):
-            raise ConfigError(
+            raise ValueError(
                 f"catalog uri {self.uri!r}: a jdbc catalog needs jdbc:sqlite:<file> or jdbc:postgresql://host/db"
             )
         if self.type == "rest" and not self.uri.startswith(("http://", "https://")):
-            raise ConfigError(f"catalog uri {self.uri!r}: a rest catalog needs an http:// or https:// URI")
+            raise ValueError(f"catalog uri {self.uri!r}: a rest catalog needs an http:// or https:// URI")
         return self
 
     @classmethod

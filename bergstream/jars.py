@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -21,7 +20,6 @@ POM = Path(__file__).parent / "jvm" / "pom.xml"
 JarSet = Literal["spark", "kafka"]
 JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka")
 _COMPLETE = ".complete"
-_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[\w.+-]*)\.jar$")
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,9 @@ def jar_dir(jar_set: JarSet, pom: Path = POM) -> Path:
 def require_tool(name: str, purpose: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise MissingToolError(f"'{name}' was not found on PATH; it is needed to {purpose}. Install it and retry.")
+        raise MissingToolError(
+            f"'{name}' was not found on PATH; it is needed to {purpose}. Install it and retry."
+        )
     return path
 
 
@@ -84,7 +84,8 @@ def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
     staging.mkdir(parents=True)
     command = [
         mvn, "-q", "-B", "-f", str(pom), "-P", jar_set,
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        "dependency:copy-dependencies", "-DincludeScope=runtime", "-Dmdep.useRepositoryLayout=true",
+        f"-DoutputDirectory={staging}",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -101,17 +102,28 @@ def resolve_all(pom: Path = POM) -> dict[JarSet, Path]:
     return {jar_set: resolve(jar_set, pom) for jar_set in JAR_SETS}
 
 
-def artifact_name(jar: Path) -> str:
-    match = _JAR_NAME.match(jar.name)
-    return match.group("artifact") if match else jar.stem
+def resolved_jars(jar_set: JarSet, pom: Path = POM) -> list[Path]:
+    """The set's jars, in Maven's repository layout: <group path>/<artifact>/<version>/<file>.jar."""
+    return sorted(resolve(jar_set, pom).rglob("*.jar"))
+
+
+def artifact_id(jar: Path) -> str:
+    return jar.parent.parent.name
+
+
+def ships(spark_home_jars: Path, artifact: str) -> bool:
+    """Whether Spark's own jars folder has this artifact, in whatever version."""
+    prefix = f"{artifact}-"
+    return any(
+        jar.name.startswith(prefix) and jar.name[len(prefix) : len(prefix) + 1].isdigit()
+        for jar in spark_home_jars.glob("*.jar")
+    )
 
 
 def spark_jars(spark_home_jars: Path, pom: Path = POM) -> list[Path]:
     """The jars for spark.jars: the resolved set less the artifacts Spark already ships."""
-    shipped = {artifact_name(jar) for jar in spark_home_jars.glob("*.jar")}
-    resolved = sorted(resolve("spark", pom).glob("*.jar"))
-    return [jar for jar in resolved if artifact_name(jar) not in shipped]
+    return [jar for jar in resolved_jars("spark", pom) if not ships(spark_home_jars, artifact_id(jar))]
 
 
 def kafka_classpath(pom: Path = POM) -> list[Path]:
-    return sorted(resolve("kafka", pom).glob("*.jar"))
+    return resolved_jars("kafka", pom)

@@ -29,7 +29,9 @@ METADATA_TYPE = T.StructType(
         T.StructField("key", T.BinaryType()),
         T.StructField(
             "headers",
-            T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])),
+            T.ArrayType(
+                T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+            ),
         ),
         T.StructField("timestamp_type", T.StringType()),  # CreateTime or LogAppendTime
         T.StructField("cluster", T.StringType()),  # the configured Kafka cluster or region name

@@ -29,7 +29,9 @@ def avro_to_spark(avro_type: Any, path: str = "") -> tuple[T.DataType, bool]:
     if isinstance(avro_type, list):
         branches = [branch for branch in avro_type if branch != "null"]
         if len(branches) != 1:
-            raise ConfigError(f"field {path}: only unions of null and one type are supported, not {avro_type}")
+            raise ConfigError(
+                f"field {path}: only unions of null and one type are supported, not {avro_type}"
+            )
         spark_type, _ = avro_to_spark(branches[0], path)
         return spark_type, "null" in avro_type
     if isinstance(avro_type, str):

@@ -99,7 +99,9 @@ def _format_storage(config: BrokerConfig, java: str, classpath: str) -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        raise StackError(f"formatting the Kafka log directory {config.log_dir} failed: {done.stdout}{done.stderr}")
+        raise StackError(
+            f"formatting the Kafka log directory {config.log_dir} failed: {done.stdout}{done.stderr}"
+        )
 
 
 def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) -> None:
@@ -117,7 +119,7 @@ def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) ->
             metadata = admin.list_topics(timeout=2)
             if metadata.brokers:
                 return
-        except Exception:  # noqa: BLE001 - not reachable yet; retried until the deadline
+        except Exception:  # not reachable yet; retried until the deadline
             time.sleep(0.5)
     raise StackError(
         f"the Kafka broker did not answer on {config.bootstrap_servers} within {READY_TIMEOUT_SECONDS:.0f}s; "

@@ -32,7 +32,9 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK:
-            raise ConfigError(f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)")
+            raise ConfigError(
+                f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)"
+            )
         for name, port in (("kafka port", self.kafka_port), ("controller port", self.controller_port)):
             if not 1 <= port <= 65535:
                 raise ConfigError(f"{name} {port} is not a TCP port (1-65535)")
@@ -42,7 +44,10 @@ class StackConfig:
     @property
     def broker(self) -> kafka_broker.BrokerConfig:
         return kafka_broker.BrokerConfig(
-            home=self.data_dir / "kafka", host=self.host, port=self.kafka_port, controller_port=self.controller_port
+            home=self.data_dir / "kafka",
+            host=self.host,
+            port=self.kafka_port,
+            controller_port=self.controller_port,
         )
 
     @property
@@ -99,23 +104,34 @@ class LocalStack:
                 f"the local stack in {config.data_dir} is already running (broker pid {pid}, "
                 f"{running.bootstrap_servers}); stop it with `bergstream local down`"
             )
-        for name, port in (("--kafka-port", config.kafka_port), ("--controller-port", config.controller_port)):
+        for name, port in (
+            ("--kafka-port", config.kafka_port),
+            ("--controller-port", config.controller_port),
+        ):
             if processes.port_in_use(config.host, port):
-                raise StackError(f"port {port} on {config.host} is already in use; choose another with {name}")
+                raise StackError(
+                    f"port {port} on {config.host} is already in use; choose another with {name}"
+                )
         jars.resolve_all()
         (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
         (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
         kafka_broker.start(config.broker)
         config.state_file.write_text(
             json.dumps(
-                {"host": config.host, "kafka_port": config.kafka_port, "controller_port": config.controller_port}
+                {
+                    "host": config.host,
+                    "kafka_port": config.kafka_port,
+                    "controller_port": config.controller_port,
+                }
             )
         )
         return self.status()
 
     def down(self) -> None:
         if not kafka_broker.stop(self.config.broker):
-            raise StackError(f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack")
+            raise StackError(
+                f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
+            )
 
     def status(self) -> StackStatus:
         config = self.config

@@ -1,0 +1,201 @@
+"""The `bergstream` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bergstream import __version__
+from bergstream.errors import BergstreamError
+
+DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the local stack keeps its state (default: $BERGSTREAM_HOME or ./.bergstream).",
+)
+
+
+def _data_dir(data_dir: Path | None) -> Path:
+    from bergstream.local.stack import default_data_dir
+
+    return data_dir.absolute() if data_dir is not None else default_data_dir()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bergstream")
+def cli() -> None:
+    """Archive Kafka topics into Apache Iceberg, and backfill streaming applications from the archive."""
+
+
+@cli.group()
+def local() -> None:
+    """The embedded stack on 127.0.0.1: a Kafka broker, a SQLite Iceberg catalog, a warehouse folder."""
+
+
+@local.command("up")
+@DATA_DIR
+@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to listen on.")
+@click.option("--kafka-port", type=int, default=9092, show_default=True)
+@click.option("--controller-port", type=int, default=9093, show_default=True)
+def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port: int) -> None:
+    """Start the local stack."""
+    import time
+
+    from bergstream.local import LocalStack, StackConfig
+
+    started = time.monotonic()
+    config = StackConfig(
+        data_dir=_data_dir(data_dir), host=host, kafka_port=kafka_port, controller_port=controller_port
+    )
+    status = LocalStack(config).up()
+    click.echo(f"local stack up in {time.monotonic() - started:.1f}s")
+    _print_status(status.to_json())
+
+
+@local.command("down")
+@DATA_DIR
+def local_down(data_dir: Path | None) -> None:
+    """Stop the local stack; its data stays for the next `up`."""
+    from bergstream.local import LocalStack
+
+    stack = LocalStack.at(_data_dir(data_dir))
+    stack.down()
+    click.echo(f"local stack in {stack.config.data_dir} stopped")
+
+
+@local.command("status")
+@DATA_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts and tests.")
+def local_status(data_dir: Path | None, as_json: bool) -> None:
+    """Say whether the stack runs and where its services are; exits 1 when it is not running."""
+    from bergstream.local import LocalStack
+
+    status = LocalStack.at(_data_dir(data_dir)).status()
+    if as_json:
+        click.echo(json.dumps(status.to_json(), indent=2))
+    else:
+        _print_status(status.to_json())
+    if not status.running:
+        sys.exit(1)
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    width = max(len(key) for key in status)
+    for key, value in status.items():
+        click.echo(f"  {key:<{width}}  {value}")
+
+
+@cli.command()
+@click.option("--topic", required=True, help="The Kafka topic.")
+@click.option("--schema", default=None, help="playback or impression (default: the topic's name).")
+@click.option("--count", type=int, required=True, help="How many records to send.")
+@click.option("--rate", type=float, default=None, help="Records per second (default: as fast as possible).")
+@click.option(
+    "--late-fraction", type=float, default=0.0, show_default=True, help="Share of out-of-order events."
+)
+@click.option(
+    "--bad-fraction", type=float, default=0.0, show_default=True, help="Share of malformed records."
+)
+@click.option("--encoding", type=click.Choice(["json", "avro"]), default="json", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--partitions", type=int, default=4, show_default=True, help="Partitions if the topic is created."
+)
+@click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@DATA_DIR
+def produce(
+    topic: str,
+    schema: str | None,
+    count: int,
+    rate: float | None,
+    late_fraction: float,
+    bad_fraction: float,
+    encoding: str,
+    seed: int,
+    partitions: int,
+    bootstrap_servers: str | None,
+    data_dir: Path | None,
+) -> None:
+    """Send realistic events, keyed by account id, into a Kafka topic."""
+    from bergstream.loadgen.producer import ProduceRequest
+    from bergstream.loadgen.producer import produce as run
+
+    request = ProduceRequest(
+        topic=topic,
+        schema=schema,
+        count=count,
+        rate=rate,
+        late_fraction=late_fraction,
+        bad_fraction=bad_fraction,
+        encoding=encoding,  # type: ignore[arg-type]
+        seed=seed,
+        partitions=partitions,
+    )
+    report = run(request, bootstrap_servers or _local_bootstrap(data_dir), show_progress=sys.stderr.isatty())
+    click.echo(report.summary())
+
+
+def _local_bootstrap(data_dir: Path | None) -> str:
+    from bergstream.errors import StackError
+    from bergstream.local import LocalStack
+
+    status = LocalStack.at(_data_dir(data_dir)).status()
+    if not status.running:
+        raise StackError(
+            f"no local stack runs in {status.data_dir}: start it with `bergstream local up` "
+            "or name a broker with --bootstrap-servers"
+        )
+    return status.bootstrap_servers
+
+
+@cli.group()
+def jars() -> None:
+    """The JVM jars pinned in bergstream/jvm/pom.xml."""
+
+
+@jars.command("resolve")
+def jars_resolve() -> None:
+    """Resolve every pinned jar into the local cache (once; later calls do nothing)."""
+    from bergstream import jars as pinned
+
+    for jar_set, directory in pinned.resolve_all().items():
+        click.echo(f"{jar_set}: {len(pinned.resolved_jars(jar_set))} jars in {directory}")
+
+
+@jars.command("versions")
+def jars_versions() -> None:
+    """Print the pinned Spark, Iceberg and Kafka versions."""
+    from dataclasses import asdict
+
+    from bergstream import jars as pinned
+
+    _print_status(asdict(pinned.pinned_versions()))
+
+
+@cli.command()
+@DATA_DIR
+@click.option("--count", type=int, default=20_000, show_default=True, help="Records per topic.")
+def demo(data_dir: Path | None, count: int) -> None:
+    """Start the stack, produce both topics, archive them into Iceberg, summarise, stop."""
+    from bergstream.demo import run_demo
+
+    run_demo(_data_dir(data_dir) / "demo", count)
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("bergstream: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except BergstreamError as error:
+        click.echo(f"bergstream: error: {error}", err=True)
+        sys.exit(1)

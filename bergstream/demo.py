@@ -1,0 +1,102 @@
+"""`bergstream demo`: the whole path on embedded defaults, from producers to the archive, then stopped."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bergstream.loadgen.events import TOPICS
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, StackConfig
+from bergstream.local.processes import free_port
+from bergstream.spark import build_spark_session
+from router.batch import archive_topic
+from schemas.archive import ArchiveLayout
+from schemas.registry import Encoding, load_event_schema
+
+ENCODING: dict[str, Encoding] = {"playback": "json", "impression": "avro"}
+
+
+def run_demo(data_dir: Path, count: int) -> None:
+    console = Console()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=free_port(), controller_port=free_port()))
+    started = time.monotonic()
+    console.rule("[bold]bergstream demo")
+    status = stack.up()
+    console.print(
+        f"Kafka broker on {status.bootstrap_servers} (KRaft, pid {status.broker_pid}), "
+        f"Iceberg catalog {status.catalog_uri}, warehouse {status.warehouse}"
+    )
+    try:
+        console.rule("Producing")
+        for topic in TOPICS:
+            request = ProduceRequest(
+                topic=topic,
+                count=count,
+                late_fraction=0.05,
+                bad_fraction=0.01,
+                encoding=ENCODING[topic],
+                seed=7,
+            )
+            report = produce(request, status.bootstrap_servers, show_progress=console.is_terminal)
+            console.print(report.summary())
+        console.rule("Archiving into Iceberg")
+        catalog = stack.config.catalog
+        spark = build_spark_session(catalog, app_name="bergstream-demo")
+        try:
+            for topic in TOPICS:
+                layout = ArchiveLayout(load_event_schema(topic), table=topic)
+                result = archive_topic(
+                    spark, catalog, layout, status.bootstrap_servers, topic, ENCODING[topic]
+                )
+                console.print(
+                    f"{topic}: read {result.read} records, archived {result.archived} rows into "
+                    f"{catalog.table_identifier(layout.table)}, dead-lettered {result.dead_lettered} into "
+                    f"{catalog.table_identifier(layout.dead_letter_table)}"
+                )
+        finally:
+            spark.stop()
+        console.rule("The archive")
+        for topic in TOPICS:
+            console.print(_archive_summary(stack, topic))
+    finally:
+        stack.down()
+    console.print(
+        f"demo done in {time.monotonic() - started:.0f}s; the stack is stopped, its data is in {data_dir}"
+    )
+
+
+def _archive_summary(stack: LocalStack, topic: str) -> Table:
+    catalog = stack.config.catalog
+    iceberg = catalog.load()
+    table = iceberg.load_table(f"{catalog.namespace}.{topic}")
+    partitions = table.inspect.partitions().to_pylist()
+    files = table.inspect.files().to_pylist()
+    dead_letters = iceberg.load_table(f"{catalog.namespace}.{topic}__dlq").scan(selected_fields=("error",))
+    errors: dict[str, int] = {}
+    for error in dead_letters.to_arrow().column("error").to_pylist():
+        errors[error] = errors.get(error, 0) + 1
+    kafka_bytes = sum(path.stat().st_size for path in (stack.config.broker.log_dir).glob(f"{topic}-*/*.log"))
+    archive_bytes = sum(f["file_size_in_bytes"] for f in files)
+    summary = Table(
+        title=f"{catalog.table_identifier(topic)}: {len(files)} files, {archive_bytes / 1e6:.2f} MB "
+        f"(Kafka log {kafka_bytes / 1e6:.2f} MB, ratio {kafka_bytes / max(archive_bytes, 1):.1f}x)"
+    )
+    summary.add_column("ingestion hour")
+    summary.add_column("rows", justify="right")
+    summary.add_column("files", justify="right")
+    for row in sorted(partitions, key=lambda r: r["partition"]["kafka_ingestion_ts_hour"]):
+        hour = row["partition"]["kafka_ingestion_ts_hour"]
+        summary.add_row(
+            time.strftime("%Y-%m-%d %H:00 UTC", time.gmtime(hour * 3600)),
+            str(row["record_count"]),
+            str(row["file_count"]),
+        )
+    for error, n in sorted(errors.items()):
+        summary.add_row(f"[red]dead-lettered: {error}", str(n), "")
+    return summary

@@ -1,0 +1,196 @@
+"""`bergstream produce`: realistic events into a Kafka topic, at a chosen rate, some late, some malformed."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from bergstream.loadgen.events import TOPICS, EventModel
+from bergstream.loadgen.malformed import malform
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bergstream.errors import BergstreamError, ConfigError
+from schemas.registry import ENCODINGS, Encoding, load_event_schema
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    topic: str
+    count: int
+    schema: str | None = None
+    rate: float | None = None
+    late_fraction: float = 0.0
+    bad_fraction: float = 0.0
+    encoding: Encoding = "json"
+    seed: int = 0
+    partitions: int = 4
+
+    def __post_init__(self) -> None:
+        if self.event_kind not in TOPICS:
+            hint = "" if self.schema else "; name the kind of event with --schema"
+            known = ", ".join(TOPICS)
+            raise ConfigError(
+                f"unknown topic {self.event_kind!r}: the load generator makes {known} events{hint}"
+            )
+        if self.count < 0:
+            raise ConfigError(f"--count {self.count}: give a number of events, 0 or more")
+        if self.rate is not None and self.rate <= 0:
+            raise ConfigError(
+                f"--rate {self.rate}: give events per second above 0, or leave it out for no limit"
+            )
+        for name, fraction in (
+            ("--late-fraction", self.late_fraction),
+            ("--bad-fraction", self.bad_fraction),
+        ):
+            if not 0.0 <= fraction <= 1.0:
+                raise ConfigError(f"{name} {fraction}: give a fraction between 0 and 1")
+        if self.encoding not in ENCODINGS:
+            raise ConfigError(f"--encoding {self.encoding!r}: use one of {', '.join(ENCODINGS)}")
+        if self.partitions < 1:
+            raise ConfigError(f"--partitions {self.partitions}: a topic needs at least one partition")
+
+    @property
+    def event_kind(self) -> str:
+        """Which events to make: the schema's name, by default the topic's."""
+        return self.schema or self.topic
+
+
+@dataclass
+class ProduceReport:
+    topic: str
+    bootstrap_servers: str
+    encoding: Encoding
+    sent: int = 0
+    late: int = 0
+    malformed: Counter[str] = field(default_factory=Counter)
+    value_bytes: int = 0
+    seconds: float = 0.0
+    per_partition: Counter[int] = field(default_factory=Counter)
+    offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        bad = sum(self.malformed.values())
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.malformed.items())) or "none"
+        partitions = ", ".join(f"p{p}: {n}" for p, n in sorted(self.per_partition.items()))
+        return (
+            f"sent {self.sent} {self.encoding} records to {self.topic} on {self.bootstrap_servers} "
+            f"in {self.seconds:.1f}s ({self.rate:,.0f} records/s, "
+            f"{self.value_bytes / 1e6:.1f} MB of values)\n"
+            f"  late (out-of-order event time): {self.late}\n"
+            f"  malformed: {bad} ({kinds})\n"
+            f"  per partition: {partitions}"
+        )
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        existing = admin.list_topics(timeout=10).topics
+    except KafkaException as error:
+        raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
+    if topic in existing:
+        return
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        future.result(timeout=30)
+    except KafkaException as error:
+        if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise BergstreamError(f"cannot create topic {topic} on {bootstrap_servers}: {error}") from error
+
+
+def produce(
+    request: ProduceRequest,
+    bootstrap_servers: str,
+    producer_config: dict[str, Any] | None = None,
+    show_progress: bool = True,
+) -> ProduceReport:
+    ensure_topic(bootstrap_servers, request.topic, request.partitions)
+    schema = load_event_schema(request.event_kind)
+    model = EventModel(seed=request.seed, late_fraction=request.late_fraction)
+    rng = random.Random(request.seed ^ 0x5EED)
+    report = ProduceReport(
+        topic=request.topic, bootstrap_servers=bootstrap_servers, encoding=request.encoding
+    )
+    failures: list[str] = []
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            failures.append(str(error))
+            return
+        partition, offset = message.partition(), message.offset()
+        report.per_partition[partition] += 1
+        low, high = report.offsets.get(partition, (offset, offset))
+        report.offsets[partition] = (min(low, offset), max(high, offset))
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+            **(producer_config or {}),
+        }
+    )
+    headers = [("producer", b"bergstream-loadgen"), ("encoding", request.encoding.encode())]
+    started = time.monotonic()
+    events = model.events(request.event_kind)
+    with Progress(
+        TextColumn(f"[bold]{request.topic}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9,.0f} rec/s"),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("produce", total=request.count, rate=0.0)
+        for index in range(request.count):
+            generated = next(events)
+            value: bytes | None
+            if request.bad_fraction and rng.random() < request.bad_fraction:
+                bad = malform(generated.event, schema, request.encoding, rng)
+                value = bad.value
+                report.malformed[bad.kind] += 1
+            else:
+                value = schema.encode(generated.event, request.encoding)
+                report.late += generated.late
+            _send(producer, request.topic, generated.key, value, headers, delivered)
+            report.sent += 1
+            report.value_bytes += len(value or b"")
+            if request.rate is not None:
+                ahead = (index + 1) / request.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+            if index % 2000 == 0 or index == request.count - 1:
+                producer.poll(0)
+                elapsed = time.monotonic() - started
+                progress.update(task, completed=index + 1, rate=(index + 1) / elapsed if elapsed else 0.0)
+        remaining = producer.flush(60)
+    report.seconds = time.monotonic() - started
+    if remaining or failures:
+        raise BergstreamError(
+            f"{len(failures) + remaining} of {request.count} records were not delivered to {request.topic} "
+            f"on {bootstrap_servers}: {failures[0] if failures else 'flush timed out'}"
+        )
+    return report
+
+
+def _send(
+    producer: Producer, topic: str, key: bytes, value: bytes | None, headers: Any, callback: Any
+) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
+            return
+        except BufferError:
+            # The local queue is full: let librdkafka deliver, then try again.
+            producer.poll(0.1)

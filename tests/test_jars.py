@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from bergstream import jars
+from bergstream.errors import MissingToolError
+from bergstream.spark import spark_home_jars
+
+
+def test_pyspark_is_the_pinned_spark_version() -> None:
+    assert pyspark.__version__ == jars.pinned_versions().spark
+
+
+def test_iceberg_runtime_is_built_for_the_pinned_spark_minor() -> None:
+    versions = jars.pinned_versions()
+    spark_minor = ".".join(versions.spark.split(".")[:2])
+    names = {jar.name for jar in jars.resolved_jars("spark")}
+    expected = f"iceberg-spark-runtime-{spark_minor}_{versions.scala_binary}-{versions.iceberg}.jar"
+    assert expected in names
+
+
+@pytest.mark.parametrize(
+    ("artifact", "shipped"),
+    [("zstd-jni", True), ("zstd", False), ("kafka-clients", False), ("scala-library", True)],
+)
+def test_ships_matches_whole_artifact_names(tmp_path: Path, artifact: str, shipped: bool) -> None:
+    for name in (
+        "zstd-jni-1.5.6-10.jar",
+        "log4j-1.2-api-2.24.3.jar",
+        "kafka-clients-extra-1.0.jar",
+        "scala-library-2.13.16.jar",
+    ):
+        (tmp_path / name).touch()
+    assert jars.ships(tmp_path, artifact) is shipped
+
+
+def test_spark_jars_leave_out_what_spark_ships() -> None:
+    handed = {jars.artifact_id(jar) for jar in jars.spark_jars(spark_home_jars())}
+    assert {"spark-sql-kafka-0-10_2.13", "spark-avro_2.13", "sqlite-jdbc", "postgresql"} <= handed
+    assert not {"scala-library", "slf4j-api", "hadoop-client-api"} & handed
+
+
+def test_resolve_is_idempotent_and_offline_once_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = jars.resolve("kafka")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no mvn: a cached set must not need it
+    assert jars.resolve("kafka") == first
+
+
+def test_missing_maven_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BERGSTREAM_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(MissingToolError, match="'mvn' was not found"):
+        jars.resolve("spark")
