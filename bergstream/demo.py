@@ -90,8 +90,9 @@ def _archive_summary(stack: LocalStack, topic: str) -> Table:
     summary.add_column("ingestion hour")
     summary.add_column("rows", justify="right")
     summary.add_column("files", justify="right")
-    for row in sorted(partitions, key=lambda r: r["partition"]["kafka_ingestion_ts_hour"]):
-        hour = row["partition"]["kafka_ingestion_ts_hour"]
+    (hour_field,) = table.spec().fields
+    for row in sorted(partitions, key=lambda r: r["partition"][hour_field.name]):
+        hour = row["partition"][hour_field.name]
         summary.add_row(
             time.strftime("%Y-%m-%d %H:00 UTC", time.gmtime(hour * 3600)),
             str(row["record_count"]),

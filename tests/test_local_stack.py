@@ -113,7 +113,11 @@ def test_missing_java_is_named(stack_dir: Path) -> None:
 
 
 def test_missing_maven_is_named(stack_dir: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "BERGSTREAM_CACHE": str(tmp_path / "empty")}
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent),
+        "BERGSTREAM_CACHE": str(tmp_path / "empty"),
+    }
     done = run("local", "up", "--data-dir", str(stack_dir), *ports(), env=env)
     assert done.returncode != 0
     assert "'mvn' was not found" in error_line(done)

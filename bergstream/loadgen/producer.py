@@ -8,13 +8,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bergstream.loadgen.events import TOPICS, EventModel
-from bergstream.loadgen.malformed import malform
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bergstream.errors import BergstreamError, ConfigError
+from bergstream.loadgen.events import TOPICS, EventModel
+from bergstream.loadgen.malformed import malform
 from schemas.registry import ENCODINGS, Encoding, load_event_schema
 
 

@@ -1,0 +1,35 @@
+# Everything a fresh machine needs is installed on first use: a virtualenv with bergstream and its Python
+# dependencies, and the JVM jars pinned in bergstream/jvm/pom.xml (resolved once with Maven).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup demo test test-unit lint clean
+
+$(INSTALLED): pyproject.toml
+	@command -v java >/dev/null && command -v mvn >/dev/null || sh deploy/install-jdk.sh
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,postgres]'
+	@touch $@
+
+setup: $(INSTALLED)
+	$(BIN)/bergstream jars resolve
+
+demo: setup
+	$(BIN)/bergstream demo
+
+test: setup
+	$(BIN)/pytest
+
+test-unit: setup
+	$(BIN)/pytest -m "not integration"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .bergstream .mypy_cache .ruff_cache .pytest_cache
