@@ -60,6 +60,8 @@ class CatalogConfig(BaseModel):
             f"{prefix}.warehouse": self.warehouse,
         }
         if self.type == "jdbc":
+            # V1 catalog tables record whether an entry is a table or a view; pyiceberg reads both.
+            conf[f"{prefix}.jdbc.schema-version"] = "V1"
             if self.user is not None:
                 conf[f"{prefix}.jdbc.user"] = self.user
             if self.password is not None:

@@ -15,6 +15,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+LOCAL_LOG_CONFIG = Path(__file__).parent / "spark-log4j2.properties"
+
+# A malformed Avro value can claim a string or an array of billions of elements; without these limits
+# the decoder allocates for it and the JVM runs out of memory. No Kafka record comes near them.
+AVRO_DECODER_LIMITS = (
+    "-Dorg.apache.avro.limits.string.maxLength=16777216 "
+    "-Dorg.apache.avro.limits.bytes.maxLength=16777216 "
+    "-Dorg.apache.avro.limits.collectionItems.maxLength=1048576"
+)
 
 
 def spark_home_jars() -> Path:
@@ -44,9 +53,19 @@ def session_conf(
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "8" if master.startswith("local") else "200",
+        "spark.driver.memory": "2g",
         **catalog.spark_conf(),
     }
-    settings.update(conf or {})
+    extra = dict(conf or {})
+    driver_options = AVRO_DECODER_LIMITS
+    if master.startswith("local"):
+        driver_options += f" -Dlog4j2.configurationFile={LOCAL_LOG_CONFIG}"
+    for option, defaults in (
+        ("spark.driver.extraJavaOptions", driver_options),
+        ("spark.executor.extraJavaOptions", AVRO_DECODER_LIMITS),
+    ):
+        settings[option] = f"{defaults} {extra.pop(option, '')}".strip()
+    settings.update(extra)
     return settings
 
 
@@ -61,6 +80,9 @@ def build_spark_session(
     # Python workers must run the interpreter that has bergstream installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        # A local session talks to itself over loopback, whatever the host name resolves to.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
     for key, value in session_conf(catalog, master, app_name, conf).items():
         builder = builder.config(key, value)

@@ -79,12 +79,17 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
 def _parse_avro(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
     # The decoder stops at the record's end: bytes that encode more (another schema's record, garbage
     # after a valid prefix) show when the decoded event does not encode back to the value.
+    # A value that does not decode comes back as null or as a row of nulls: a required field is null
+    # only then, since Avro cannot encode a null into one.
     round_trip = to_avro(F.col(EVENT), layout.event.avro_json)
+    undecodable = F.col(EVENT).isNull()
+    for name in _required(layout):
+        undecodable = undecodable | F.col(EVENT)[name].isNull()
+    invalid = f"not a valid Avro {layout.event.name} record"
     checks = [
         (F.col("value").isNull(), F.lit("null value")),
-        (F.col(EVENT).isNull(), F.lit(f"not a valid Avro {layout.event.name} record")),
-        *_missing(layout),
-        (round_trip != F.col("value"), F.lit(f"not a valid Avro {layout.event.name} record (bytes left over)")),
+        (undecodable, F.lit(invalid)),
+        (round_trip != F.col("value"), F.lit(f"{invalid}: bytes are left over after the record")),
     ]
     parsed = records.withColumn(
         EVENT, from_avro(F.col("value"), layout.event.avro_json, {"mode": "PERMISSIVE"})

@@ -62,7 +62,9 @@ class EventSchema:
             return decoded
         import fastavro
 
-        record: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(payload), self._parsed, None)
+        record = fastavro.schemaless_reader(io.BytesIO(payload), self._parsed, None)
+        if not isinstance(record, dict):
+            raise ValueError(f"{self.source}: the payload decodes to {type(record).__name__}, not a record")
         return record
 
 

@@ -117,6 +117,8 @@ def test_produce_archive_and_read_back(
         assert lower // 3_600_000_000 == upper // 3_600_000_000 == hour
         parquet = pq.ParquetFile(urlparse(data_file["file_path"]).path)
         assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
-        ingestion = parquet.read(columns=["__metadata__"]).column(0).combine_chunks().field("kafka_ingestion_ts")
+        ingestion = (
+            parquet.read(columns=["__metadata__"]).column(0).combine_chunks().field("kafka_ingestion_ts")
+        )
         times = ingestion.to_pylist()
         assert times == sorted(times), f"rows of {data_file['file_path']} are not in ingestion-time order"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bergstream.errors import BergstreamError, ConfigError
@@ -127,6 +127,7 @@ def produce(
             failures.append(str(error))
             return
         partition, offset = message.partition(), message.offset()
+        assert partition is not None and offset is not None, "a delivered record has a partition and offset"
         report.per_partition[partition] += 1
         low, high = report.offsets.get(partition, (offset, offset))
         report.offsets[partition] = (min(low, offset), max(high, offset))

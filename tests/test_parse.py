@@ -1,0 +1,75 @@
+"""Parsing on Spark: every malformed value gets a reason, every valid one none, and none crashes the job."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import pytest
+
+from bergstream.loadgen.events import EventModel
+from bergstream.loadgen.malformed import MALFORMATIONS, malform
+from router.parse import ERROR, EVENT, parse
+from schemas import ArchiveLayout, load_event_schema
+from schemas.registry import Encoding
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+# Avro varints that claim a string, bytes or array far larger than the record.
+HUGE_LENGTHS = [
+    b"\xfe\xff\xff\xff\x0f" + b"x" * 10,
+    b"\x02" * 3 + b"\xfe\xff\xff\xff\x07",
+    b"\xff\xff\xff\xff\x0f",
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "encoding"), [("playback", "json"), ("impression", "avro"), ("playback", "avro")]
+)
+def test_each_malformation_is_dead_lettered_with_a_reason(
+    spark: SparkSession, kind: str, encoding: Encoding
+) -> None:
+    schema = load_event_schema(kind)
+    layout = ArchiveLayout(schema, table=kind)
+    rng = random.Random(3)
+    events = EventModel(seed=3).events(kind)
+    rows: list[tuple[str, bytes | None]] = []
+    for _ in range(400):
+        event = next(events).event
+        rows.append(("valid", schema.encode(event, encoding)))
+        bad = malform(event, schema, encoding, rng)
+        rows.append((bad.kind, bad.value))
+    if encoding == "avro":
+        rows += [("huge_length", value) for value in HUGE_LENGTHS]
+    records = spark.createDataFrame(rows, "kind string, value binary")
+
+    result = parse(records, layout, encoding).select("kind", ERROR, f"{EVENT}.account_id").collect()
+
+    assert {r.kind for r in result} >= {"valid", *MALFORMATIONS[encoding]}
+    escaped = [(r.kind, r.error) for r in result if r.kind != "valid" and r.error is None]
+    assert not escaped, f"malformed values archived as events: {escaped[:5]}"
+    refused = [r.error for r in result if r.kind == "valid" and r.error is not None]
+    assert not refused, f"valid events dead-lettered: {refused[:5]}"
+    assert all(r.account_id is not None for r in result if r.kind == "valid")
+
+
+def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
+    schema = load_event_schema("playback")
+    layout = ArchiveLayout(schema, table="playback")
+    valid = schema.encode(next(EventModel(seed=1).events("playback")).event, "json")
+    cases = {
+        b'{"playback_id": "x", "account_id": "abc"}': "field 'account_id' is not of type bigint",
+        valid.replace(b'"country"', b'"countree"'): "required field 'country' is missing or null",
+        valid[:-3]: "malformed JSON",
+        b"[1, 2]": "not a JSON object but ARRAY",
+        valid.replace(
+            b'"bitrate_kbps":', b'"bitrate_kbps":"fast","x":'
+        ): "field 'bitrate_kbps' is not of type int",
+        b'{"playback_id": "\xe9"}': "value is not valid UTF-8",
+    }
+    records = spark.createDataFrame([(v,) for v in cases], "value binary")
+    errors = {r.value: r.error for r in parse(records, layout, "json").select("value", ERROR).collect()}
+    assert {bytes(v): e for v, e in errors.items()} == cases
