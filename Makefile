@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 .PHONY: setup demo test test-unit lint clean
 
 $(INSTALLED): pyproject.toml
-	@command -v java >/dev/null && command -v mvn >/dev/null || sh deploy/install-jdk.sh
+	sh deploy/install-system-packages.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,postgres]'

@@ -1,0 +1,83 @@
+"""A throwaway PostgreSQL server on 127.0.0.1, from the machine's PostgreSQL binaries, for a JDBC catalog."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bergstream.errors import MissingToolError, StackError
+from bergstream.local.processes import free_port
+
+USER = "bergstream"
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    host: str
+    port: int
+    database: str
+
+    @property
+    def jdbc_uri(self) -> str:
+        return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
+    if found is None:
+        raise MissingToolError(
+            f"'{name}' was not found; install PostgreSQL (Debian: apt-get install postgresql)"
+        )
+    return found
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    # PostgreSQL refuses to run as root; Debian's package provides the `postgres` account for it.
+    if os.geteuid() != 0:
+        return command
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError as error:
+        raise StackError("running as root needs the 'postgres' account to start PostgreSQL") from error
+    return ["runuser", "-u", "postgres", "--", *command]
+
+
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(_as_server_user(command), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise StackError(f"{what} failed: {(done.stdout + done.stderr).strip()[-2000:]}")
+
+
+@contextmanager
+def postgres_server(database: str = "iceberg", host: str = "127.0.0.1") -> Iterator[PostgresServer]:
+    """Start a server that trusts user `bergstream`, yield it, then stop and delete it."""
+    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    home = Path(tempfile.mkdtemp(prefix="bergstream-postgres-"))
+    if os.geteuid() == 0:
+        postgres_account = pwd.getpwnam("postgres")
+        os.chown(home, postgres_account.pw_uid, postgres_account.pw_gid)
+    data = home / "data"
+    port = free_port(host)
+    try:
+        _run([initdb, "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8"], f"initdb in {data}")
+        options = f"-p {port} -k {home} -c listen_addresses={host} -c fsync=off"
+        _run([pg_ctl, "-D", str(data), "-o", options, "-l", str(home / "server.log"), "-w", "start"],
+             f"starting PostgreSQL on {host}:{port}")  # fmt: skip
+        try:
+            _run([_binary("createdb"), "-h", host, "-p", str(port), "-U", USER, database],
+                 f"creating database {database}")  # fmt: skip
+            yield PostgresServer(host, port, database)
+        finally:
+            _run([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], "stopping PostgreSQL")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,82 @@
+"""A Spark standalone master and one worker on 127.0.0.1, from the scripts that ship with pyspark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bergstream.errors import StackError
+from bergstream.local import processes
+from bergstream.spark import spark_home_jars
+
+READY_TIMEOUT_SECONDS = 90.0
+
+
+def _spark_class() -> str:
+    return str(spark_home_jars().parent / "bin" / "spark-class")
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(spark_home_jars().parent)}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [_spark_class(), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SparkCluster:
+    master_url: str
+    ui_url: str
+
+    def state(self) -> dict[str, Any]:
+        """The master's view of the cluster: workers, active and completed applications."""
+        with urllib.request.urlopen(f"{self.ui_url}/json", timeout=5) as answer:
+            state: dict[str, Any] = json.load(answer)
+        return state
+
+    def alive_workers(self) -> int:
+        try:
+            workers = self.state().get("workers", [])
+        except OSError:
+            return 0
+        return sum(1 for worker in workers if worker.get("state") == "ALIVE")
+
+
+@contextmanager
+def spark_cluster(home: Path, worker_cores: int = 1, worker_memory: str = "1g") -> Iterator[SparkCluster]:
+    """Yield the cluster once a worker has registered with the master; stop both after."""
+    home.mkdir(parents=True, exist_ok=True)
+    port, ui_port, worker_ui_port = processes.free_port(), processes.free_port(), processes.free_port()
+    cluster = SparkCluster(master_url=f"spark://127.0.0.1:{port}", ui_url=f"http://127.0.0.1:{ui_port}")
+    master_url = cluster.master_url
+    started = [
+        _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                "--webui-port", str(ui_port)], home / "master.log"),
+        _start(["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
+                "--cores", str(worker_cores), "--memory", worker_memory, "--webui-port", str(worker_ui_port),
+                "--work-dir", str(home / "work")], home / "worker.log"),
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while cluster.alive_workers() < 1:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                raise StackError(
+                    f"the Spark standalone cluster at {master_url} did not get a worker; "
+                    f"see {home / 'master.log'} and {home / 'worker.log'}"
+                )
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for process in reversed(started):
+            processes.stop(process.pid, grace_seconds=10)
+            process.wait()

@@ -1,0 +1,15 @@
+#!/bin/sh
+# Installs what bergstream needs from Debian's packages when it is missing: a JDK (17 or newer) and Maven
+# for the JVM side, and PostgreSQL for the tests of a PostgreSQL JDBC catalog.
+set -eu
+missing=""
+command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jdk-headless"
+command -v mvn >/dev/null 2>&1 || missing="$missing maven"
+command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "bergstream needs:$missing; install them and run make again" >&2
+  exit 1
+fi
+apt-get update -q
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing

@@ -1,0 +1,40 @@
+"""Archive a topic once, in a process of its own, with the master and catalog given on the command line.
+
+A Python process holds one SparkContext, so sessions on other masters or catalogs than the tests' own
+run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from bergstream.catalog import CatalogConfig
+from bergstream.spark import build_spark_session
+from router.batch import archive_topic
+from schemas import ArchiveLayout, load_event_schema
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for option in ("--master", "--catalog-uri", "--warehouse", "--bootstrap-servers", "--topic", "--schema"):
+        parser.add_argument(option, required=True)
+    parser.add_argument("--catalog-user")
+    parser.add_argument("--encoding", choices=("json", "avro"), required=True)
+    args = parser.parse_args()
+    catalog = CatalogConfig(uri=args.catalog_uri, warehouse=args.warehouse, user=args.catalog_user)
+    spark = build_spark_session(
+        catalog, master=args.master, app_name=f"archive-once-{args.topic}",
+        conf={"spark.executor.memory": "1g", "spark.cores.max": "1"},
+    )  # fmt: skip
+    try:
+        layout = ArchiveLayout(load_event_schema(args.schema), table=args.topic)
+        result = archive_topic(spark, catalog, layout, args.bootstrap_servers, args.topic, args.encoding)
+    finally:
+        spark.stop()
+    print(json.dumps(asdict(result)))
+
+
+if __name__ == "__main__":
+    main()
