@@ -58,6 +58,8 @@ class CatalogConfig(BaseModel):
             f"{prefix}.type": self.type,
             f"{prefix}.uri": self.uri,
             f"{prefix}.warehouse": self.warehouse,
+            # Routers, maintenance and backfills change the same tables: always read current metadata.
+            f"{prefix}.cache-enabled": "false",
         }
         if self.type == "jdbc":
             # V1 catalog tables record whether an entry is a table or a view; pyiceberg reads both.

@@ -154,6 +154,91 @@ def _local_bootstrap(data_dir: Path | None) -> str:
 
 
 @cli.group()
+def router() -> None:
+    """One Spark Structured Streaming job per topic, archiving it into Iceberg."""
+
+
+def _router_defaults(data_dir: Path | None, topic: str) -> dict[str, Any]:
+    """Endpoints from the local stack, when it runs: weaker than the topic's file and the flags."""
+    from bergstream.local import LocalStack
+
+    stack = LocalStack.at(_data_dir(data_dir))
+    status = stack.status()
+    if not status.running:
+        return {}
+    return {
+        "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers},
+        "catalog": stack.config.catalog.model_dump(mode="json", exclude_none=True),
+        "checkpoint_location": str(stack.config.data_dir / "checkpoints" / topic),
+    }
+
+
+def _configure_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bergstream").setLevel(logging.INFO)
+    logging.getLogger("router").setLevel(logging.INFO)
+
+
+@router.command("run")
+@click.option("--topic", required=True, help="The Kafka topic to archive.")
+@click.option(
+    "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
+)
+@click.option(
+    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: deploy/topics/<topic>.yaml when it exists).",
+)
+@click.option("--available-now", is_flag=True, help="Archive what the topic holds now, then exit.")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@DATA_DIR
+def router_run(
+    topic: str,
+    schema: str | None,
+    table: str | None,
+    config_file: Path | None,
+    available_now: bool,
+    metrics_port: int | None,
+    data_dir: Path | None,
+) -> None:
+    """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now)."""
+    from bergstream.spark import build_spark_session
+    from router.app import Router
+    from router.config import load_router_config
+    from router.metrics import RouterMetrics
+
+    _configure_logging()
+    config = load_router_config(
+        topic,
+        config_file,
+        defaults=_router_defaults(data_dir, topic),
+        overrides={"schema": schema, "table": table, "metrics_port": metrics_port},
+    )
+    metrics = RouterMetrics(topic)
+    if config.metrics_port is not None:
+        port = metrics.serve(config.metrics_port, config.metrics_host)
+        click.echo(f"metrics on http://{config.metrics_host}:{port}/metrics", err=True)
+    spark = build_spark_session(
+        config.catalog,
+        master=config.spark.master,
+        app_name=f"bergstream-router-{topic}",
+        conf=config.spark.conf,
+    )
+    try:
+        totals = Router(config, spark, metrics).run(available_now=available_now)
+    finally:
+        spark.stop()
+    click.echo(totals.summary(topic))
+
+
+@cli.group()
 def jars() -> None:
     """The JVM jars pinned in bergstream/jvm/pom.xml."""
 

@@ -7,10 +7,27 @@ from pyspark.sql import SparkSession
 from bergstream.catalog import CatalogConfig
 from schemas.archive import ArchiveLayout
 
+TARGET_FILE_SIZE = "write.target-file-size-bytes"
 
-def ensure_tables(spark: SparkSession, catalog: CatalogConfig, layout: ArchiveLayout) -> None:
+
+def ensure_tables(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    layout: ArchiveLayout,
+    target_file_size_bytes: int | None = None,
+) -> None:
+    """Create the tables the first time; afterwards only bring the target file size in line."""
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{catalog.namespace}")
-    for statement in layout.create_statements(catalog.table_identifier(layout.table)):
-        spark.sql(statement)
-    for statement in layout.dead_letter_create_statements(catalog.table_identifier(layout.dead_letter_table)):
-        spark.sql(statement)
+    for table, statements in (
+        (layout.table, layout.create_statements),
+        (layout.dead_letter_table, layout.dead_letter_create_statements),
+    ):
+        identifier = catalog.table_identifier(table)
+        if not spark.catalog.tableExists(identifier):
+            for statement in statements(identifier):
+                spark.sql(statement)
+        if target_file_size_bytes is not None:
+            current = spark.sql(f"SHOW TBLPROPERTIES {identifier} ('{TARGET_FILE_SIZE}')").first()
+            if current is None or current.value != str(target_file_size_bytes):
+                setting = f"'{TARGET_FILE_SIZE}' = '{target_file_size_bytes}'"
+                spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({setting})")

@@ -11,20 +11,31 @@ from schemas.archive import METADATA, ArchiveLayout
 from schemas.registry import Encoding
 
 
-def split(
-    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str
-) -> tuple[DataFrame, DataFrame]:
-    """(archive rows, dead-letter rows): every record lands in exactly one of the two."""
+def stamp(records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str) -> DataFrame:
+    """Kafka records with `event`, `error` and `__metadata__` added."""
     with_headers = "headers" in records.columns
-    parsed = parse(records, layout, encoding).withColumn(METADATA, metadata(cluster, with_headers))
-    archived = parsed.where(F.col(ERROR).isNull()).select(
+    return parse(records, layout, encoding).withColumn(METADATA, metadata(cluster, with_headers))
+
+
+def archive_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:
+    return stamped.where(F.col(ERROR).isNull()).select(
         *[F.col(f"{EVENT}.{f.name}").alias(f.name) for f in layout.event_type.fields], F.col(METADATA)
     )
-    dead_letters = parsed.where(F.col(ERROR).isNotNull()).select(
+
+
+def dead_letter_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:
+    return stamped.where(F.col(ERROR).isNotNull()).select(
         F.col("key").alias("raw_key"),
         F.col("value").alias("raw_value"),
         F.col(ERROR).alias("error"),
         F.lit(layout.event.name).alias("schema_name"),
         F.col(METADATA),
     )
-    return archived, dead_letters
+
+
+def split(
+    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str
+) -> tuple[DataFrame, DataFrame]:
+    """(archive rows, dead-letter rows): every record lands in exactly one of the two."""
+    stamped = stamp(records, layout, encoding, cluster)
+    return archive_rows(stamped, layout), dead_letter_rows(stamped, layout)

@@ -1,0 +1,279 @@
+"""`bergstream router run`: one Spark Structured Streaming query that archives one topic.
+
+Each micro-batch is parsed and stamped once, then appended to the archive table and the dead-letter
+table, each append idempotent per (query, batch). After Spark checkpoints a batch, its end offsets are
+committed to the consumer group `bergstream-router.<topic>`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+from pyspark.sql.streaming.query import StreamingQuery
+
+from router.commit import GroupCommitter
+from router.config import RouterConfig
+from router.evolve import evolve_table
+from router.metrics import RouterMetrics
+from router.offsets import expired_ranges, lag, parse_spark_offsets
+from router.parse import ERROR
+from router.table import ensure_tables
+from router.transform import archive_rows, dead_letter_rows, stamp
+from router.write import BatchTableWriter
+from schemas.archive import ArchiveLayout
+from schemas.registry import load_event_schema
+
+log = logging.getLogger("bergstream.router")
+
+
+@dataclass
+class RouterTotals:
+    batches: int = 0
+    replayed_batches: int = 0
+    read: int = 0
+    archived: int = 0
+    dead_lettered: int = 0
+    files: int = 0
+    bytes: int = 0
+    expired: int = 0
+    per_partition: dict[int, int] = field(default_factory=dict)
+
+    def summary(self, topic: str) -> str:
+        return (
+            f"{topic}: {self.batches} batches ({self.replayed_batches} replayed), read {self.read:,}, "
+            f"archived {self.archived:,}, dead-lettered {self.dead_lettered:,}, {self.files} files, "
+            f"{self.bytes / 1e6:.1f} MB, {self.expired:,} offsets expired before they were read"
+        )
+
+
+class Router:
+    def __init__(self, config: RouterConfig, spark: SparkSession, metrics: RouterMetrics) -> None:
+        self.config = config
+        self.spark = spark
+        self.metrics = metrics
+        self.layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
+        self.totals = RouterTotals()
+        self._query_started = threading.Event()
+        self._terminated = threading.Event()
+        self._stop_lag = threading.Event()
+        self._query: StreamingQuery | None = None
+        self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
+        self._next_offsets: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._newest_ingestion: float | None = None
+        self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
+
+    def run(self, available_now: bool = False) -> RouterTotals:
+        config = self.config
+        ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes)
+        evolve_table(self.spark, config.catalog.table_identifier(self.layout.table), self.layout)
+        self._committed = self._kafka.committed()
+        self._next_offsets = dict(self._committed)
+        listener = _ProgressListener(self)
+        self.spark.streams.addListener(listener)
+        lag_thread = threading.Thread(target=self._refresh_lag_forever, name="bergstream-lag", daemon=True)
+        try:
+            query = self._start(available_now)
+            lag_thread.start()
+            log.info("router for %s started: query %s, checkpoint %s", config.topic, query.id,
+                     config.checkpoint_location)  # fmt: skip
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                log.info("stopping the router for %s", config.topic)
+                query.stop()
+            self._terminated.wait(timeout=60)
+        finally:
+            self._stop_lag.set()
+            self.spark.streams.removeListener(listener)
+            self._refresh_lag()
+            self._kafka.close()
+        return self.totals
+
+    def _start(self, available_now: bool) -> StreamingQuery:
+        config = self.config
+        reader = (
+            self.spark.readStream.format("kafka")
+            .option("failOnDataLoss", "false")
+            .options(**config.kafka)
+            .option("subscribe", config.topic)
+            .option("includeHeaders", "true")
+        )
+        if config.max_offsets_per_trigger is not None:
+            reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+        writer = (
+            reader.load()
+            .writeStream.queryName(f"bergstream-router-{config.topic}")
+            .foreachBatch(self._process_batch)
+            .option("checkpointLocation", config.checkpoint_location)
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=config.trigger_interval)
+        )
+        query = writer.start()
+        catalog = config.catalog
+        self._writers = (
+            BatchTableWriter(self.spark, catalog.table_identifier(self.layout.table), query.id),
+            BatchTableWriter(self.spark, catalog.table_identifier(self.layout.dead_letter_table), query.id),
+        )
+        self._query = query
+        self._query_started.set()
+        return query
+
+    def _process_batch(self, records: DataFrame, batch_id: int) -> None:
+        self._query_started.wait()
+        assert self._writers is not None
+        archive_writer, dead_letter_writer = self._writers
+        started = time.monotonic()
+        stamped = stamp(records, self.layout, self.config.encoding, self.config.cluster).persist()
+        try:
+            per_partition = (
+                stamped.groupBy("partition")
+                .agg(
+                    F.count(F.lit(1)).alias("read"),
+                    F.count(F.when(F.col(ERROR).isNull(), 1)).alias("archived"),
+                    F.min("offset").alias("first"),
+                    F.max("offset").alias("last"),
+                    F.max("timestamp").alias("newest"),
+                )
+                .collect()
+            )
+            read = sum(row.read for row in per_partition)
+            archived = sum(row.archived for row in per_partition)
+            appended = []
+            for writer, rows, count in (
+                (archive_writer, archive_rows, archived),
+                (dead_letter_writer, dead_letter_rows, read - archived),
+            ):
+                if count:
+                    commit_started = time.monotonic()
+                    result = writer.append(rows(stamped, self.layout), batch_id)
+                    self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(
+                        time.monotonic() - commit_started
+                    )
+                    appended.append((writer, result))
+        finally:
+            stamped.unpersist()
+        self._account(batch_id, per_partition, read, archived, appended, time.monotonic() - started)
+
+    def _account(
+        self,
+        batch_id: int,
+        per_partition: list,  # type: ignore[type-arg]
+        read: int,
+        archived: int,
+        appended: list,  # type: ignore[type-arg]
+        seconds: float,
+    ) -> None:
+        topic, metrics, totals = self.config.topic, self.metrics, self.totals
+        replayed = bool(appended) and all(result is None for _, result in appended)
+        first_read = {row.partition: row.first for row in per_partition}
+        gaps = [
+            p for p, first in first_read.items() if p in self._next_offsets and first > self._next_offsets[p]
+        ]
+        if gaps:
+            log_start = {p: low for p, (low, _) in self._kafka.watermarks(gaps).items()}
+            for expired in expired_ranges({p: self._next_offsets[p] for p in gaps}, first_read, log_start):
+                log.warning(
+                    "%s partition %d: offsets %d to %d (%d records) expired from Kafka before being archived",
+                    topic, expired.partition, expired.start, expired.end - 1, expired.count,
+                )  # fmt: skip
+                metrics.expired_offsets.labels(topic, str(expired.partition)).inc(expired.count)
+                totals.expired += expired.count
+        for row in per_partition:
+            self._next_offsets[row.partition] = row.last + 1
+            totals.per_partition[row.partition] = totals.per_partition.get(row.partition, 0) + row.read
+            if not replayed:
+                metrics.records_read.labels(topic, str(row.partition)).inc(row.read)
+            if row.newest is not None:
+                newest = row.newest.timestamp()
+                self._newest_ingestion = max(self._newest_ingestion or newest, newest)
+        files = sum(result.files for _, result in appended if result is not None)
+        size = sum(result.bytes for _, result in appended if result is not None)
+        if not replayed:
+            metrics.records_archived.labels(topic).inc(archived)
+            metrics.records_dead_lettered.labels(topic).inc(read - archived)
+            for writer, result in appended:
+                if result is not None:
+                    metrics.files_written.labels(topic, writer.identifier).inc(result.files)
+                    metrics.bytes_written.labels(topic, writer.identifier).inc(result.bytes)
+            totals.read += read
+            totals.archived += archived
+            totals.dead_lettered += read - archived
+            totals.files += files
+            totals.bytes += size
+        metrics.batches.labels(topic, "replayed" if replayed else "written").inc()
+        metrics.batch_duration.labels(topic).observe(seconds)
+        metrics.last_batch.labels(topic).set(batch_id)
+        if self._newest_ingestion is not None:
+            metrics.newest_ingestion.labels(topic).set(self._newest_ingestion)
+        totals.batches += 1
+        totals.replayed_batches += replayed
+        log.info(
+            "%s batch %d%s: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs",
+            topic, batch_id, " (replayed, already committed)" if replayed else "", read, archived,
+            read - archived, files, size / 1e6, seconds,
+        )  # fmt: skip
+
+    def on_progress(self, query_id: str, end_offsets_json: str | None) -> None:
+        """Called after Spark checkpointed a batch: the world's view of the router moves forward."""
+        if self._query is None or query_id != self._query.id:
+            return
+        end_offsets = parse_spark_offsets(end_offsets_json, self.config.topic)
+        if end_offsets and end_offsets != self._committed:
+            self._kafka.commit(end_offsets)
+            self._committed = end_offsets
+        self._refresh_lag()
+
+    def on_terminated(self, query_id: str) -> None:
+        if self._query is not None and query_id == self._query.id:
+            self._terminated.set()
+
+    def _refresh_lag_forever(self) -> None:
+        while not self._stop_lag.wait(self.config.lag_refresh_seconds):
+            self._refresh_lag()
+
+    def _refresh_lag(self) -> None:
+        try:
+            watermarks = self._kafka.watermarks()
+        except Exception as error:  # Kafka unreachable for a moment: keep the last values
+            log.debug("refreshing the lag of %s failed: %s", self.config.topic, error)
+            return
+        lags = lag(
+            self._committed,
+            {p: low for p, (low, _) in watermarks.items()},
+            {p: high for p, (_, high) in watermarks.items()},
+        )
+        for partition, behind in lags.items():
+            self.metrics.lag_offsets.labels(self.config.topic, str(partition)).set(behind)
+        if self._newest_ingestion is not None:
+            self.metrics.lag_seconds.labels(self.config.topic).set(
+                max(0.0, time.time() - self._newest_ingestion)
+            )
+
+
+class _ProgressListener(StreamingQueryListener):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+        progress = event.progress
+        end_offsets = progress.sources[0].endOffset if progress.sources else None
+        self.router.on_progress(str(progress.id), end_offsets)
+
+    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+        self.router.on_terminated(str(event.id))

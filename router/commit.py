@@ -1,0 +1,62 @@
+"""The router's own Kafka client: committing archived offsets to its consumer group, reading watermarks."""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class GroupCommitter:
+    """Commits to `bergstream-router.<topic>` so that kafka-consumer-groups, Burrow and lag exporters see the
+    router. Spark's Kafka source tracks its own position in the checkpoint; this group is for the world."""
+
+    def __init__(self, topic: str, group: str, client_config: dict[str, str]) -> None:
+        self.topic = topic
+        self.group = group
+        self._consumer = Consumer(
+            {
+                **client_config,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+        )
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        if not offsets:
+            return
+        partitions = [
+            TopicPartition(self.topic, partition, offset) for partition, offset in sorted(offsets.items())
+        ]
+        try:
+            self._consumer.commit(offsets=partitions, asynchronous=False)
+        except KafkaException as error:
+            # The archive is already committed; the group catches up with the next batch.
+            log.warning("committing offsets of %s to group %s failed: %s", self.topic, self.group, error)
+
+    def committed(self) -> dict[int, int]:
+        partitions = [TopicPartition(self.topic, p) for p in self.partitions()]
+        committed = self._consumer.committed(partitions, timeout=10)
+        return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+    def partitions(self) -> list[int]:
+        metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        return sorted(metadata.partitions)
+
+    def watermarks(self, partitions: list[int] | None = None) -> dict[int, tuple[int, int]]:
+        """{partition: (oldest offset Kafka still has, next offset to be written)}."""
+        result = {}
+        for partition in partitions if partitions is not None else self.partitions():
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=10, cached=False
+            )
+            result[partition] = (low, high)
+        return result
+
+    def close(self) -> None:
+        self._consumer.close()

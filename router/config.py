@@ -1,0 +1,158 @@
+"""A router's settings: deploy/topics/<topic>.yaml, then command-line flags, validated once at start.
+
+Kafka options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`, `kafka.security.protocol`,
+`startingOffsets`, ...). Endpoints left out (bootstrap servers, catalog) come from the local stack.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
+from schemas.registry import AVRO_DIR, Encoding, load_event_schema
+
+TOPICS_DIR = Path("deploy/topics")
+BOOTSTRAP = "kafka.bootstrap.servers"
+# Set by the router itself: one topic per router, its own rate limit and its own consumer group.
+_RESERVED_KAFKA_OPTIONS = {
+    "subscribe": "the router reads exactly its topic; set `topic`",
+    "subscribePattern": "the router reads exactly its topic; set `topic`",
+    "assign": "the router reads exactly its topic; set `topic`",
+    "maxOffsetsPerTrigger": "use `max_offsets_per_trigger`",
+    "includeHeaders": "the router always archives headers",
+    "kafka.group.id": "Spark keeps its own group; the router commits to bergstream-router.<topic>",
+}
+_SOURCE_OPTIONS = {
+    "startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
+    "minOffsetsPerTrigger", "maxTriggerDelay", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs", "groupIdPrefix",
+}  # fmt: skip
+_INTERVAL = re.compile(r"^\d+\s*(milliseconds?|ms|seconds?|s|minutes?|m|hours?|h)$")
+
+
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str = "local[*]"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    schema_name: str = Field(alias="schema")
+    schema_dir: Path = AVRO_DIR
+    encoding: Encoding = "json"
+    table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    cluster: str = "local"
+    kafka: dict[str, str]
+    trigger_interval: str = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
+    target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    checkpoint_location: str
+    catalog: CatalogConfig
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    lag_refresh_seconds: float = Field(default=15.0, gt=0)
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka_options(cls, options: dict[str, str]) -> dict[str, str]:
+        for key in options:
+            if key in _RESERVED_KAFKA_OPTIONS:
+                raise ValueError(f"option {key!r} is not allowed here: {_RESERVED_KAFKA_OPTIONS[key]}")
+            if not key.startswith("kafka.") and key not in _SOURCE_OPTIONS:
+                raise ValueError(
+                    f"unknown option {key!r}: Kafka client settings start with 'kafka.' "
+                    f"(kafka.security.protocol, ...); source options are {', '.join(sorted(_SOURCE_OPTIONS))}"
+                )
+        if BOOTSTRAP not in options:
+            raise ValueError(f"{BOOTSTRAP} is missing")
+        return options
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _interval(cls, interval: str) -> str:
+        if not _INTERVAL.match(interval.strip()):
+            raise ValueError(f"{interval!r} is not an interval such as '30 seconds' or '2 minutes'")
+        return interval.strip()
+
+    @model_validator(mode="after")
+    def _schema_exists(self) -> RouterConfig:
+        try:
+            load_event_schema(self.schema_name, self.schema_dir)
+        except ConfigError as error:
+            raise ValueError(f"schema: {error}") from error
+        return self
+
+    @property
+    def consumer_group(self) -> str:
+        return f"bergstream-router.{self.topic}"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka[BOOTSTRAP]
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """The `kafka.*` options under librdkafka's names, for the router's own Kafka clients."""
+        return {
+            key.removeprefix("kafka."): value for key, value in self.kafka.items() if key.startswith("kafka.")
+        }
+
+
+def topic_file(topic: str, directory: Path = TOPICS_DIR) -> Path:
+    return directory / f"{topic}.yaml"
+
+
+def load_router_config(
+    topic: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> RouterConfig:
+    """Merge, from weakest to strongest: `defaults`, the topic's YAML file, `overrides` (the flags)."""
+    path = config_file if config_file is not None else topic_file(topic)
+    from_file: dict[str, Any] = {}
+    if config_file is not None and not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if path.exists():
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from error
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
+        from_file = loaded or {}
+        if from_file.get("topic", topic) != topic:
+            raise ConfigError(
+                f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}"
+            )
+    merged = _merge(_merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
+    merged.setdefault("topic", topic)
+    merged.setdefault("schema", topic)
+    merged.setdefault("table", topic)
+    try:
+        return RouterConfig.model_validate(merged)
+    except ValidationError as error:
+        where = path if path.exists() else "router settings"
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        raise ConfigError(f"{where}: {problems}") from error
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

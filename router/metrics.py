@@ -1,0 +1,82 @@
+"""The router's Prometheus metrics, served by the driver."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class RouterMetrics:
+    def __init__(self, topic: str, registry: CollectorRegistry | None = None) -> None:
+        self.topic = topic
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.records_read = Counter(
+            "bergstream_router_records_read", "Records read from Kafka", ["topic", "partition"], registry=r
+        )
+        self.records_archived = Counter(
+            "bergstream_router_records_archived", "Rows appended to the archive table", ["topic"], registry=r
+        )
+        self.records_dead_lettered = Counter(
+            "bergstream_router_records_dead_lettered",
+            "Rows appended to the dead-letter table",
+            ["topic"],
+            registry=r,
+        )
+        self.batches = Counter(
+            "bergstream_router_batches",
+            "Micro-batches processed; outcome=replayed when the batch was already committed",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "bergstream_router_batch_duration_seconds", "Time to process one micro-batch", ["topic"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.commit_latency = Histogram(
+            "bergstream_router_commit_latency_seconds", "Time to write and commit one table's append",
+            ["topic", "table"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.files_written = Counter(
+            "bergstream_router_files_written", "Data files committed", ["topic", "table"], registry=r
+        )
+        self.bytes_written = Counter(
+            "bergstream_router_bytes_written", "Bytes of data files committed", ["topic", "table"], registry=r
+        )
+        self.lag_offsets = Gauge(
+            "bergstream_router_lag_offsets",
+            "Records in Kafka not yet archived",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.lag_seconds = Gauge(
+            "bergstream_router_lag_seconds",
+            "Now minus the newest committed ingestion time",
+            ["topic"],
+            registry=r,
+        )
+        self.newest_ingestion = Gauge(
+            "bergstream_router_newest_ingestion_timestamp_seconds",
+            "Newest Kafka record timestamp committed to the archive",
+            ["topic"],
+            registry=r,
+        )
+        self.expired_offsets = Counter(
+            "bergstream_router_expired_offsets",
+            "Offsets deleted from Kafka before the router read them",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.last_batch = Gauge(
+            "bergstream_router_last_committed_batch",
+            "Id of the newest committed micro-batch",
+            ["topic"],
+            registry=r,
+        )
+
+    def serve(self, port: int, host: str) -> int:
+        """Serve /metrics; returns the port (useful when 0 asked for any free one)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        bound: int = server.server_port
+        return bound

@@ -1,0 +1,98 @@
+"""Running `bergstream router run` as its users do: a process of its own, configured by a YAML file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.services import Services
+
+ROOT = Path(__file__).parent.parent
+
+
+def write_config(stack: Services, directory: Path, name: str, **settings: Any) -> Path:
+    """A router's settings file for topic `name`, with `settings` replacing or adding keys."""
+    topic = name
+    config = {
+        "topic": topic,
+        "schema": settings.pop("schema", "playback"),
+        "encoding": settings.pop("encoding", "json"),
+        "table": topic,
+        "cluster": "test",
+        "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        "trigger_interval": "1 second",
+        "max_offsets_per_trigger": 5000,
+        "checkpoint_location": str(directory / "checkpoints" / topic),
+        "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+        "spark": {
+            "master": "local[2]",
+            "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+        },
+        **settings,
+    }
+    path = directory / f"{topic}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def router_command(topic: str, config: Path, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bergstream",
+        "router",
+        "run",
+        "--topic",
+        topic,
+        "--config",
+        str(config),
+        *flags,
+    ]
+
+
+def run_router(
+    topic: str, config: Path, *flags: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        router_command(topic, config, *flags),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def start_router(topic: str, config: Path, log: Path, *flags: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            router_command(topic, config, *flags), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def committed_offsets(stack: Services, topic: str, partitions: list[int]) -> dict[int, int]:
+    consumer = Consumer(
+        {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"bergstream-router.{topic}"}
+    )
+    try:
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in committed}
+
+
+def archived_offsets(stack: Services, table: str) -> list[tuple[int, int]]:
+    """(partition, offset) of every row of the table and of its dead-letter table."""
+    catalog = stack.catalog.load()
+    seen: list[tuple[int, int]] = []
+    for name in (table, f"{table}__dlq"):
+        rows = catalog.load_table(f"{stack.catalog.namespace}.{name}").scan(selected_fields=("__metadata__",))
+        metadata = rows.to_arrow().column("__metadata__").to_pylist()
+        seen += [(m["partition"], m["offset"]) for m in metadata]
+    return seen
