@@ -12,11 +12,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
+from bergstream.errors import BergstreamError
 from router.commit import GroupCommitter
 from router.config import RouterConfig
 from router.evolve import evolve_table
@@ -30,6 +32,20 @@ from schemas.archive import ArchiveLayout
 from schemas.registry import load_event_schema
 
 log = logging.getLogger("bergstream.router")
+
+# Spark 4.1's Kafka source fails the progress report of a batch replayed from the offset log after a
+# crash (SPARK-55271, a null Option in KafkaMicroBatchStream.metrics) once the batch itself has run and
+# been committed. Starting the query again resumes normally; a few such restarts in a row are allowed.
+_REPLAY_PROGRESS_FAILURE = 'because the return value of "scala.Option.get()" is null'
+_REPLAY_RESTARTS = 3
+
+
+class RouterStopped(BergstreamError):
+    """The streaming query failed; the message carries Spark's reason."""
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 @dataclass
@@ -79,15 +95,26 @@ class Router:
         self.spark.streams.addListener(listener)
         lag_thread = threading.Thread(target=self._refresh_lag_forever, name="bergstream-lag", daemon=True)
         try:
-            query = self._start(available_now)
             lag_thread.start()
-            log.info("router for %s started: query %s, checkpoint %s", config.topic, query.id,
-                     config.checkpoint_location)  # fmt: skip
-            try:
-                query.awaitTermination()
-            except KeyboardInterrupt:
-                log.info("stopping the router for %s", config.topic)
-                query.stop()
+            for restart in range(_REPLAY_RESTARTS + 1):
+                query = self._start(available_now)
+                log.info("router for %s started: query %s, checkpoint %s", config.topic, query.id,
+                         config.checkpoint_location)  # fmt: skip
+                try:
+                    query.awaitTermination()
+                    break
+                except StreamingQueryException as error:
+                    if _REPLAY_PROGRESS_FAILURE not in str(error) or restart == _REPLAY_RESTARTS:
+                        raise RouterStopped(
+                            f"the router for {config.topic} stopped: {_first_line(error)}"
+                        ) from error
+                    log.warning(
+                        "restarting the query of %s after a replayed batch (SPARK-55271)", config.topic
+                    )
+                except KeyboardInterrupt:
+                    log.info("stopping the router for %s", config.topic)
+                    query.stop()
+                    break
             self._terminated.wait(timeout=60)
         finally:
             self._stop_lag.set()
@@ -125,6 +152,7 @@ class Router:
             BatchTableWriter(self.spark, catalog.table_identifier(self.layout.dead_letter_table), query.id),
         )
         self._query = query
+        self._terminated.clear()
         self._query_started.set()
         return query
 
@@ -148,6 +176,7 @@ class Router:
             )
             read = sum(row.read for row in per_partition)
             archived = sum(row.archived for row in per_partition)
+            phases = {"parse": time.monotonic() - started}
             appended = []
             for writer, rows, count in (
                 (archive_writer, archive_rows, archived),
@@ -156,13 +185,13 @@ class Router:
                 if count:
                     commit_started = time.monotonic()
                     result = writer.append(rows(stamped, self.layout), batch_id)
-                    self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(
-                        time.monotonic() - commit_started
-                    )
+                    took = time.monotonic() - commit_started
+                    self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
+                    phases[writer.identifier.rsplit(".", 1)[-1]] = took
                     appended.append((writer, result))
         finally:
             stamped.unpersist()
-        self._account(batch_id, per_partition, read, archived, appended, time.monotonic() - started)
+        self._account(batch_id, per_partition, read, archived, appended, time.monotonic() - started, phases)
 
     def _account(
         self,
@@ -172,6 +201,7 @@ class Router:
         archived: int,
         appended: list,  # type: ignore[type-arg]
         seconds: float,
+        phases: dict[str, float],
     ) -> None:
         topic, metrics, totals = self.config.topic, self.metrics, self.totals
         replayed = bool(appended) and all(result is None for _, result in appended)
@@ -218,9 +248,10 @@ class Router:
         totals.batches += 1
         totals.replayed_batches += replayed
         log.info(
-            "%s batch %d%s: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs",
+            "%s batch %d%s: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)",
             topic, batch_id, " (replayed, already committed)" if replayed else "", read, archived,
             read - archived, files, size / 1e6, seconds,
+            ", ".join(f"{phase} {took:.1f}s" for phase, took in phases.items()),
         )  # fmt: skip
 
     def on_progress(self, query_id: str, end_offsets_json: str | None) -> None:
