@@ -14,15 +14,19 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_port
 from bergstream.spark import build_spark_session
-from router.batch import archive_topic
-from schemas.archive import ArchiveLayout
-from schemas.registry import Encoding, load_event_schema
+from router.app import archive_available_now
+from router.config import RouterConfig
+from schemas.archive import DEAD_LETTER_SUFFIX
+from schemas.registry import Encoding
 
 ENCODING: dict[str, Encoding] = {"playback": "json", "impression": "avro"}
 
 
 def run_demo(data_dir: Path, count: int) -> None:
     console = Console()
+    leftover = LocalStack.at(data_dir)
+    if leftover.status().running:  # a demo interrupted earlier: stop its broker before removing its data
+        leftover.down()
     shutil.rmtree(data_dir, ignore_errors=True)
     stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=free_port(), controller_port=free_port()))
     started = time.monotonic()
@@ -50,14 +54,23 @@ def run_demo(data_dir: Path, count: int) -> None:
         spark = build_spark_session(catalog, app_name="bergstream-demo")
         try:
             for topic in TOPICS:
-                layout = ArchiveLayout(load_event_schema(topic), table=topic)
-                result = archive_topic(
-                    spark, catalog, layout, status.bootstrap_servers, topic, ENCODING[topic]
+                config = RouterConfig(
+                    topic=topic,
+                    schema=topic,
+                    encoding=ENCODING[topic],
+                    table=topic,
+                    kafka={
+                        "kafka.bootstrap.servers": status.bootstrap_servers,
+                        "startingOffsets": "earliest",
+                    },
+                    checkpoint_location=str(data_dir / "checkpoints" / topic),
+                    catalog=catalog,
                 )
+                totals = archive_available_now(spark, config)
                 console.print(
-                    f"{topic}: read {result.read} records, archived {result.archived} rows into "
-                    f"{catalog.table_identifier(layout.table)}, dead-lettered {result.dead_lettered} into "
-                    f"{catalog.table_identifier(layout.dead_letter_table)}"
+                    f"{topic}: read {totals.read} records, archived {totals.archived} rows into "
+                    f"{catalog.table_identifier(topic)}, dead-lettered {totals.dead_lettered} into "
+                    f"{catalog.table_identifier(topic)}{DEAD_LETTER_SUFFIX}, {totals.files} files"
                 )
         finally:
             spark.stop()
@@ -77,7 +90,9 @@ def _archive_summary(stack: LocalStack, topic: str) -> Table:
     table = iceberg.load_table(f"{catalog.namespace}.{topic}")
     partitions = table.inspect.partitions().to_pylist()
     files = table.inspect.files().to_pylist()
-    dead_letters = iceberg.load_table(f"{catalog.namespace}.{topic}__dlq").scan(selected_fields=("error",))
+    dead_letters = iceberg.load_table(f"{catalog.namespace}.{topic}{DEAD_LETTER_SUFFIX}").scan(
+        selected_fields=("error",)
+    )
     errors: dict[str, int] = {}
     for error in dead_letters.to_arrow().column("error").to_pylist():
         errors[error] = errors.get(error, 0) + 1

@@ -291,6 +291,11 @@ class Router:
             )
 
 
+def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:
+    """Archive what the topic holds now and return: the router with an availableNow trigger."""
+    return Router(config, spark, RouterMetrics(config.topic)).run(available_now=True)
+
+
 class _ProgressListener(StreamingQueryListener):
     def __init__(self, router: Router) -> None:
         self.router = router

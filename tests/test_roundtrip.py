@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -14,7 +15,8 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.transforms import HourTransform
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from router.batch import archive_topic
+from router.app import archive_available_now
+from router.config import RouterConfig
 from schemas import ArchiveLayout, load_event_schema
 from schemas.registry import Encoding
 from tests.services import Services
@@ -46,7 +48,7 @@ def kafka_records(
 
 @pytest.mark.parametrize(("kind", "encoding"), [("playback", "json"), ("impression", "avro")])
 def test_produce_archive_and_read_back(
-    stack: Services, spark: SparkSession, topic_name: str, kind: str, encoding: Encoding
+    stack: Services, spark: SparkSession, topic_name: str, kind: str, encoding: Encoding, tmp_path: Path
 ) -> None:
     request = ProduceRequest(
         topic=topic_name, schema=kind, count=COUNT, late_fraction=0.1, bad_fraction=0.05, encoding=encoding,
@@ -57,7 +59,12 @@ def test_produce_archive_and_read_back(
     assert set(report.per_partition) == {0, 1, 2}
 
     layout = ArchiveLayout(load_event_schema(kind), table=topic_name)
-    result = archive_topic(spark, stack.catalog, layout, stack.bootstrap_servers, topic_name, encoding)
+    config = RouterConfig(
+        topic=topic_name, schema=kind, encoding=encoding, table=topic_name, cluster="roundtrip",
+        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog,
+    )  # fmt: skip
+    result = archive_available_now(spark, config)
     assert result.read == COUNT
     assert result.dead_lettered == sum(report.malformed.values()) > 0
     assert result.archived + result.dead_lettered == COUNT
@@ -98,6 +105,7 @@ def test_produce_archive_and_read_back(
         timestamp_ms, value = sent[(metadata["partition"], metadata["offset"])]
         assert metadata["kafka_ingestion_ts"] == datetime.fromtimestamp(timestamp_ms / 1000, UTC)
         assert metadata["topic"] == topic_name
+        assert metadata["cluster"] == "roundtrip"
         assert metadata["timestamp_type"] == "CreateTime"
         assert metadata["key"] == str(row["account_id"]).encode()
         assert {h["key"] for h in metadata["headers"]} == {"producer", "encoding"}

@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 from bergstream.catalog import CatalogConfig
 from bergstream.spark import build_spark_session
-from router.batch import archive_topic
-from schemas import ArchiveLayout, load_event_schema
+from router.app import archive_available_now
+from router.config import RouterConfig
 
 
 def main() -> None:
@@ -21,19 +21,24 @@ def main() -> None:
     for option in ("--master", "--catalog-uri", "--warehouse", "--bootstrap-servers", "--topic", "--schema"):
         parser.add_argument(option, required=True)
     parser.add_argument("--catalog-user")
+    parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--encoding", choices=("json", "avro"), required=True)
     args = parser.parse_args()
     catalog = CatalogConfig(uri=args.catalog_uri, warehouse=args.warehouse, user=args.catalog_user)
+    config = RouterConfig(
+        topic=args.topic, schema=args.schema, encoding=args.encoding, table=args.topic,
+        kafka={"kafka.bootstrap.servers": args.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=args.checkpoint, catalog=catalog,
+    )  # fmt: skip
     spark = build_spark_session(
         catalog, master=args.master, app_name=f"archive-once-{args.topic}",
         conf={"spark.executor.memory": "1g", "spark.cores.max": "1"},
     )  # fmt: skip
     try:
-        layout = ArchiveLayout(load_event_schema(args.schema), table=args.topic)
-        result = archive_topic(spark, catalog, layout, args.bootstrap_servers, args.topic, args.encoding)
+        totals = archive_available_now(spark, config)
     finally:
         spark.stop()
-    print(json.dumps(asdict(result)))
+    print(json.dumps({key: value for key, value in asdict(totals).items() if key != "per_partition"}))
 
 
 if __name__ == "__main__":
