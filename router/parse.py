@@ -1,8 +1,12 @@
 """Turning Kafka record values into typed events, or into the reason they cannot be.
 
-A record is valid when its value decodes with the topic's schema, every field has its declared type and
-every required field is present. Anything else gets an error text and goes to the dead-letter table.
-The reasons are worked out only for the records that fail, so valid records pay for one decode.
+A record is valid when its value decodes with the topic's schema, every field has its declared type,
+every enum holds one of its symbols and every required field is present, nested ones included. Anything
+else gets an error text and goes to the dead-letter table. The reasons are worked out only for records
+that fail: the checks on a valid record are null tests, enum look-ups and, for Avro, one re-encoding.
+
+Spark's JSON reader is lenient in ways that lose nothing: a number or an object sent for a string field
+is kept as its JSON text.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from pyspark.sql.avro.functions import from_avro, to_avro
 
 from schemas.archive import ArchiveLayout
 from schemas.registry import Encoding
+from schemas.spark_types import avro_enums, nested_fields
 
 EVENT = "event"
 ERROR = "error"
 _CORRUPT = "_corrupt_record"
+Check = tuple[Column, Column]
 
 
 def parse(records: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> DataFrame:
@@ -27,48 +33,83 @@ def parse(records: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> Data
     return _parse_avro(records, layout)
 
 
-def _required(layout: ArchiveLayout) -> list[str]:
-    return [f.name for f in layout.event_type.fields if not f.nullable]
-
-
-def _first_error(checks: list[tuple[Column, Column]]) -> Column:
+def _first_error(checks: list[Check]) -> Column:
     error = F.when(*checks[0])
     for condition, message in checks[1:]:
         error = error.when(condition, message)
     return error
 
 
-def _missing(layout: ArchiveLayout) -> list[tuple[Column, Column]]:
-    return [
-        (F.col(EVENT)[name].isNull(), F.lit(f"required field '{name}' is missing or null"))
-        for name in _required(layout)
+def _field(path: str) -> Column:
+    column = F.col(EVENT)
+    for part in path.split("."):
+        column = column[part]
+    return column
+
+
+def _present(path: str) -> Column:
+    """The field's parent struct is there (a missing optional struct has no required fields to check)."""
+    parent = path.rpartition(".")[0]
+    return _field(parent).isNotNull() if parent else F.lit(True)
+
+
+def _content_checks(layout: ArchiveLayout) -> list[Check]:
+    fields = nested_fields(layout.event_type)
+    missing = [
+        (_present(path) & _field(path).isNull(), F.lit(f"required field '{path}' is missing or null"))
+        for path, struct_field in fields
+        if not struct_field.nullable
     ]
+    enums = [
+        (
+            _field(path).isNotNull() & ~_field(path).isin(symbols),
+            F.concat(F.lit(f"field '{path}' is "), _field(path), F.lit(f", not one of {', '.join(symbols)}")),
+        )
+        for path, symbols in avro_enums(layout.event.avro).items()
+    ]
+    return [*missing, *enums]
 
 
 def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
     parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
+    corrupt = F.col(EVENT)[_CORRUPT].isNotNull()
     variant = F.try_parse_json(text)
     kind = F.regexp_extract(F.schema_of_variant(variant), r"^(\w+)", 1)
-    wrong_types = [
-        (
-            F.try_variant_get(variant, f"$.{field.name}", field.dataType.simpleString()).isNull()
-            & ~F.is_variant_null(F.variant_get(variant, f"$.{field.name}", "variant")),
-            F.lit(f"field '{field.name}' is not of type {field.dataType.simpleString()}"),
+    wrong_types = []
+    for struct_field in layout.event_type.fields:
+        member = F.variant_get(variant, f"$.{struct_field.name}", "variant")
+        wrong_types.append(
+            (
+                corrupt
+                & member.isNotNull()
+                & ~F.is_variant_null(member)
+                & F.try_variant_get(
+                    variant, f"$.{struct_field.name}", struct_field.dataType.simpleString()
+                ).isNull(),
+                F.lit(f"field '{struct_field.name}' is not of type {struct_field.dataType.simpleString()}"),
+            )
         )
-        for field in layout.event_type.fields
-    ]
-    checks = [
-        (F.col("value").isNull(), F.lit("null value")),
-        (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        (F.col(EVENT)[_CORRUPT].isNotNull() & variant.isNull(), F.lit("malformed JSON")),
+    # Spark reads a JSON number into a timestamp as epoch seconds; producers mean ISO-8601 text.
+    numeric_times = [
         (
-            F.col(EVENT)[_CORRUPT].isNotNull() & (kind != "OBJECT"),
-            F.concat(F.lit("not a JSON object but "), kind),
-        ),
-        *[(F.col(EVENT)[_CORRUPT].isNotNull() & condition, message) for condition, message in wrong_types],
-        (F.col(EVENT)[_CORRUPT].isNotNull(), F.lit(f"not a valid {layout.event.name} event")),
-        *_missing(layout),
+            F.col(EVENT)[f.name].isNotNull() & text.rlike(rf'"{f.name}"\s*:\s*-?[0-9]'),
+            F.lit(f"field '{f.name}' is a number, not an ISO-8601 timestamp string"),
+        )
+        for f in layout.event_type.fields
+        if isinstance(f.dataType, T.TimestampType)
+    ]
+    checks: list[Check] = [
+        (F.col("value").isNull(), F.lit("null value")),
+        (F.length(F.col("value")) == 0, F.lit("empty value")),
+        (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+        (corrupt & variant.isNull(), F.lit("malformed JSON")),
+        (corrupt & (kind != "OBJECT"), F.concat(F.lit("not a JSON object but "), kind)),
+        *wrong_types,
+        (corrupt, F.lit(f"not a valid {layout.event.name} event")),
+        (~F.rtrim(text).endswith("}"), F.lit("bytes are left over after the JSON object")),
+        *numeric_times,
+        *_content_checks(layout),
     ]
     parsed = records.withColumn(
         EVENT, F.from_json(text, parse_type, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
@@ -77,19 +118,27 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
 
 
 def _parse_avro(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
-    # The decoder stops at the record's end: bytes that encode more (another schema's record, garbage
-    # after a valid prefix) show when the decoded event does not encode back to the value.
     # A value that does not decode comes back as null or as a row of nulls: a required field is null
     # only then, since Avro cannot encode a null into one.
-    round_trip = to_avro(F.col(EVENT), layout.event.avro_json)
     undecodable = F.col(EVENT).isNull()
-    for name in _required(layout):
-        undecodable = undecodable | F.col(EVENT)[name].isNull()
+    for struct_field in layout.event_type.fields:
+        if not struct_field.nullable:
+            undecodable = undecodable | _field(struct_field.name).isNull()
     invalid = f"not a valid Avro {layout.event.name} record"
-    checks = [
+    # The decoder stops at the record's end: bytes that encode more (another schema's record, garbage
+    # after a valid prefix) show when the decoded event does not encode back to the value.
+    round_trip = to_avro(F.col(EVENT), layout.event.avro_json)
+    bad_text = [
+        (~F.is_valid_utf8(_field(path)), F.lit(f"field '{path}' is not valid UTF-8"))
+        for path, struct_field in nested_fields(layout.event_type)
+        if isinstance(struct_field.dataType, T.StringType)
+    ]
+    checks: list[Check] = [
         (F.col("value").isNull(), F.lit("null value")),
         (undecodable, F.lit(invalid)),
         (round_trip != F.col("value"), F.lit(f"{invalid}: bytes are left over after the record")),
+        *bad_text,
+        *_content_checks(layout),
     ]
     parsed = records.withColumn(
         EVENT, from_avro(F.col("value"), layout.event.avro_json, {"mode": "PERMISSIVE"})

@@ -61,7 +61,7 @@ def record_to_struct(record: dict[str, Any], path: str = "") -> T.StructType:
     fields = []
     for avro_field in record["fields"]:
         name = avro_field["name"]
-        spark_type, nullable = avro_to_spark(avro_field["type"], f"{path}{name}")
+        spark_type, nullable = avro_to_spark(avro_field["type"], f"{path}.{name}" if path else name)
         fields.append(T.StructField(name, spark_type, nullable))
     return T.StructType(fields)
 
@@ -94,3 +94,28 @@ def optional(data_type: T.DataType) -> T.DataType:
     if isinstance(data_type, T.MapType):
         return T.MapType(data_type.keyType, optional(data_type.valueType), True)
     return data_type
+
+
+def nested_fields(struct: T.StructType, prefix: str = "") -> list[tuple[str, T.StructField]]:
+    """Every field of `struct` and of the structs inside it, with its dotted path."""
+    found = []
+    for struct_field in struct.fields:
+        path = f"{prefix}{struct_field.name}"
+        found.append((path, struct_field))
+        if isinstance(struct_field.dataType, T.StructType):
+            found += nested_fields(struct_field.dataType, f"{path}.")
+    return found
+
+
+def avro_enums(record: dict[str, Any], prefix: str = "") -> dict[str, list[str]]:
+    """The symbols of every enum field of an Avro record (nested records included), by dotted path."""
+    enums: dict[str, list[str]] = {}
+    for avro_field in record["fields"]:
+        path = f"{prefix}{avro_field['name']}"
+        branches = avro_field["type"] if isinstance(avro_field["type"], list) else [avro_field["type"]]
+        for branch in branches:
+            if isinstance(branch, dict) and branch.get("type") == "enum":
+                enums[path] = list(branch["symbols"])
+            elif isinstance(branch, dict) and branch.get("type") == "record":
+                enums.update(avro_enums(branch, f"{path}."))
+    return enums

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,7 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
     schema = load_event_schema("playback")
     layout = ArchiveLayout(schema, table="playback")
     valid = schema.encode(next(EventModel(seed=1).events("playback")).event, "json")
+    event = json.loads(valid)
     cases = {
         b'{"playback_id": "x", "account_id": "abc"}': "field 'account_id' is not of type bigint",
         valid.replace(b'"country"', b'"countree"'): "required field 'country' is missing or null",
@@ -69,7 +71,32 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
             b'"bitrate_kbps":', b'"bitrate_kbps":"fast","x":'
         ): "field 'bitrate_kbps' is not of type int",
         b'{"playback_id": "\xe9"}': "value is not valid UTF-8",
+        b"": "empty value",
+        valid.replace(b'"event_type":"', b'"event_type":"BOGUS'): None,
+        valid + b"xyz": "bytes are left over after the JSON object",
+        json.dumps(
+            {**event, "event_ts": 1795356889000}
+        ).encode(): "field 'event_ts' is a number, not an ISO-8601 timestamp string",
+        json.dumps(
+            {**event, "device": {"type": "tv", "app_version": "1"}}
+        ).encode(): "required field 'device.os' is missing or null",
     }
+    bogus = json.loads(valid)["event_type"]
+    cases[valid.replace(b'"event_type":"', b'"event_type":"BOGUS')] = (
+        f"field 'event_type' is BOGUS{bogus}, not one of START, HEARTBEAT, STOP"
+    )
     records = spark.createDataFrame([(v,) for v in cases], "value binary")
     errors = {r.value: r.error for r in parse(records, layout, "json").select("value", ERROR).collect()}
     assert {bytes(v): e for v, e in errors.items()} == cases
+
+
+def test_avro_strings_must_be_utf8(spark: SparkSession) -> None:
+    schema = load_event_schema("impression")
+    layout = ArchiveLayout(schema, table="impression")
+    event = next(EventModel(seed=1).events("impression")).event
+    valid = schema.encode({**event, "country": "ZZ"}, "avro")
+    latin1 = valid.replace(b"\x04ZZ", b"\x04Z\xe9")
+    assert latin1 != valid
+    records = spark.createDataFrame([(valid,), (latin1,)], "value binary")
+    errors = [r.error for r in parse(records, layout, "avro").select(ERROR).collect()]
+    assert errors == [None, "field 'country' is not valid UTF-8"]
