@@ -1,6 +1,6 @@
 # Everything a fresh machine needs is installed on first use: a virtualenv with bergstream and its Python
 # dependencies, and the JVM jars pinned in bergstream/jvm/pom.xml (resolved once with Maven).
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed

@@ -35,7 +35,7 @@ class CatalogConfig(BaseModel):
 
     @model_validator(mode="after")
     def _uri_matches_type(self) -> CatalogConfig:
-        if self.type == "jdbc" and not self.uri.startswith(("jdbc:sqlite:", "jdbc:postgresql:")):
+        if self.type == "jdbc" and not self.uri.startswith(("jdbc:sqlite:", "jdbc:postgresql://")):
             raise ValueError(
                 f"catalog uri {self.uri!r}: a jdbc catalog needs jdbc:sqlite:<file> or jdbc:postgresql://host/db"
             )

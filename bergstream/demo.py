@@ -12,7 +12,7 @@ from rich.table import Table
 from bergstream.loadgen.events import TOPICS
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_port
+from bergstream.local.processes import free_ports
 from bergstream.spark import build_spark_session
 from router.app import archive_available_now
 from router.config import RouterConfig
@@ -28,7 +28,8 @@ def run_demo(data_dir: Path, count: int) -> None:
     if leftover.status().running:  # a demo interrupted earlier: stop its broker before removing its data
         leftover.down()
     shutil.rmtree(data_dir, ignore_errors=True)
-    stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=free_port(), controller_port=free_port()))
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=kafka_port, controller_port=controller_port))
     started = time.monotonic()
     console.rule("[bold]bergstream demo")
     status = stack.up()

@@ -1,6 +1,6 @@
 """The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache.
 
-Nothing is downloaded when Spark or the broker starts: both read the cache that `resolve` filled.
+Spark and the broker read the cache; Maven runs only when the cache lacks the pinned set.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +80,9 @@ def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
     if (target / _COMPLETE).exists():
         return target
     mvn = require_tool("mvn", f"resolve the {jar_set} jars pinned in {pom}")
-    staging = target.with_name(f"{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A staging folder of its own, so that two resolves at once cannot spoil each other's files.
+    staging = Path(tempfile.mkdtemp(prefix=f".{jar_set}-", dir=target.parent))
     command = [
         mvn, "-q", "-B", "-f", str(pom), "-P", jar_set,
         "dependency:copy-dependencies", "-DincludeScope=runtime", "-Dmdep.useRepositoryLayout=true",
@@ -93,8 +94,10 @@ def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}:\n{tail}")
     (staging / _COMPLETE).write_text(_pom_digest(pom))
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:  # another resolve finished first: its copy is as good
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

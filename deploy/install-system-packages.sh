@@ -1,9 +1,13 @@
 #!/bin/sh
-# Installs what bergstream needs from Debian's packages when it is missing: a JDK (17 or newer) and Maven
-# for the JVM side, and PostgreSQL for the tests of a PostgreSQL JDBC catalog.
+# Installs what bergstream needs from Debian's packages when it is missing: Python 3.11 with venv, a JDK
+# (17 or newer) and Maven for the JVM side, and PostgreSQL for the tests of a PostgreSQL JDBC catalog.
 set -eu
 missing=""
-command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jdk-headless"
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
+command -v python3.11 >/dev/null 2>&1 || missing="$missing python3.11 python3.11-venv"
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+  missing="$missing default-jdk-headless"
+fi
 command -v mvn >/dev/null 2>&1 || missing="$missing maven"
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
 [ -z "$missing" ] && exit 0

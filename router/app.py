@@ -87,6 +87,7 @@ class Router:
 
     def run(self, available_now: bool = False) -> RouterTotals:
         config = self.config
+        self._kafka.require_topic()
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes)
         evolve_table(self.spark, config.catalog.table_identifier(self.layout.table), self.layout)
         self._committed = self._kafka.committed()

@@ -6,6 +6,8 @@ import logging
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from bergstream.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +43,17 @@ class GroupCommitter:
         partitions = [TopicPartition(self.topic, p) for p in self.partitions()]
         committed = self._consumer.committed(partitions, timeout=10)
         return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+    def require_topic(self) -> None:
+        """Refuse to start when Kafka cannot be reached or has no such topic."""
+        try:
+            topics = self._consumer.list_topics(timeout=15).topics
+        except KafkaException as error:
+            raise ConfigError(f"cannot reach Kafka for topic {self.topic}: {error.args[0].str()}") from error
+        if self.topic not in topics:
+            raise ConfigError(
+                f"Kafka has no topic {self.topic!r}; create it, or check kafka.bootstrap.servers"
+            )
 
     def partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]

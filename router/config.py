@@ -6,6 +6,7 @@ Kafka options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`,
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
+log = logging.getLogger(__name__)
 TOPICS_DIR = Path("deploy/topics")
 BOOTSTRAP = "kafka.bootstrap.servers"
 # Set by the router itself: one topic per router, its own rate limit and its own consumer group.
@@ -129,10 +131,13 @@ def load_router_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
         from_file = loaded or {}
+        log.info("router settings for %s from %s", topic, path)
         if from_file.get("topic", topic) != topic:
             raise ConfigError(
                 f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}"
             )
+    if "catalog" in from_file:  # another catalog entirely: nothing of the local one may leak into it
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
     merged = _merge(_merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
     merged.setdefault("topic", topic)
     merged.setdefault("schema", topic)

@@ -15,7 +15,7 @@ from pathlib import Path
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_port
+from bergstream.local.processes import free_ports
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,15 @@ def docker_engine_reachable() -> bool:
 
 def use_docker() -> bool:
     choice = os.environ.get("BERGSTREAM_TEST_SERVICES", "auto")
+    if choice not in ("auto", "local", "docker"):
+        raise ValueError(f"BERGSTREAM_TEST_SERVICES={choice!r}: use auto, local or docker")
     return choice == "docker" or (choice == "auto" and docker_engine_reachable())
 
 
 @contextmanager
 def local_services(data_dir: Path) -> Iterator[Services]:
-    stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=free_port(), controller_port=free_port()))
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(StackConfig(data_dir=data_dir, kafka_port=kafka_port, controller_port=controller_port))
     status = stack.up()
     try:
         yield Services(status.bootstrap_servers, stack.config.catalog, stack.config.broker.log_dir)
@@ -52,12 +55,31 @@ def local_services(data_dir: Path) -> Iterator[Services]:
 
 @contextmanager
 def container_services(data_dir: Path) -> Iterator[Services]:
-    from testcontainers.kafka import KafkaContainer
+    """The same broker as the local stack's, from the apache/kafka image of the pinned version."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
 
-    image = f"apache/kafka:{jars.pinned_versions().kafka}"
-    with KafkaContainer(image).with_kraft() as kafka:
+    (port,) = free_ports(1)
+    kafka = (
+        DockerContainer(f"apache/kafka:{jars.pinned_versions().kafka}")
+        .with_bind_ports(9092, ("127.0.0.1", port))
+        .with_env("KAFKA_NODE_ID", "1")
+        .with_env("KAFKA_PROCESS_ROLES", "broker,controller")
+        .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
+        .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{port}")
+        .with_env("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+        .with_env("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT")
+        .with_env("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+        .with_env("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+    )
+    with kafka:
+        wait_for_logs(kafka, "Kafka Server started", timeout=120)
         catalog = CatalogConfig.sqlite(data_dir / "catalog.db", data_dir / "warehouse")
-        yield Services(kafka.get_bootstrap_server(), catalog, None)
+        yield Services(f"127.0.0.1:{port}", catalog, None)
 
 
 def services(data_dir: Path) -> Iterator[Services]:

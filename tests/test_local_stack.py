@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bergstream.local.processes import alive, free_port
+from bergstream.local.processes import alive, free_port, free_ports
 
 pytestmark = pytest.mark.integration
 BERGSTREAM = [sys.executable, "-m", "bergstream"]
@@ -37,7 +37,8 @@ def stack_dir(tmp_path: Path) -> Path:
 
 
 def ports() -> list[str]:
-    return ["--kafka-port", str(free_port()), "--controller-port", str(free_port())]
+    kafka_port, controller_port = free_ports(2)
+    return ["--kafka-port", str(kafka_port), "--controller-port", str(controller_port)]
 
 
 def test_up_status_down_and_the_log_survives_a_restart(stack_dir: Path) -> None:
@@ -127,3 +128,15 @@ def test_a_non_loopback_host_is_refused(stack_dir: Path) -> None:
     done = run("local", "up", "--data-dir", str(stack_dir), "--host", "0.0.0.0")
     assert done.returncode != 0
     assert "loopback only" in error_line(done)
+
+
+def test_a_stale_pid_file_of_another_process_is_not_the_broker(stack_dir: Path) -> None:
+    pid_file = stack_dir / "kafka" / "broker.pid"
+    pid_file.parent.mkdir(parents=True)
+    pid_file.write_text(str(os.getpid()))  # after a reboot the pid may belong to anything: here, pytest
+    status = run("local", "status", "--data-dir", str(stack_dir), "--json")
+    assert json.loads(status.stdout)["running"] is False
+    down = run("local", "down", "--data-dir", str(stack_dir))
+    assert "nothing is running" in error_line(down)
+    assert alive(os.getpid())
+    assert run("local", "up", "--data-dir", str(stack_dir), *ports()).returncode == 0

@@ -143,21 +143,28 @@ def start(config: BrokerConfig) -> int:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-    config.pid_file.write_text(str(process.pid))
     try:
+        config.pid_file.write_text(str(process.pid))
         _wait_until_ready(config, process)
     except BaseException:
         processes.stop(process.pid, grace_seconds=5)
         process.wait()
-        config.pid_file.unlink(missing_ok=True)
+        if processes.read_pid(config.pid_file) == process.pid:
+            config.pid_file.unlink()
         raise
     return process.pid
 
 
+def running_pid(config: BrokerConfig) -> int | None:
+    return processes.running_pid(config.pid_file, str(config.properties_file))
+
+
 def stop(config: BrokerConfig, grace_seconds: float = 30.0) -> bool:
     """Stop the broker; False when none was running."""
-    pid = processes.running_pid(config.pid_file)
-    if pid is not None:
-        processes.stop(pid, grace_seconds)
+    pid = running_pid(config)
+    if pid is not None and not processes.stop(pid, grace_seconds):
+        raise StackError(
+            f"the Kafka broker (pid {pid}) did not stop, even on SIGKILL; {config.pid_file} is kept"
+        )
     config.pid_file.unlink(missing_ok=True)
     return pid is not None

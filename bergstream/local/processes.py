@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from bergstream.errors import StackError
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -18,15 +23,25 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as error:
             if error.errno == errno.EADDRINUSE:
                 return True
-            raise
+            raise StackError(f"cannot use {host}:{port}: {error.strerror}") from error
     return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+    (port,) = free_ports(1, host)
+    return port
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that nothing listens on now (all held open until all are chosen)."""
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def alive(pid: int) -> bool:
@@ -51,23 +66,46 @@ def read_pid(pid_file: Path) -> int | None:
         return None
 
 
-def running_pid(pid_file: Path) -> int | None:
+def running_pid(pid_file: Path, command_marker: str) -> int | None:
+    """The pid in `pid_file` if that process runs and its command line holds `command_marker`.
+
+    The marker tells our process from an unrelated one that got the same pid after a reboot.
+    """
     pid = read_pid(pid_file)
-    return pid if pid is not None and alive(pid) else None
+    if pid is None or not alive(pid):
+        return None
+    try:
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return pid if command_marker in command_line else None
 
 
-def stop(pid: int, grace_seconds: float) -> None:
-    """SIGTERM the process group, then SIGKILL it once the grace period is over."""
+def stop(pid: int, grace_seconds: float) -> bool:
+    """SIGTERM the process group, then SIGKILL it once the grace period is over; False if it survives."""
     for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            return
+            return True
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not alive(pid):
-                return
+                return True
             time.sleep(0.2)
+    return False
+
+
+@contextmanager
+def locked(lock_file: Path) -> Iterator[None]:
+    """Serialise commands that start or stop the same stack."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log_tail(log_file: Path, lines: int = 12) -> str:

@@ -56,7 +56,7 @@ class SparkCluster:
 def spark_cluster(home: Path, worker_cores: int = 1, worker_memory: str = "1g") -> Iterator[SparkCluster]:
     """Yield the cluster once a worker has registered with the master; stop both after."""
     home.mkdir(parents=True, exist_ok=True)
-    port, ui_port, worker_ui_port = processes.free_port(), processes.free_port(), processes.free_port()
+    port, ui_port, worker_ui_port = processes.free_ports(3)
     cluster = SparkCluster(master_url=f"spark://127.0.0.1:{port}", ui_url=f"http://127.0.0.1:{ui_port}")
     master_url = cluster.master_url
     started = [

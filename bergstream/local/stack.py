@@ -16,7 +16,7 @@ from bergstream.local import kafka_broker, processes
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = ("127.0.0.1", "::1")
 
 
 def default_data_dir() -> Path:
@@ -85,7 +85,12 @@ class LocalStack:
         state = data_dir / "stack.json"
         if not state.exists():
             return cls(StackConfig(data_dir=data_dir))
-        saved = json.loads(state.read_text())
+        try:
+            saved = json.loads(state.read_text())
+        except json.JSONDecodeError as error:
+            raise StackError(
+                f"{state} is not valid JSON ({error}); remove it and run `bergstream local up`"
+            ) from error
         return cls(
             StackConfig(
                 data_dir=data_dir,
@@ -96,8 +101,12 @@ class LocalStack:
         )
 
     def up(self) -> StackStatus:
+        with processes.locked(self.config.data_dir / "stack.lock"):
+            return self._up()
+
+    def _up(self) -> StackStatus:
         config = self.config
-        pid = processes.running_pid(config.broker.pid_file)
+        pid = kafka_broker.running_pid(config.broker)
         if pid is not None:
             running = LocalStack.at(config.data_dir).status()
             raise StackError(
@@ -128,19 +137,21 @@ class LocalStack:
         return self.status()
 
     def down(self) -> None:
-        if not kafka_broker.stop(self.config.broker):
-            raise StackError(
-                f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
-            )
+        with processes.locked(self.config.data_dir / "stack.lock"):
+            if not kafka_broker.stop(self.config.broker):
+                raise StackError(
+                    f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
+                )
 
     def status(self) -> StackStatus:
         config = self.config
         catalog = config.catalog
+        pid = kafka_broker.running_pid(config.broker)
         return StackStatus(
-            running=processes.running_pid(config.broker.pid_file) is not None,
+            running=pid is not None,
             data_dir=str(config.data_dir),
             bootstrap_servers=config.broker.bootstrap_servers,
-            broker_pid=processes.running_pid(config.broker.pid_file),
+            broker_pid=pid,
             catalog_name=catalog.name,
             catalog_uri=catalog.uri,
             catalog_sqlalchemy_uri=catalog.sqlalchemy_uri(),
