@@ -238,6 +238,42 @@ def router_run(
     click.echo(totals.summary(topic))
 
 
+@router.command("maintain")
+@click.option("--topic", required=True, help="The topic whose tables to maintain.")
+@click.option(
+    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: deploy/topics/<topic>.yaml when it exists).",
+)
+@DATA_DIR
+def router_maintain(topic: str, table: str | None, config_file: Path | None, data_dir: Path | None) -> None:
+    """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""
+    from bergstream.spark import build_spark_session
+    from router.config import load_router_config
+    from router.maintain import maintain
+
+    _configure_logging()
+    config = load_router_config(
+        topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={"table": table}
+    )
+    spark = build_spark_session(
+        config.catalog,
+        master=config.spark.master,
+        app_name=f"bergstream-maintain-{topic}",
+        conf=config.spark.conf,
+    )
+    try:
+        for result in maintain(spark, config):
+            click.echo(result.summary())
+    finally:
+        spark.stop()
+
+
 @cli.group()
 def jars() -> None:
     """The JVM jars pinned in bergstream/jvm/pom.xml."""

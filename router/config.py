@@ -46,6 +46,20 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+class MaintenanceSettings(BaseModel):
+    """How `bergstream router maintain` treats the topic's tables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # An hour is compacted once it ended this long ago: later records of it are rare by then.
+    compaction_grace_minutes: int = Field(default=15, ge=0)
+    # Snapshots younger than this are kept: time travel, and the router's record of committed batches.
+    snapshot_retention_hours: int = Field(default=72, gt=0)
+    retain_last_snapshots: int = Field(default=100, gt=0)
+    # Files younger than this are never orphans: a batch may have written them and not committed yet.
+    orphan_retention_hours: int = Field(default=72, ge=1)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -65,6 +79,7 @@ class RouterConfig(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
 
     @field_validator("kafka")
     @classmethod

@@ -1,0 +1,268 @@
+"""bench/router: how fast the router archives, how fresh the archive is, and how small.
+
+One run, on one machine, against the embedded stack, on the same events:
+  (a) Spark's Kafka source into the noop sink: the ceiling for any Spark job reading the topic
+  (b) the router end to end: Kafka to the archive and dead-letter tables, committed
+  (c) plain confluent-kafka consumption: what a Python consumer reads without Spark
+then freshness (produce to visible in the table) at a steady rate, files and sizes per hour, and the
+archive's bytes against the Kafka log bytes of the same events.
+
+    .venv/bin/python -m bench.router.run [--events 500000] [--rate 3000] [--seconds 90]
+
+Prints the numbers, writes bench/out/router.json and bench/out/router-*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, TopicPartition
+
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, StackConfig
+from bergstream.local.processes import free_ports
+from bergstream.spark import build_spark_session
+from router.app import Router, archive_available_now
+from router.config import RouterConfig
+from router.metrics import RouterMetrics
+
+OUT = Path(__file__).parent.parent / "out"
+PARTITIONS = 4
+
+
+def machine() -> str:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cores = os.cpu_count()
+    return f"{platform.machine()}, {cores} cores, {memory_gib:.0f} GiB, Python {platform.python_version()}"
+
+
+def plain_consumer(bootstrap: str, topic: str, expected: int) -> tuple[float, int]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-plain",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 52428800,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    started, seen, size = time.monotonic(), 0, 0
+    while seen < expected:
+        for message in consumer.consume(10000, timeout=5):
+            if message.error() is None:
+                seen += 1
+                size += len(message.value() or b"")
+    elapsed = time.monotonic() - started
+    consumer.close()
+    return elapsed, size
+
+
+def spark_noop(spark: Any, bootstrap: str, topic: str, checkpoint: Path, max_offsets: int) -> float:
+    started = time.monotonic()
+    records = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_offsets))
+        .option("includeHeaders", "true")
+        .load()
+    )
+    writer = records.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    return time.monotonic() - started
+
+
+def freshness(stack: LocalStack, table_name: str, after_ms: int) -> list[float]:
+    """Seconds from each record's Kafka timestamp to the commit of the snapshot that added it."""
+    table = stack.config.catalog.load().load_table(f"archive.{table_name}")
+    committed = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
+    delays = []
+    for entry in table.inspect.entries().to_pylist():
+        commit_ms = committed.get(entry["snapshot_id"])
+        if commit_ms is None or commit_ms < after_ms:
+            continue
+        path = urlparse(entry["data_file"]["file_path"]).path
+        stamps = (
+            pq.read_table(path, columns=["__metadata__"])
+            .column(0)
+            .combine_chunks()
+            .field("kafka_ingestion_ts")
+        )
+        for stamp in stamps.to_pylist():
+            delays.append(commit_ms / 1000 - stamp.replace(tzinfo=UTC).timestamp())
+    return delays
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--rate", type=float, default=3000, help="events/s for the freshness run")
+    parser.add_argument("--seconds", type=float, default=90, help="length of the freshness run")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-"))
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
+    status = stack.up()
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "events": args.events,
+        "date": datetime.now(UTC).isoformat(),
+    }
+    try:
+        topic = "playback"
+        report = produce(
+            ProduceRequest(topic=topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05, seed=1),
+            status.bootstrap_servers,
+            show_progress=False,
+        )
+        megabytes = report.value_bytes / 1e6
+        print(f"produced {report.sent:,} events, {megabytes:.1f} MB of JSON values")
+
+        elapsed, _ = plain_consumer(status.bootstrap_servers, topic, args.events)
+        results["c_plain_consumer"] = {
+            "seconds": elapsed,
+            "events_per_s": args.events / elapsed,
+            "mb_per_s": megabytes / elapsed,
+        }
+
+        catalog = stack.config.catalog
+        spark = build_spark_session(catalog, app_name="bench-router")
+        try:
+            elapsed = spark_noop(
+                spark, status.bootstrap_servers, topic, home / "noop", args.max_offsets_per_trigger
+            )
+            results["a_spark_noop"] = {
+                "seconds": elapsed,
+                "events_per_s": args.events / elapsed,
+                "mb_per_s": megabytes / elapsed,
+            }
+            config = RouterConfig(
+                topic=topic,
+                schema=topic,
+                encoding="json",
+                table=topic,
+                kafka={"kafka.bootstrap.servers": status.bootstrap_servers, "startingOffsets": "earliest"},
+                checkpoint_location=str(home / "checkpoints" / topic),
+                catalog=catalog,
+                max_offsets_per_trigger=args.max_offsets_per_trigger,
+                trigger_interval="1 second",
+            )
+            started = time.monotonic()
+            totals = archive_available_now(spark, config)
+            elapsed = time.monotonic() - started
+            results["b_router"] = {
+                "seconds": elapsed,
+                "events_per_s": totals.read / elapsed,
+                "mb_per_s": megabytes / elapsed,
+                "batches": totals.batches,
+            }
+            results["b_over_a"] = (
+                results["b_router"]["events_per_s"] / results["a_spark_noop"]["events_per_s"]
+            )
+
+            # Freshness: the router runs on its trigger while events arrive at a steady rate.
+            started_ms = int(time.time() * 1000)
+            router = Router(config, spark, RouterMetrics(topic))
+            runner = threading.Thread(target=router.run)
+            runner.start()
+            steady = ProduceRequest(
+                topic=topic,
+                count=int(args.rate * args.seconds),
+                rate=args.rate,
+                partitions=PARTITIONS,
+                seed=2,
+            )
+            produce(steady, status.bootstrap_servers, show_progress=False)
+            time.sleep(10)
+            for query in spark.streams.active:
+                query.stop()
+            runner.join()
+        finally:
+            spark.stop()
+        delays = freshness(stack, topic, started_ms)
+        results["freshness_s"] = {
+            "p50": percentile(delays, 50),
+            "p99": percentile(delays, 99),
+            "rate": args.rate,
+            "trigger": config.trigger_interval,
+            "records": len(delays),
+        }
+
+        table = catalog.load().load_table(f"archive.{topic}")
+        per_hour: dict[int, list[int]] = defaultdict(list)
+        for data_file in table.inspect.files().to_pylist():
+            per_hour[next(iter(data_file["partition"].values()))].append(data_file["file_size_in_bytes"])
+        results["files_per_hour"] = {
+            datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d %H:00"): {
+                "files": len(sizes),
+                "mean_mb": statistics.mean(sizes) / 1e6,
+                "total_mb": sum(sizes) / 1e6,
+            }
+            for hour, sizes in sorted(per_hour.items())
+        }
+        kafka_bytes = sum(p.stat().st_size for p in stack.config.broker.log_dir.glob(f"{topic}-*/*.log"))
+        archive_bytes = sum(sum(sizes) for sizes in per_hour.values())
+        results["storage"] = {
+            "kafka_log_mb": kafka_bytes / 1e6,
+            "archive_mb": archive_bytes / 1e6,
+            "archive_over_kafka": archive_bytes / kafka_bytes,
+        }
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
+    (OUT / "router.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    plot(results, delays)
+
+
+def plot(results: dict[str, Any], delays: list[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (throughput, fresh) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["(a) Spark noop", "(b) router", "(c) confluent-kafka"]
+    rates = [results[k]["events_per_s"] for k in ("a_spark_noop", "b_router", "c_plain_consumer")]
+    throughput.bar(names, rates, color=["#888", "#2a7", "#47a"])
+    throughput.set_ylabel("events/s")
+    throughput.set_title(f"Throughput, {results['events']:,} events ({results['machine']})", fontsize=8)
+    fresh.hist(delays, bins=50, color="#2a7")
+    fresh.set_xlabel("seconds from Kafka timestamp to committed in the table")
+    fresh_s = results["freshness_s"]
+    fresh.set_title(
+        f"Freshness at {fresh_s['rate']:.0f} events/s: p50 {fresh_s['p50']:.1f}s, p99 {fresh_s['p99']:.1f}s",
+        fontsize=8,
+    )
+    figure.tight_layout()
+    figure.savefig(OUT / "router.png", dpi=110)
+    print(f"plot: {OUT / 'router.png'}")
+
+
+if __name__ == "__main__":
+    main()

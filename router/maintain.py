@@ -1,0 +1,87 @@
+"""`bergstream router maintain`: compact closed hours, expire old snapshots, remove orphan files.
+
+Safe while the router runs: compaction rewrites only hours that closed a grace period ago, Iceberg retries
+commits that lose a race with the router's appends, and orphan removal spares files younger than its
+retention, which covers any file an in-flight batch has written but not committed yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import SparkSession
+
+from router.config import RouterConfig
+from schemas.archive import DEAD_LETTER_SUFFIX, INGESTION_TS_COLUMN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MaintenanceResult:
+    table: str
+    rewritten_files: int
+    added_files: int
+    rewritten_bytes: int
+    expired_snapshots: int
+    orphan_files: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"{self.table}: compacted {self.rewritten_files} files into {self.added_files} "
+            f"({self.rewritten_bytes / 1e6:.1f} MB), expired {self.expired_snapshots} snapshots, "
+            f"removed {self.orphan_files} orphan files in {self.seconds:.1f}s"
+        )
+
+
+def closed_before(now: datetime, grace: timedelta) -> datetime:
+    """Hours that ended at least `grace` ago are closed: the start of the hour `grace` before now."""
+    boundary = now.astimezone(UTC) - grace
+    return boundary.replace(minute=0, second=0, microsecond=0)
+
+
+def maintain(
+    spark: SparkSession, config: RouterConfig, now: datetime | None = None
+) -> list[MaintenanceResult]:
+    now = now or datetime.now(UTC)
+    settings = config.maintenance
+    catalog = config.catalog
+    closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
+    results = []
+    for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
+        identifier = f"{catalog.namespace}.{table}"
+        started = time.monotonic()
+        compacted = spark.sql(
+            f"CALL {catalog.name}.system.rewrite_data_files("
+            f"table => '{identifier}', strategy => 'sort', "
+            f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
+            f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
+            f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
+        ).first()
+        older_than = now - timedelta(hours=settings.snapshot_retention_hours)
+        expired = spark.sql(
+            f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
+            f"older_than => TIMESTAMP '{older_than:%Y-%m-%d %H:%M:%S}+00:00', "
+            f"retain_last => {settings.retain_last_snapshots})"
+        ).first()
+        orphans_before = now - timedelta(hours=settings.orphan_retention_hours)
+        orphans = spark.sql(
+            f"CALL {catalog.name}.system.remove_orphan_files(table => '{identifier}', "
+            f"older_than => TIMESTAMP '{orphans_before:%Y-%m-%d %H:%M:%S}+00:00')"
+        ).count()
+        result = MaintenanceResult(
+            table=f"{catalog.name}.{identifier}",
+            rewritten_files=int(compacted.rewritten_data_files_count) if compacted else 0,
+            added_files=int(compacted.added_data_files_count) if compacted else 0,
+            rewritten_bytes=int(compacted.rewritten_bytes_count) if compacted else 0,
+            expired_snapshots=int(expired.deleted_manifest_lists_count) if expired else 0,
+            orphan_files=orphans,
+            seconds=time.monotonic() - started,
+        )
+        log.info(result.summary())
+        results.append(result)
+    return results

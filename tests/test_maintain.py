@@ -1,0 +1,109 @@
+"""`bergstream router maintain` while the router runs: closed hours compacted, nothing lost or doubled."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bergstream.loadgen.events import EventModel
+from router.maintain import closed_before
+from schemas.registry import load_event_schema
+from tests.routers import ROOT, archived_offsets, run_router, start_router, write_config
+from tests.services import Services
+
+pytestmark = pytest.mark.integration
+
+
+def test_closed_hours_are_those_that_ended_a_grace_period_ago() -> None:
+    now = datetime(2026, 11, 22, 15, 10, tzinfo=UTC)
+    assert closed_before(now, timedelta(minutes=15)) == datetime(2026, 11, 22, 14, 0, tzinfo=UTC)
+    assert closed_before(now, timedelta(minutes=5)) == datetime(2026, 11, 22, 15, 0, tzinfo=UTC)
+
+
+def produce_at(bootstrap: str, topic: str, count: int, when: datetime, seed: int) -> None:
+    schema = load_event_schema("playback")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    events = EventModel(seed=seed).events("playback")
+    for _ in range(count):
+        generated = next(events)
+        producer.produce(
+            topic,
+            key=generated.key,
+            value=schema.encode(generated.event, "json"),
+            timestamp=int(when.timestamp() * 1000),
+        )
+    assert producer.flush(30) == 0
+
+
+def files_per_hour(stack: Services, table: str) -> Counter[int]:
+    files = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{table}").inspect.files().to_pylist()
+    return Counter(next(iter(f["partition"].values())) for f in files)
+
+
+def test_maintain_while_the_router_runs(stack: Services, topic_name: str, tmp_path: Path) -> None:
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(30)
+    config = write_config(stack, tmp_path, topic_name, max_offsets_per_trigger=200)
+    now = datetime.now(UTC)
+    closed_hours = [now - timedelta(hours=h) for h in (3, 2)]
+    for index, when in enumerate(closed_hours):
+        produce_at(stack.bootstrap_servers, topic_name, 1000, when, seed=index)
+    assert run_router(topic_name, config, "--available-now").returncode == 0
+    before = files_per_hour(stack, topic_name)
+    hours = {int(when.timestamp()) // 3600 for when in closed_hours}
+    assert all(before[hour] > 2 for hour in hours), before
+
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        seed = 100
+        while not stop.is_set():
+            produce_at(stack.bootstrap_servers, topic_name, 100, datetime.now(UTC), seed)
+            seed += 1
+            time.sleep(0.5)
+
+    producing = threading.Thread(target=keep_producing)
+    router = start_router(topic_name, config, tmp_path / "router.log")
+    producing.start()
+    try:
+        time.sleep(15)
+        maintained = subprocess.run(
+            [".venv/bin/python", "-m", "bergstream", "router", "maintain", "--topic", topic_name,
+             "--config", str(config)],
+            capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+        assert maintained.returncode == 0, maintained.stderr[-3000:]
+        assert "compacted" in maintained.stdout
+    finally:
+        stop.set()
+        producing.join()
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
+    drained = run_router(topic_name, config, "--available-now")
+    assert drained.returncode == 0, drained.stderr[-3000:]
+
+    after = files_per_hour(stack, topic_name)
+    assert all(after[hour] == 1 for hour in hours), after
+    seen = archived_offsets(stack, topic_name)
+    assert len(seen) == len(set(seen)), "an offset archived twice"
+    ends = {p: high for p, (_, high) in admin_watermarks(stack, topic_name).items()}
+    assert len(seen) == sum(ends.values()), "an offset lost"
+
+
+def admin_watermarks(stack: Services, topic: str) -> dict[int, tuple[int, int]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "watermarks"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in (0, 1)}
+    finally:
+        consumer.close()
