@@ -8,9 +8,11 @@ committed to the consumer group `bergstream-router.<topic>`.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -78,6 +80,7 @@ class Router:
         self._query_started = threading.Event()
         self._terminated = threading.Event()
         self._stop_lag = threading.Event()
+        self._stop_requested = threading.Event()
         self._query: StreamingQuery | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
@@ -95,6 +98,7 @@ class Router:
         listener = _ProgressListener(self)
         self.spark.streams.addListener(listener)
         lag_thread = threading.Thread(target=self._refresh_lag_forever, name="bergstream-lag", daemon=True)
+        previous_handlers = self._handle_stop_signals()
         try:
             lag_thread.start()
             for restart in range(_REPLAY_RESTARTS + 1):
@@ -102,7 +106,10 @@ class Router:
                 log.info("router for %s started: query %s, checkpoint %s", config.topic, query.id,
                          config.checkpoint_location)  # fmt: skip
                 try:
-                    query.awaitTermination()
+                    while not query.awaitTermination(1):
+                        if self._stop_requested.is_set():
+                            log.info("stopping the router for %s after its current batch", config.topic)
+                            query.stop()
                     break
                 except StreamingQueryException as error:
                     if _REPLAY_PROGRESS_FAILURE not in str(error) or restart == _REPLAY_RESTARTS:
@@ -112,17 +119,24 @@ class Router:
                     log.warning(
                         "restarting the query of %s after a replayed batch (SPARK-55271)", config.topic
                     )
-                except KeyboardInterrupt:
-                    log.info("stopping the router for %s", config.topic)
-                    query.stop()
-                    break
             self._terminated.wait(timeout=60)
         finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
             self._stop_lag.set()
             self.spark.streams.removeListener(listener)
             self._refresh_lag()
             self._kafka.close()
         return self.totals
+
+    def _handle_stop_signals(self) -> dict[int, Any]:
+        """SIGINT and SIGTERM (Ctrl-C, Kubernetes) stop the query cleanly instead of killing the driver."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda *_: self._stop_requested.set())
+        return previous
 
     def _start(self, available_now: bool) -> StreamingQuery:
         config = self.config
