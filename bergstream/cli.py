@@ -20,6 +20,18 @@ DATA_DIR = click.option(
 )
 
 
+TABLE = click.option(
+    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
+)
+ROUTER_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: deploy/topics/<topic>.yaml when it exists).",
+)
+
+
 def _data_dir(data_dir: Path | None) -> Path:
     from bergstream.local.stack import default_data_dir
 
@@ -186,16 +198,8 @@ def _configure_logging() -> None:
 @click.option(
     "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
 )
-@click.option(
-    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
-)
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Settings file (default: deploy/topics/<topic>.yaml when it exists).",
-)
+@TABLE
+@ROUTER_CONFIG
 @click.option("--available-now", is_flag=True, help="Archive what the topic holds now, then exit.")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @DATA_DIR
@@ -240,16 +244,8 @@ def router_run(
 
 @router.command("maintain")
 @click.option("--topic", required=True, help="The topic whose tables to maintain.")
-@click.option(
-    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
-)
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Settings file (default: deploy/topics/<topic>.yaml when it exists).",
-)
+@TABLE
+@ROUTER_CONFIG
 @DATA_DIR
 def router_maintain(topic: str, table: str | None, config_file: Path | None, data_dir: Path | None) -> None:
     """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""

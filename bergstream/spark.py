@@ -26,6 +26,14 @@ AVRO_DECODER_LIMITS = (
 )
 
 
+_LIST_SETTINGS = {
+    "spark.jars": ",",
+    "spark.sql.extensions": ",",
+    "spark.driver.extraJavaOptions": " ",
+    "spark.executor.extraJavaOptions": " ",
+}
+
+
 def spark_home_jars() -> Path:
     """The jars Spark itself ships: $SPARK_HOME/jars, or those inside the pyspark package."""
     spark_home = os.environ.get("SPARK_HOME")
@@ -59,12 +67,13 @@ def session_conf(
     extra = dict(conf or {})
     driver_options = AVRO_DECODER_LIMITS
     if master.startswith("local"):
-        driver_options += f" -Dlog4j2.configurationFile={LOCAL_LOG_CONFIG}"
-    for option, defaults in (
-        ("spark.driver.extraJavaOptions", driver_options),
-        ("spark.executor.extraJavaOptions", AVRO_DECODER_LIMITS),
-    ):
-        settings[option] = f"{defaults} {extra.pop(option, '')}".strip()
+        driver_options += f" -Dlog4j2.configurationFile='{LOCAL_LOG_CONFIG}'"
+    settings["spark.driver.extraJavaOptions"] = driver_options
+    settings["spark.executor.extraJavaOptions"] = AVRO_DECODER_LIMITS
+    # Settings that are lists: what the caller gives is added to what bergstream needs, never instead.
+    for option, separator in _LIST_SETTINGS.items():
+        if option in extra:
+            settings[option] = separator.join(part for part in (settings[option], extra.pop(option)) if part)
     settings.update(extra)
     return settings
 

@@ -52,3 +52,23 @@ def test_missing_maven_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(MissingToolError, match="'mvn' was not found"):
         jars.resolve("spark")
+
+
+def test_list_settings_are_extended_not_replaced(tmp_path: Path) -> None:
+    from bergstream.catalog import CatalogConfig
+    from bergstream.spark import session_conf
+
+    catalog = CatalogConfig.sqlite(tmp_path / "c.db", tmp_path / "wh")
+    conf = session_conf(
+        catalog,
+        conf={
+            "spark.jars": "/opt/extra.jar",
+            "spark.executor.extraJavaOptions": "-Dx=1",
+            "spark.ui.port": "4050",
+        },
+    )
+    jars_handed = conf["spark.jars"].split(",")
+    assert jars_handed[-1] == "/opt/extra.jar" and any("iceberg-spark-runtime" in jar for jar in jars_handed)
+    assert conf["spark.executor.extraJavaOptions"].endswith("-Dx=1")
+    assert "org.apache.avro.limits.string.maxLength" in conf["spark.executor.extraJavaOptions"]
+    assert conf["spark.ui.port"] == "4050"
