@@ -24,6 +24,7 @@ EVENT = "event"
 ERROR = "error"
 _CORRUPT = "_corrupt_record"
 Check = tuple[Column, Column]
+_EARLIEST, _LATEST = "1970-01-01 00:00:00", "2200-01-01 00:00:00"
 
 
 def parse(records: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> DataFrame:
@@ -90,11 +91,14 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
                 F.lit(f"field '{struct_field.name}' is not of type {struct_field.dataType.simpleString()}"),
             )
         )
-    # Spark reads a JSON number into a timestamp as epoch seconds; producers mean ISO-8601 text.
+    # Spark reads a JSON number into a timestamp as epoch seconds: milliseconds land tens of
+    # thousands of years away. A range check costs a comparison, where looking at the text costs a scan.
     numeric_times = [
         (
-            F.col(EVENT)[f.name].isNotNull() & text.rlike(rf'"{f.name}"\s*:\s*-?[0-9]'),
-            F.lit(f"field '{f.name}' is a number, not an ISO-8601 timestamp string"),
+            ~F.col(EVENT)[f.name].between(
+                F.lit(_EARLIEST).cast("timestamp"), F.lit(_LATEST).cast("timestamp")
+            ),
+            F.lit(f"field '{f.name}' is out of range: send ISO-8601 text, not a number of milliseconds"),
         )
         for f in layout.event_type.fields
         if isinstance(f.dataType, T.TimestampType)

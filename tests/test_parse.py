@@ -76,7 +76,7 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
         valid + b"xyz": "bytes are left over after the JSON object",
         json.dumps(
             {**event, "event_ts": 1795356889000}
-        ).encode(): "field 'event_ts' is a number, not an ISO-8601 timestamp string",
+        ).encode(): "field 'event_ts' is out of range: send ISO-8601 text, not a number of milliseconds",
         json.dumps(
             {**event, "device": {"type": "tv", "app_version": "1"}}
         ).encode(): "required field 'device.os' is missing or null",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shutil
@@ -123,6 +124,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90, help="length of the freshness run")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("bergstream.router").setLevel(logging.INFO)
     OUT.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-"))
     kafka_port, controller_port = free_ports(2)
