@@ -91,8 +91,9 @@ def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}:\n{tail}")
+        output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        reason = next((line for line in output if "ERROR" in line), output[-1] if output else "no output")
+        raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}: {reason[:400]}")
     (staging / _COMPLETE).write_text(_pom_digest(pom))
     try:
         staging.rename(target)

@@ -66,7 +66,7 @@ class RouterConfig(BaseModel):
     topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
     schema_name: str = Field(alias="schema")
     schema_dir: Path = AVRO_DIR
-    encoding: Encoding = "json"
+    encoding: Encoding
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
     kafka: dict[str, str]

@@ -102,6 +102,8 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
     try:
         future.result(timeout=30)
+    except TimeoutError as error:
+        raise BergstreamError(f"creating topic {topic} on {bootstrap_servers} took over 30s") from error
     except KafkaException as error:
         if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise BergstreamError(f"cannot create topic {topic} on {bootstrap_servers}: {error}") from error

@@ -113,7 +113,7 @@ def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) ->
         if process.poll() is not None:
             raise StackError(
                 f"the Kafka broker exited with code {process.returncode} while starting; "
-                f"end of {config.log_file}:\n{processes.log_tail(config.log_file)}"
+                f"{processes.last_error(config.log_file)} (see {config.log_file})"
             )
         try:
             metadata = admin.list_topics(timeout=2)
@@ -123,7 +123,7 @@ def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) ->
             time.sleep(0.5)
     raise StackError(
         f"the Kafka broker did not answer on {config.bootstrap_servers} within {READY_TIMEOUT_SECONDS:.0f}s; "
-        f"end of {config.log_file}:\n{processes.log_tail(config.log_file)}"
+        f"{processes.last_error(config.log_file)} (see {config.log_file})"
     )
 
 

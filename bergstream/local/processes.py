@@ -108,8 +108,11 @@ def locked(lock_file: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def log_tail(log_file: Path, lines: int = 12) -> str:
+def last_error(log_file: Path) -> str:
+    """The last line of a log that reports an error (else its last line), to quote in a one-line message."""
     try:
-        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
+        lines = [line.strip() for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
     except FileNotFoundError:
         return "(no log written)"
+    errors = [line for line in lines if " ERROR " in line or "Exception" in line]
+    return (errors or lines or ["(empty log)"])[-1][:300]
