@@ -176,7 +176,10 @@ class Router:
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
-        stamped = stamp(records, self.layout, self.config.encoding, self.config.cluster).persist()
+        config = self.config
+        stamped = stamp(
+            records, self.layout, config.encoding, config.cluster, config.max_value_bytes
+        ).persist()
         try:
             per_partition = (
                 stamped.groupBy("partition")

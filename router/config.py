@@ -73,6 +73,8 @@ class RouterConfig(BaseModel):
     trigger_interval: str = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
+    max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     checkpoint_location: str
     catalog: CatalogConfig
     spark: SparkSettings = Field(default_factory=SparkSettings)

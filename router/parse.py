@@ -27,11 +27,22 @@ Check = tuple[Column, Column]
 _EARLIEST, _LATEST = "1970-01-01 00:00:00", "2200-01-01 00:00:00"
 
 
-def parse(records: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> DataFrame:
-    """Add `event` (the typed event) and `error` (null when the event is valid) to Kafka records."""
-    if encoding == "json":
-        return _parse_json(records, layout)
-    return _parse_avro(records, layout)
+def parse(
+    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
+) -> DataFrame:
+    """Add `event` (the typed event) and `error` (null when the event is valid) to Kafka records.
+
+    A value over `max_value_bytes` is refused whatever it holds: one runaway producer must not make
+    archive rows that readers of the table choke on.
+    """
+    parsed = _parse_json(records, layout) if encoding == "json" else _parse_avro(records, layout)
+    if max_value_bytes is None:
+        return parsed
+    size = F.length(F.col("value"))
+    oversize = F.concat(
+        F.lit("value of "), size.cast("string"), F.lit(f" bytes is over the limit of {max_value_bytes}")
+    )
+    return parsed.withColumn(ERROR, F.when(size > max_value_bytes, oversize).otherwise(F.col(ERROR)))
 
 
 def _first_error(checks: list[Check]) -> Column:

@@ -11,10 +11,17 @@ from schemas.archive import METADATA, ArchiveLayout
 from schemas.registry import Encoding
 
 
-def stamp(records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str) -> DataFrame:
+def stamp(
+    records: DataFrame,
+    layout: ArchiveLayout,
+    encoding: Encoding,
+    cluster: str,
+    max_value_bytes: int | None = None,
+) -> DataFrame:
     """Kafka records with `event`, `error` and `__metadata__` added."""
     with_headers = "headers" in records.columns
-    return parse(records, layout, encoding).withColumn(METADATA, metadata(cluster, with_headers))
+    parsed = parse(records, layout, encoding, max_value_bytes)
+    return parsed.withColumn(METADATA, metadata(cluster, with_headers))
 
 
 def archive_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:

@@ -100,3 +100,14 @@ def test_avro_strings_must_be_utf8(spark: SparkSession) -> None:
     records = spark.createDataFrame([(valid,), (latin1,)], "value binary")
     errors = [r.error for r in parse(records, layout, "avro").select(ERROR).collect()]
     assert errors == [None, "field 'country' is not valid UTF-8"]
+
+
+def test_an_oversize_value_is_dead_lettered_whatever_it_holds(spark: SparkSession) -> None:
+    schema = load_event_schema("playback")
+    layout = ArchiveLayout(schema, table="playback")
+    event = next(EventModel(seed=1).events("playback")).event
+    small = schema.encode(event, "json")
+    large = schema.encode({**event, "country": "X" * 5000}, "json")
+    records = spark.createDataFrame([(small,), (large,)], "value binary")
+    errors = [r.error for r in parse(records, layout, "json", max_value_bytes=4096).select(ERROR).collect()]
+    assert errors == [None, f"value of {len(large)} bytes is over the limit of 4096"]
