@@ -140,3 +140,13 @@ def test_a_stale_pid_file_of_another_process_is_not_the_broker(stack_dir: Path) 
     assert "nothing is running" in error_line(down)
     assert alive(os.getpid())
     assert run("local", "up", "--data-dir", str(stack_dir), *ports()).returncode == 0
+
+
+def test_storage_format_takes_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> None:
+    from bergstream.local import kafka_broker
+
+    config = kafka_broker.BrokerConfig(home=tmp_path, host="127.0.0.1", port=1, controller_port=2)
+    tmp_path.mkdir(exist_ok=True)
+    config.properties_file.write_text(kafka_broker.server_properties(config))
+    kafka_broker.format_storage(config, "-" + "A" * 21)
+    assert "cluster.id=-AAAAAAAAAAAAAAAAAAAAA" in (config.log_dir / "meta.properties").read_text()

@@ -89,19 +89,22 @@ def _classpath() -> str:
     return os.pathsep.join(str(jar) for jar in jars.kafka_classpath())
 
 
-def _format_storage(config: BrokerConfig, java: str, classpath: str) -> None:
-    if (config.log_dir / "meta.properties").exists():
-        return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def format_storage(config: BrokerConfig, cluster_id: str) -> None:
+    """Write the KRaft metadata of a new single-node cluster into the broker's log directory."""
     done = subprocess.run(
-        [java, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", classpath, STORAGE_TOOL,
-         "format", "-t", cluster_id, "-c", str(config.properties_file)],
+        [_java(), f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", _classpath(), STORAGE_TOOL,
+         # `=` keeps an id that starts with "-" (base64 does that) from reading as an option.
+         "format", f"--cluster-id={cluster_id}", f"--config={config.properties_file}"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        raise StackError(
-            f"formatting the Kafka log directory {config.log_dir} failed: {done.stdout}{done.stderr}"
-        )
+        output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        reason = next((line for line in reversed(output) if "error" in line.lower()), "no reason given")
+        raise StackError(f"formatting the Kafka log directory {config.log_dir} failed: {reason}")
 
 
 def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) -> None:
@@ -133,7 +136,8 @@ def start(config: BrokerConfig) -> int:
     classpath = _classpath()
     config.home.mkdir(parents=True, exist_ok=True)
     config.properties_file.write_text(server_properties(config))
-    _format_storage(config, java, classpath)
+    if not (config.log_dir / "meta.properties").exists():
+        format_storage(config, new_cluster_id())
     command = [
         java, f"-Xmx{config.heap}", "-Xms256m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", f"-Dkafka.logs.dir={config.home}",
