@@ -53,7 +53,7 @@ def maintain(
     closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
     results = []
     for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
-        identifier = f"{catalog.namespace}.{table}"
+        identifier = f"{catalog.name}.{catalog.namespace}.{table}"
         started = time.monotonic()
         compacted = spark.sql(
             f"CALL {catalog.name}.system.rewrite_data_files("
@@ -74,7 +74,7 @@ def maintain(
             f"older_than => TIMESTAMP '{orphans_before:%Y-%m-%d %H:%M:%S}+00:00')"
         ).count()
         result = MaintenanceResult(
-            table=f"{catalog.name}.{identifier}",
+            table=identifier,
             rewritten_files=int(compacted.rewritten_data_files_count) if compacted else 0,
             added_files=int(compacted.added_data_files_count) if compacted else 0,
             rewritten_bytes=int(compacted.rewritten_bytes_count) if compacted else 0,

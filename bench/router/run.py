@@ -9,7 +9,7 @@ archive's bytes against the Kafka log bytes of the same events.
 
     .venv/bin/python -m bench.router.run [--events 500000] [--rate 3000] [--seconds 90]
 
-Prints the numbers, writes bench/out/router.json and bench/out/router-*.png.
+Prints the numbers, writes bench/out/router-<producer compression>.json and .png.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -39,6 +39,7 @@ from bergstream.local.processes import free_ports
 from bergstream.spark import build_spark_session
 from router.app import Router, archive_available_now
 from router.config import RouterConfig
+from router.maintain import maintain
 from router.metrics import RouterMetrics
 
 OUT = Path(__file__).parent.parent / "out"
@@ -95,6 +96,8 @@ def freshness(stack: LocalStack, table_name: str, after_ms: int) -> list[float]:
     committed = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
     delays = []
     for entry in table.inspect.entries().to_pylist():
+        if entry["status"] != 1:  # only the entry that added the file: not later rewrites or deletes
+            continue
         commit_ms = committed.get(entry["snapshot_id"])
         if commit_ms is None or commit_ms < after_ms:
             continue
@@ -110,6 +113,15 @@ def freshness(stack: LocalStack, table_name: str, after_ms: int) -> list[float]:
     return delays
 
 
+def files_per_hour(stack: LocalStack, table_name: str) -> dict[int, list[int]]:
+    """Sizes of the table's current data files, by ingestion hour."""
+    table = stack.config.catalog.load().load_table(f"archive.{table_name}")
+    per_hour: dict[int, list[int]] = defaultdict(list)
+    for data_file in table.inspect.files().to_pylist():
+        per_hour[next(iter(data_file["partition"].values()))].append(data_file["file_size_in_bytes"])
+    return per_hour
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -123,10 +135,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3000, help="events/s for the freshness run")
     parser.add_argument("--seconds", type=float, default=90, help="length of the freshness run")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
+    parser.add_argument(
+        "--producer-compression",
+        default="lz4",
+        choices=("none", "lz4", "zstd", "snappy", "gzip"),
+        help="compression.type of the producer: what the Kafka log holds",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("bergstream.router").setLevel(logging.INFO)
     OUT.mkdir(parents=True, exist_ok=True)
+    producer_config = {"compression.type": args.producer_compression}
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-"))
     kafka_port, controller_port = free_ports(2)
     stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
@@ -141,6 +160,7 @@ def main() -> None:
         report = produce(
             ProduceRequest(topic=topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05, seed=1),
             status.bootstrap_servers,
+            producer_config=producer_config,
             show_progress=False,
         )
         megabytes = report.value_bytes / 1e6
@@ -200,14 +220,17 @@ def main() -> None:
                 partitions=PARTITIONS,
                 seed=2,
             )
-            produce(steady, status.bootstrap_servers, show_progress=False)
+            produce(steady, status.bootstrap_servers, producer_config=producer_config, show_progress=False)
             time.sleep(10)
             for query in spark.streams.active:
                 query.stop()
             runner.join()
+            delays = freshness(stack, topic, started_ms)
+            before_compaction = files_per_hour(stack, topic)
+            # An hour from now every hour written is closed: compact them all, as maintenance would.
+            maintain(spark, config, now=datetime.now(UTC) + timedelta(hours=1))
         finally:
             spark.stop()
-        delays = freshness(stack, topic, started_ms)
         results["freshness_s"] = {
             "p50": percentile(delays, 50),
             "p99": percentile(delays, 99),
@@ -216,29 +239,31 @@ def main() -> None:
             "records": len(delays),
         }
 
-        table = catalog.load().load_table(f"archive.{topic}")
-        per_hour: dict[int, list[int]] = defaultdict(list)
-        for data_file in table.inspect.files().to_pylist():
-            per_hour[next(iter(data_file["partition"].values()))].append(data_file["file_size_in_bytes"])
-        results["files_per_hour"] = {
-            datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d %H:00"): {
-                "files": len(sizes),
-                "mean_mb": statistics.mean(sizes) / 1e6,
-                "total_mb": sum(sizes) / 1e6,
-            }
-            for hour, sizes in sorted(per_hour.items())
-        }
+        after_compaction = files_per_hour(stack, topic)
         kafka_bytes = sum(p.stat().st_size for p in stack.config.broker.log_dir.glob(f"{topic}-*/*.log"))
-        archive_bytes = sum(sum(sizes) for sizes in per_hour.values())
-        results["storage"] = {
-            "kafka_log_mb": kafka_bytes / 1e6,
-            "archive_mb": archive_bytes / 1e6,
-            "archive_over_kafka": archive_bytes / kafka_bytes,
-        }
+        results["producer_compression"] = args.producer_compression
+        for name, per_hour in (
+            ("before_compaction", before_compaction),
+            ("after_compaction", after_compaction),
+        ):
+            archive_bytes = sum(sum(sizes) for sizes in per_hour.values())
+            results[name] = {
+                "files_per_hour": {
+                    datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d %H:00"): {
+                        "files": len(sizes),
+                        "mean_mb": statistics.mean(sizes) / 1e6,
+                        "total_mb": sum(sizes) / 1e6,
+                    }
+                    for hour, sizes in sorted(per_hour.items())
+                },
+                "kafka_log_mb": kafka_bytes / 1e6,
+                "archive_mb": archive_bytes / 1e6,
+                "archive_over_kafka": archive_bytes / kafka_bytes,
+            }
     finally:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
-    (OUT / "router.json").write_text(json.dumps(results, indent=2))
+    (OUT / f"router-{args.producer_compression}.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     plot(results, delays)
 
@@ -263,8 +288,9 @@ def plot(results: dict[str, Any], delays: list[float]) -> None:
         fontsize=8,
     )
     figure.tight_layout()
-    figure.savefig(OUT / "router.png", dpi=110)
-    print(f"plot: {OUT / 'router.png'}")
+    path = OUT / f"router-{results['producer_compression']}.png"
+    figure.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
