@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from bergstream import __version__
 from bergstream.errors import BergstreamError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from router.config import RouterConfig
 
 DATA_DIR = click.option(
     "--data-dir",
@@ -185,6 +190,15 @@ def _router_defaults(data_dir: Path | None, topic: str) -> dict[str, Any]:
     }
 
 
+def _router_spark(config: RouterConfig, app_name: str) -> SparkSession:
+    """The SparkSession of a topic's settings: its catalog, master and Spark configuration."""
+    from bergstream.spark import build_spark_session
+
+    return build_spark_session(
+        config.catalog, master=config.spark.master, app_name=app_name, conf=config.spark.conf
+    )
+
+
 def _configure_logging() -> None:
     import logging
 
@@ -213,7 +227,6 @@ def router_run(
     data_dir: Path | None,
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now)."""
-    from bergstream.spark import build_spark_session
     from router.app import Router
     from router.config import load_router_config
     from router.metrics import RouterMetrics
@@ -229,12 +242,7 @@ def router_run(
     if config.metrics_port is not None:
         port = metrics.serve(config.metrics_port, config.metrics_host)
         click.echo(f"metrics on http://{config.metrics_host}:{port}/metrics", err=True)
-    spark = build_spark_session(
-        config.catalog,
-        master=config.spark.master,
-        app_name=f"bergstream-router-{topic}",
-        conf=config.spark.conf,
-    )
+    spark = _router_spark(config, f"bergstream-router-{topic}")
     try:
         totals = Router(config, spark, metrics).run(available_now=available_now)
     finally:
@@ -249,7 +257,6 @@ def router_run(
 @DATA_DIR
 def router_maintain(topic: str, table: str | None, config_file: Path | None, data_dir: Path | None) -> None:
     """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""
-    from bergstream.spark import build_spark_session
     from router.config import load_router_config
     from router.maintain import maintain
 
@@ -257,12 +264,7 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
     config = load_router_config(
         topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={"table": table}
     )
-    spark = build_spark_session(
-        config.catalog,
-        master=config.spark.master,
-        app_name=f"bergstream-maintain-{topic}",
-        conf=config.spark.conf,
-    )
+    spark = _router_spark(config, f"bergstream-maintain-{topic}")
     try:
         for result in maintain(spark, config):
             click.echo(result.summary())
