@@ -27,10 +27,6 @@ class EvolutionPlan:
     promotions: list[tuple[str, T.DataType]] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not (self.additions or self.promotions or self.conflicts)
-
 
 def _quoted(path: list[str]) -> str:
     return ".".join(f"`{part}`" for part in path)

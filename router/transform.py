@@ -38,11 +38,3 @@ def dead_letter_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:
         F.lit(layout.event.name).alias("schema_name"),
         F.col(METADATA),
     )
-
-
-def split(
-    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, cluster: str
-) -> tuple[DataFrame, DataFrame]:
-    """(archive rows, dead-letter rows): every record lands in exactly one of the two."""
-    stamped = stamp(records, layout, encoding, cluster)
-    return archive_rows(stamped, layout), dead_letter_rows(stamped, layout)
