@@ -1,7 +1,8 @@
 """`bergstream router run`: one Spark Structured Streaming query that archives one topic.
 
-Each micro-batch is parsed and stamped once, then appended to the archive table and the dead-letter
-table, each append idempotent per (query, batch). After Spark checkpoints a batch, its end offsets are
+Each micro-batch is read, parsed, stamped, counted and appended to the archive table in one pass; the
+records that do not parse are appended to the dead-letter table. Each append is idempotent per
+(query, batch). After Spark checkpoints a batch, its end offsets are
 committed to the consumer group `bergstream-router.<topic>`.
 """
 
@@ -11,25 +12,25 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import BergstreamError
 from router.commit import GroupCommitter
 from router.config import RouterConfig
+from router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from router.evolve import evolve_table
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, lag, parse_spark_offsets
-from router.parse import ERROR
 from router.table import ensure_tables
 from router.transform import archive_rows, dead_letter_rows, stamp
-from router.write import BatchTableWriter
+from router.write import Appended, BatchTableWriter
 from schemas.archive import ArchiveLayout
 from schemas.registry import load_event_schema
 
@@ -84,6 +85,8 @@ class Router:
         self._query: StreamingQuery | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
+        self._known_partitions: list[int] = []
+        self._expect_dead_letters = False
         self._committed: dict[int, int] = {}
         self._newest_ingestion: float | None = None
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
@@ -177,100 +180,127 @@ class Router:
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
         config = self.config
-        stamped = stamp(
-            records, self.layout, config.encoding, config.cluster, config.max_value_bytes
-        ).persist()
+        stamped = stamp(records, self.layout, config.encoding, config.cluster, config.max_value_bytes)
+        # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
+        # has just dead-lettered records is likely to again; its batch is kept in memory instead of
+        # being read a second time for the dead-letter table.
+        cached = self._expect_dead_letters
+        if cached:
+            stamped = stamped.persist()
+        phases: dict[str, float] = {}
+        appended: list[tuple[BatchTableWriter, Appended | None]] = []
+        counts: BatchCounts | None = None
         try:
-            per_partition = (
-                stamped.groupBy("partition")
-                .agg(
-                    F.count(F.lit(1)).alias("read"),
-                    F.count(F.when(F.col(ERROR).isNull(), 1)).alias("archived"),
-                    F.min("offset").alias("first"),
-                    F.max("offset").alias("last"),
-                    F.max("timestamp").alias("newest"),
+            if batch_id > archive_writer.last_committed:
+                partitions = self._partitions()
+                observation = Observation(f"bergstream-router-{config.topic}-{batch_id}-{uuid.uuid4().hex}")
+                observed = stamped.observe(observation, *observed_columns(partitions))
+                appended.append(
+                    (
+                        archive_writer,
+                        self._append(archive_writer, archive_rows(observed, self.layout), batch_id, phases),
+                    )
                 )
-                .collect()
-            )
-            read = sum(row.read for row in per_partition)
-            archived = sum(row.archived for row in per_partition)
-            phases = {"parse": time.monotonic() - started}
-            appended = []
-            for writer, rows, count in (
-                (archive_writer, archive_rows, archived),
-                (dead_letter_writer, dead_letter_rows, read - archived),
-            ):
-                if count:
-                    commit_started = time.monotonic()
-                    result = writer.append(rows(stamped, self.layout), batch_id)
-                    took = time.monotonic() - commit_started
-                    self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
-                    phases[writer.identifier.rsplit(".", 1)[-1]] = took
-                    appended.append((writer, result))
+                counts = from_observation(observation.get, partitions)
+                if counts.other_partitions:  # partitions added since the metadata was read
+                    counts = count_batch(stamped)
+            # A replayed batch whose archive append is committed may still lack its dead letters.
+            if counts is None or counts.dead_lettered:
+                rows = dead_letter_rows(stamped, self.layout, config.encoding)
+                appended.append(
+                    (dead_letter_writer, self._append(dead_letter_writer, rows, batch_id, phases))
+                )
         finally:
-            stamped.unpersist()
-        self._account(batch_id, per_partition, read, archived, appended, time.monotonic() - started, phases)
+            if cached:
+                stamped.unpersist()
+        self._expect_dead_letters = counts is None or counts.dead_lettered > 0
+        self._account(batch_id, counts, appended, time.monotonic() - started, phases)
+
+    def _append(
+        self, writer: BatchTableWriter, rows: DataFrame, batch_id: int, phases: dict[str, float]
+    ) -> Appended | None:
+        commit_started = time.monotonic()
+        result = writer.append(rows, batch_id)
+        took = time.monotonic() - commit_started
+        if result is not None:
+            self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
+        phases[writer.identifier.rsplit(".", 1)[-1]] = took
+        return result
+
+    def _partitions(self) -> list[int]:
+        """The topic's partitions from Kafka's metadata; the last known ones if Kafka does not answer."""
+        try:
+            self._known_partitions = sorted(set(self._kafka.partitions()) | set(self._next_offsets))
+        except Exception as error:
+            log.debug("reading the partitions of %s failed: %s", self.config.topic, error)
+        return self._known_partitions
 
     def _account(
         self,
         batch_id: int,
-        per_partition: list,  # type: ignore[type-arg]
-        read: int,
-        archived: int,
-        appended: list,  # type: ignore[type-arg]
+        counts: BatchCounts | None,
+        appended: list[tuple[BatchTableWriter, Appended | None]],
         seconds: float,
         phases: dict[str, float],
     ) -> None:
         topic, metrics, totals = self.config.topic, self.metrics, self.totals
-        replayed = bool(appended) and all(result is None for _, result in appended)
-        first_read = {row.partition: row.first for row in per_partition}
-        gaps = [
-            p for p, first in first_read.items() if p in self._next_offsets and first > self._next_offsets[p]
-        ]
-        if gaps:
-            log_start = {p: low for p, (low, _) in self._kafka.watermarks(gaps).items()}
-            for expired in expired_ranges({p: self._next_offsets[p] for p in gaps}, first_read, log_start):
-                log.warning(
-                    "%s partition %d: offsets %d to %d (%d records) expired from Kafka before being archived",
-                    topic, expired.partition, expired.start, expired.end - 1, expired.count,
-                )  # fmt: skip
-                metrics.expired_offsets.labels(topic, str(expired.partition)).inc(expired.count)
-                totals.expired += expired.count
-        for row in per_partition:
-            self._next_offsets[row.partition] = row.last + 1
-            totals.per_partition[row.partition] = totals.per_partition.get(row.partition, 0) + row.read
-            if not replayed:
-                metrics.records_read.labels(topic, str(row.partition)).inc(row.read)
-            if row.newest is not None:
-                newest = row.newest.timestamp()
-                self._newest_ingestion = max(self._newest_ingestion or newest, newest)
-        files = sum(result.files for _, result in appended if result is not None)
-        size = sum(result.bytes for _, result in appended if result is not None)
-        if not replayed:
-            metrics.records_archived.labels(topic).inc(archived)
-            metrics.records_dead_lettered.labels(topic).inc(read - archived)
-            for writer, result in appended:
-                if result is not None:
-                    metrics.files_written.labels(topic, writer.identifier).inc(result.files)
-                    metrics.bytes_written.labels(topic, writer.identifier).inc(result.bytes)
-            totals.read += read
-            totals.archived += archived
-            totals.dead_lettered += read - archived
-            totals.files += files
-            totals.bytes += size
+        replayed = counts is None
         metrics.batches.labels(topic, "replayed" if replayed else "written").inc()
         metrics.batch_duration.labels(topic).observe(seconds)
         metrics.last_batch.labels(topic).set(batch_id)
-        if self._newest_ingestion is not None:
-            metrics.newest_ingestion.labels(topic).set(self._newest_ingestion)
         totals.batches += 1
-        totals.replayed_batches += replayed
+        timings = ", ".join(f"{phase} {took:.1f}s" for phase, took in phases.items())
+        if counts is None:
+            totals.replayed_batches += 1
+            log.info(
+                "%s batch %d (replayed, already committed) in %.1fs (%s)", topic, batch_id, seconds, timings
+            )
+            return
+        self._report_expired(counts)
+        for read in counts.partitions:
+            self._next_offsets[read.partition] = max(self._next_offsets.get(read.partition, 0), read.last + 1)
+            totals.per_partition[read.partition] = totals.per_partition.get(read.partition, 0) + read.read
+            metrics.records_read.labels(topic, str(read.partition)).inc(read.read)
+        if counts.newest is not None:
+            newest = counts.newest.timestamp()
+            self._newest_ingestion = max(self._newest_ingestion or newest, newest)
+            metrics.newest_ingestion.labels(topic).set(self._newest_ingestion)
+        written = [(writer, result) for writer, result in appended if result is not None]
+        for writer, result in written:
+            metrics.files_written.labels(topic, writer.identifier).inc(result.files)
+            metrics.bytes_written.labels(topic, writer.identifier).inc(result.bytes)
+        files = sum(result.files for _, result in written)
+        size = sum(result.bytes for _, result in written)
+        metrics.records_archived.labels(topic).inc(counts.archived)
+        metrics.records_dead_lettered.labels(topic).inc(counts.dead_lettered)
+        totals.read += counts.read
+        totals.archived += counts.archived
+        totals.dead_lettered += counts.dead_lettered
+        totals.files += files
+        totals.bytes += size
         log.info(
-            "%s batch %d%s: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)",
-            topic, batch_id, " (replayed, already committed)" if replayed else "", read, archived,
-            read - archived, files, size / 1e6, seconds,
-            ", ".join(f"{phase} {took:.1f}s" for phase, took in phases.items()),
+            "%s batch %d: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)",
+            topic, batch_id, counts.read, counts.archived, counts.dead_lettered, files, size / 1e6, seconds,
+            timings,
         )  # fmt: skip
+
+    def _report_expired(self, counts: BatchCounts) -> None:
+        """Offsets between where the router left off and the first one read, gone from Kafka meanwhile."""
+        topic = self.config.topic
+        first_read = {read.partition: read.first for read in counts.partitions}
+        gaps = [
+            p for p, first in first_read.items() if p in self._next_offsets and first > self._next_offsets[p]
+        ]
+        if not gaps:
+            return
+        log_start = {p: low for p, (low, _) in self._kafka.watermarks(gaps).items()}
+        for expired in expired_ranges({p: self._next_offsets[p] for p in gaps}, first_read, log_start):
+            log.warning(
+                "%s partition %d: offsets %d to %d (%d records) expired from Kafka before being archived",
+                topic, expired.partition, expired.start, expired.end - 1, expired.count,
+            )  # fmt: skip
+            self.metrics.expired_offsets.labels(topic, str(expired.partition)).inc(expired.count)
+            self.totals.expired += expired.count
 
     def on_progress(self, query_id: str, end_offsets_json: str | None) -> None:
         """Called after Spark checkpointed a batch: the world's view of the router moves forward."""
@@ -280,6 +310,8 @@ class Router:
         if end_offsets and end_offsets != self._committed:
             self._kafka.commit(end_offsets)
             self._committed = end_offsets
+            for partition, offset in end_offsets.items():
+                self._next_offsets[partition] = max(self._next_offsets.get(partition, 0), offset)
         self._refresh_lag()
 
     def on_terminated(self, query_id: str) -> None:

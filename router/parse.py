@@ -2,8 +2,13 @@
 
 A record is valid when its value decodes with the topic's schema, every field has its declared type,
 every enum holds one of its symbols and every required field is present, nested ones included. Anything
-else gets an error text and goes to the dead-letter table. The reasons are worked out only for records
-that fail: the checks on a valid record are null tests, enum look-ups and, for Avro, one re-encoding.
+else gets an error text and goes to the dead-letter table.
+
+`parse` runs on every record, so it only does what deciding needs: null tests, enum look-ups, a range
+check per timestamp and, for Avro, one re-encoding. Why a JSON value does not decode (malformed text,
+not an object, which field has the wrong type) is worked out by `explain`, on dead-lettered rows only.
+Keeping the diagnosis out of the per-record expression also keeps that expression's generated code under
+the size the JVM compiles (8,000 bytes of bytecode); above it, every record would run interpreted.
 
 Spark's JSON reader is lenient in ways that lose nothing: a number or an object sent for a string field
 is kept as its JSON text.
@@ -22,6 +27,8 @@ from schemas.spark_types import avro_enums, nested_fields
 
 EVENT = "event"
 ERROR = "error"
+# The provisional error of a JSON value that does not decode into the event: `explain` says why.
+UNDECODABLE_JSON = "undecodable JSON"
 _CORRUPT = "_corrupt_record"
 Check = tuple[Column, Column]
 _EARLIEST, _LATEST = "1970-01-01 00:00:00", "2200-01-01 00:00:00"
@@ -31,6 +38,9 @@ def parse(
     records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
 ) -> DataFrame:
     """Add `event` (the typed event) and `error` (null when the event is valid) to Kafka records.
+
+    `error` is final except for JSON that does not decode, where it is UNDECODABLE_JSON: `explain`
+    gives the reason.
 
     A value over `max_value_bytes` is refused whatever it holds: one runaway producer must not make
     archive rows that readers of the table choke on.
@@ -85,23 +95,6 @@ def _content_checks(layout: ArchiveLayout) -> list[Check]:
 def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
     parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
-    corrupt = F.col(EVENT)[_CORRUPT].isNotNull()
-    variant = F.try_parse_json(text)
-    kind = F.regexp_extract(F.schema_of_variant(variant), r"^(\w+)", 1)
-    wrong_types = []
-    for struct_field in layout.event_type.fields:
-        member = F.variant_get(variant, f"$.{struct_field.name}", "variant")
-        wrong_types.append(
-            (
-                corrupt
-                & member.isNotNull()
-                & ~F.is_variant_null(member)
-                & F.try_variant_get(
-                    variant, f"$.{struct_field.name}", struct_field.dataType.simpleString()
-                ).isNull(),
-                F.lit(f"field '{struct_field.name}' is not of type {struct_field.dataType.simpleString()}"),
-            )
-        )
     # Spark reads a JSON number into a timestamp as epoch seconds: milliseconds land tens of
     # thousands of years away. A range check costs a comparison, where looking at the text costs a scan.
     numeric_times = [
@@ -118,10 +111,7 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
         (F.col("value").isNull(), F.lit("null value")),
         (F.length(F.col("value")) == 0, F.lit("empty value")),
         (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        (corrupt & variant.isNull(), F.lit("malformed JSON")),
-        (corrupt & (kind != "OBJECT"), F.concat(F.lit("not a JSON object but "), kind)),
-        *wrong_types,
-        (corrupt, F.lit(f"not a valid {layout.event.name} event")),
+        (F.col(EVENT)[_CORRUPT].isNotNull(), F.lit(UNDECODABLE_JSON)),
         (~F.rtrim(text).endswith("}"), F.lit("bytes are left over after the JSON object")),
         *numeric_times,
         *_content_checks(layout),
@@ -130,6 +120,48 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
         EVENT, F.from_json(text, parse_type, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
     )
     return parsed.withColumn(ERROR, _first_error(checks))
+
+
+def _json_reason(layout: ArchiveLayout) -> Column:
+    """Why a JSON value did not decode into the event."""
+    text = F.col("value").cast("string")
+    variant = F.try_parse_json(text)
+    kind = F.regexp_extract(F.schema_of_variant(variant), r"^(\w+)", 1)
+    wrong_types = []
+    for struct_field in layout.event_type.fields:
+        member = F.variant_get(variant, f"$.{struct_field.name}", "variant")
+        wrong_types.append(
+            (
+                member.isNotNull()
+                & ~F.is_variant_null(member)
+                & F.try_variant_get(
+                    variant, f"$.{struct_field.name}", struct_field.dataType.simpleString()
+                ).isNull(),
+                F.lit(f"field '{struct_field.name}' is not of type {struct_field.dataType.simpleString()}"),
+            )
+        )
+    return _first_error(
+        [
+            (variant.isNull(), F.lit("malformed JSON")),
+            (kind != "OBJECT", F.concat(F.lit("not a JSON object but "), kind)),
+            *wrong_types,
+        ]
+    ).otherwise(F.lit(f"not a valid {layout.event.name} event"))
+
+
+def explain(parsed: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> Column:
+    """The final error text of a parsed row: `error` with UNDECODABLE_JSON replaced by its reason."""
+    if encoding != "json":
+        return F.col(ERROR)
+    return F.when(F.col(ERROR) == UNDECODABLE_JSON, _json_reason(layout)).otherwise(F.col(ERROR))
+
+
+def parse_and_explain(
+    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
+) -> DataFrame:
+    """`parse` with every error final: for looking at a few records, not for the router's hot path."""
+    parsed = parse(records, layout, encoding, max_value_bytes)
+    return parsed.withColumn(ERROR, explain(parsed, layout, encoding))
 
 
 def _parse_avro(records: DataFrame, layout: ArchiveLayout) -> DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from router.parse import ERROR, EVENT, parse
+from router.parse import ERROR, EVENT, explain, parse
 from router.stamp import metadata
 from schemas.archive import METADATA, ArchiveLayout
 from schemas.registry import Encoding
@@ -30,11 +30,11 @@ def archive_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:
     )
 
 
-def dead_letter_rows(stamped: DataFrame, layout: ArchiveLayout) -> DataFrame:
+def dead_letter_rows(stamped: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> DataFrame:
     return stamped.where(F.col(ERROR).isNotNull()).select(
         F.col("key").alias("raw_key"),
         F.col("value").alias("raw_value"),
-        F.col(ERROR).alias("error"),
+        explain(stamped, layout, encoding).alias("error"),
         F.lit(layout.event.name).alias("schema_name"),
         F.col(METADATA),
     )

@@ -10,7 +10,7 @@ import pytest
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
-from router.parse import ERROR, EVENT, parse
+from router.parse import ERROR, EVENT, parse_and_explain
 from schemas import ArchiveLayout, load_event_schema
 from schemas.registry import Encoding
 
@@ -47,7 +47,9 @@ def test_each_malformation_is_dead_lettered_with_a_reason(
         rows += [("huge_length", value) for value in HUGE_LENGTHS]
     records = spark.createDataFrame(rows, "kind string, value binary")
 
-    result = parse(records, layout, encoding).select("kind", ERROR, f"{EVENT}.account_id").collect()
+    result = (
+        parse_and_explain(records, layout, encoding).select("kind", ERROR, f"{EVENT}.account_id").collect()
+    )
 
     assert {r.kind for r in result} >= {"valid", *MALFORMATIONS[encoding]}
     escaped = [(r.kind, r.error) for r in result if r.kind != "valid" and r.error is None]
@@ -86,7 +88,9 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
         f"field 'event_type' is BOGUS{bogus}, not one of START, HEARTBEAT, STOP"
     )
     records = spark.createDataFrame([(v,) for v in cases], "value binary")
-    errors = {r.value: r.error for r in parse(records, layout, "json").select("value", ERROR).collect()}
+    errors = {
+        r.value: r.error for r in parse_and_explain(records, layout, "json").select("value", ERROR).collect()
+    }
     assert {bytes(v): e for v, e in errors.items()} == cases
 
 
@@ -98,7 +102,7 @@ def test_avro_strings_must_be_utf8(spark: SparkSession) -> None:
     latin1 = valid.replace(b"\x04ZZ", b"\x04Z\xe9")
     assert latin1 != valid
     records = spark.createDataFrame([(valid,), (latin1,)], "value binary")
-    errors = [r.error for r in parse(records, layout, "avro").select(ERROR).collect()]
+    errors = [r.error for r in parse_and_explain(records, layout, "avro").select(ERROR).collect()]
     assert errors == [None, "field 'country' is not valid UTF-8"]
 
 
@@ -109,5 +113,8 @@ def test_an_oversize_value_is_dead_lettered_whatever_it_holds(spark: SparkSessio
     small = schema.encode(event, "json")
     large = schema.encode({**event, "country": "X" * 5000}, "json")
     records = spark.createDataFrame([(small,), (large,)], "value binary")
-    errors = [r.error for r in parse(records, layout, "json", max_value_bytes=4096).select(ERROR).collect()]
+    errors = [
+        r.error
+        for r in parse_and_explain(records, layout, "json", max_value_bytes=4096).select(ERROR).collect()
+    ]
     assert errors == [None, f"value of {len(large)} bytes is over the limit of 4096"]

@@ -1,0 +1,60 @@
+"""Counting a batch in the pass that writes it gives what a separate aggregation gives."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import pytest
+from pyspark.sql import Observation
+
+from router.counts import BatchCounts, count_batch, from_observation, observed_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = "partition int, offset long, timestamp timestamp, error string"
+
+
+def batch(spark: SparkSession, partitions: list[int], seed: int) -> DataFrame:
+    rng = random.Random(seed)
+    start = datetime(2026, 11, 22, 16, tzinfo=UTC)
+    rows = []
+    for partition in partitions:
+        first = rng.randrange(0, 10_000)
+        for offset in range(first, first + rng.randrange(1, 300)):
+            error = "malformed JSON" if rng.random() < 0.1 else None
+            rows.append((partition, offset, start + timedelta(milliseconds=rng.randrange(10**7)), error))
+    rng.shuffle(rows)
+    return spark.createDataFrame(rows, SCHEMA).repartition(3)
+
+
+def observe(records: DataFrame, partitions: list[int]) -> BatchCounts:
+    observation = Observation("test-counts")
+    records.observe(observation, *observed_columns(partitions)).write.format("noop").mode("overwrite").save()
+    return from_observation(observation.get, partitions)
+
+
+def test_observed_counts_equal_an_aggregation(spark: SparkSession) -> None:
+    records = batch(spark, [0, 1, 3, 7], seed=5)
+    observed = observe(records, [0, 1, 2, 3, 7])
+    assert observed == count_batch(records)
+    assert observed.dead_lettered > 0
+    assert [read.partition for read in observed.partitions] == [0, 1, 3, 7]
+
+
+def test_records_of_a_partition_not_asked_for_are_counted_apart(spark: SparkSession) -> None:
+    records = batch(spark, [0, 1, 2], seed=6)
+    observed = observe(records, [0, 1])
+    expected = count_batch(records)
+    assert observed.other_partitions == next(r.read for r in expected.partitions if r.partition == 2)
+    assert observed.read == expected.read
+    assert [read.partition for read in observed.partitions] == [0, 1]
+
+
+def test_an_empty_batch_counts_nothing(spark: SparkSession) -> None:
+    records = spark.createDataFrame([], SCHEMA)
+    assert observe(records, [0, 1]) == BatchCounts(read=0, archived=0, newest=None, partitions=())
