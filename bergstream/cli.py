@@ -273,6 +273,41 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
 
 
 @cli.group()
+def deploy() -> None:
+    """Render what runs a topic's router elsewhere: a spark-submit command, Kubernetes manifests."""
+
+
+@deploy.command("spark-submit")
+@click.option("--topic", required=True, help="The topic whose router to render.")
+@ROUTER_CONFIG
+@click.option("--available-now", is_flag=True, help="Archive what the topic holds, then exit.")
+@DATA_DIR
+def deploy_spark_submit(
+    topic: str, config_file: Path | None, available_now: bool, data_dir: Path | None
+) -> None:
+    """Print the spark-submit command of a topic's router, with its master and Spark settings."""
+    from deploy.render import shell_command, spark_submit
+    from router.config import load_router_config, topic_file
+
+    config = load_router_config(topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={})
+    path = config_file if config_file is not None else topic_file(topic)
+    click.echo(shell_command(spark_submit(config, path, available_now=available_now)))
+
+
+@deploy.command("kubernetes")
+@click.option("--topic", required=True, help="The topic whose router to render.")
+@ROUTER_CONFIG
+@DATA_DIR
+def deploy_kubernetes(topic: str, config_file: Path | None, data_dir: Path | None) -> None:
+    """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`."""
+    from deploy.render import kubernetes_manifests, manifests_yaml
+    from router.config import load_router_config
+
+    config = load_router_config(topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={})
+    click.echo(manifests_yaml(kubernetes_manifests(config)), nl=False)
+
+
+@cli.group()
 def jars() -> None:
     """The JVM jars pinned in bergstream/jvm/pom.xml."""
 

@@ -60,6 +60,23 @@ class MaintenanceSettings(BaseModel):
     orphan_retention_hours: int = Field(default=72, ge=1)
 
 
+class DeploySettings(BaseModel):
+    """How `bergstream deploy` renders the router for a Spark cluster and for Kubernetes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The image holds bergstream, its Python dependencies and its jars (`bergstream jars resolve`).
+    image: str = "bergstream:latest"
+    namespace: str = Field(default="bergstream", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    kubernetes_api: str = "https://kubernetes.default.svc"
+    executor_instances: int = Field(default=2, gt=0)
+    executor_cores: int = Field(default=2, gt=0)
+    executor_memory: str = Field(default="4g", pattern=r"^\d+[kmgt]?$")
+    driver_memory: str = Field(default="2g", pattern=r"^\d+[kmgt]?$")
+    driver_cpu: str = "1"
+    metrics_port: int = Field(default=9464, gt=0, le=65535)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -82,6 +99,7 @@ class RouterConfig(BaseModel):
     metrics_host: str = "0.0.0.0"
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("kafka")
     @classmethod

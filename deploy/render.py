@@ -1,0 +1,227 @@
+"""What an operator deploys for one topic's router, rendered from its settings.
+
+- `spark_submit`: the spark-submit command of the router, for a Spark cluster (standalone, YARN, or
+  Kubernetes in client mode), with every setting bergstream's own session would have.
+- `kubernetes_manifests`: the router as a one-replica Deployment on Kubernetes. The driver runs in that
+  pod, Spark starts the executors as pods beside it; the topic's settings travel in a ConfigMap; a
+  headless Service gives executors a name to reach the driver by and Prometheus its metrics port.
+
+Both are built from a validated RouterConfig: what renders is what `bergstream router run` accepts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bergstream.spark import session_conf
+from router.config import RouterConfig
+
+SUBMIT_ENTRY = Path(__file__).parent.parent / "bergstream" / "submit.py"
+CONFIG_MOUNT = "/etc/bergstream"
+DRIVER_PORT, BLOCK_MANAGER_PORT = 7078, 7079
+# A router stops after its current batch on SIGTERM: give a large batch time to commit.
+GRACE_SECONDS = 300
+# Set by spark-submit itself, or by the cluster manager.
+_SUBMIT_FLAGS = {"spark.master", "spark.app.name"}
+
+
+def app_name(topic: str) -> str:
+    return f"bergstream-router-{topic}"
+
+
+def _name(topic: str) -> str:
+    """A Kubernetes object name for the topic's router: lower case, at most 63 characters."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in topic.lower()).strip("-")
+    return f"bergstream-router-{cleaned}"[:63].rstrip("-")
+
+
+def spark_submit(
+    config: RouterConfig, config_file: Path, available_now: bool = False, spark_submit: str = "spark-submit"
+) -> list[str]:
+    """The spark-submit command that runs the router of `config`, whose settings are in `config_file`."""
+    conf = session_conf(config.catalog, config.spark.master, app_name(config.topic), config.spark.conf)
+    metrics_port = config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
+    command = [
+        spark_submit,
+        "--master", config.spark.master,
+        "--deploy-mode", "client",
+        "--name", app_name(config.topic),
+    ]  # fmt: skip
+    for key, value in conf.items():
+        if key not in _SUBMIT_FLAGS:
+            command += ["--conf", f"{key}={value}"]
+    command += [
+        str(SUBMIT_ENTRY),
+        "router", "run",
+        "--topic", config.topic,
+        "--config", str(config_file.absolute()),
+        "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    if available_now:
+        command.append("--available-now")
+    return command
+
+
+def shell_command(command: list[str]) -> str:
+    """A command as a shell line, one option per line."""
+    lines, current = [], [shlex.quote(command[0])]
+    for part in command[1:]:
+        if part.startswith("--") and len(current) > 0:
+            lines.append(" ".join(current))
+            current = []
+        current.append(shlex.quote(part))
+    lines.append(" ".join(current))
+    return " \\\n  ".join(lines)
+
+
+def kubernetes_config(config: RouterConfig) -> RouterConfig:
+    """The settings of the router inside Kubernetes: Spark's master is the cluster's API server."""
+    deploy = config.deploy
+    name = _name(config.topic)
+    master = (
+        config.spark.master if config.spark.master.startswith("k8s://") else f"k8s://{deploy.kubernetes_api}"
+    )
+    conf = {
+        "spark.kubernetes.namespace": deploy.namespace,
+        "spark.kubernetes.container.image": deploy.image,
+        "spark.kubernetes.executor.podNamePrefix": name,
+        "spark.driver.host": f"{name}.{deploy.namespace}.svc",
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.driver.memory": deploy.driver_memory,
+        "spark.executor.instances": str(deploy.executor_instances),
+        "spark.executor.cores": str(deploy.executor_cores),
+        "spark.executor.memory": deploy.executor_memory,
+        **config.spark.conf,
+    }
+    spark = config.spark.model_copy(update={"master": master, "conf": conf})
+    return config.model_copy(
+        update={"spark": spark, "metrics_port": deploy.metrics_port, "metrics_host": "0.0.0.0"}
+    )
+
+
+def settings_file(config: RouterConfig) -> str:
+    """A router's settings as the YAML file `bergstream router run --config` reads."""
+    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["schema_dir"] = str(config.schema_dir)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
+    """ServiceAccount, Role, RoleBinding (the driver starts executor pods), ConfigMap, Service, Deployment."""
+    inside = kubernetes_config(config)
+    deploy = inside.deploy
+    name, namespace, topic = _name(config.topic), deploy.namespace, config.topic
+    labels = {"app.kubernetes.io/name": "bergstream-router", "app.kubernetes.io/instance": name}
+    metadata = {"name": name, "namespace": namespace, "labels": labels}
+    config_name = f"{topic}.yaml"
+    ports = [
+        {"name": "metrics", "containerPort": deploy.metrics_port},
+        {"name": "driver", "containerPort": DRIVER_PORT},
+        {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT},
+    ]
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": deploy.image,
+        "args": [
+            "bergstream",
+            "router",
+            "run",
+            "--topic",
+            topic,
+            "--config",
+            f"{CONFIG_MOUNT}/{config_name}",
+            "--metrics-port",
+            str(deploy.metrics_port),
+        ],
+        "ports": ports,
+        "resources": {"requests": {"cpu": deploy.driver_cpu, "memory": _with_overhead(deploy.driver_memory)}},
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
+        "volumeMounts": [{"name": "settings", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+                    "verbs": ["create", "get", "list", "watch", "delete", "deletecollection", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {config_name: settings_file(inside)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                **metadata,
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(deploy.metrics_port),
+                    "prometheus.io/path": "/metrics",
+                },
+            },
+            # Headless: the name resolves to the driver pod itself, which the executors connect to.
+            "spec": {
+                "clusterIP": "None",
+                "selector": labels,
+                "ports": [
+                    {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"]}
+                    for port in ports
+                ],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                # One router per topic, ever: a new pod starts only after the old one stopped.
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "containers": [container],
+                        "volumes": [{"name": "settings", "configMap": {"name": name}}],
+                    },
+                },
+            },
+        },
+    ]
+
+
+def _with_overhead(memory: str) -> str:
+    """Spark's own default overhead on top of the JVM heap: 10%, at least 384 MiB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+    amount, unit = (memory[:-1], memory[-1]) if memory[-1] in units else (memory, "m")
+    mib = int(int(amount) * units[unit])
+    return f"{mib + max(384, mib // 10)}Mi"
+
+
+def manifests_yaml(manifests: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(manifests, sort_keys=False)
