@@ -3,7 +3,7 @@
 - `spark_submit`: the spark-submit command of the router, for a Spark cluster (standalone, YARN, or
   Kubernetes in client mode), with every setting bergstream's own session would have.
 - `kubernetes_manifests`: the router as a one-replica Deployment on Kubernetes. The driver runs in that
-  pod, Spark starts the executors as pods beside it; the topic's settings travel in a ConfigMap; a
+  pod, Spark starts the executors as pods beside it; the topic's settings travel in a Secret; a
   headless Service gives executors a name to reach the driver by and Prometheus its metrics port.
 
 Both are built from a validated RouterConfig: what renders is what `bergstream router run` accepts.
@@ -12,6 +12,7 @@ Both are built from a validated RouterConfig: what renders is what `bergstream r
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ def spark_submit(
         "--deploy-mode", "client",
         "--name", app_name(config.topic),
     ]  # fmt: skip
+    # The driver runs bergstream's own code: the interpreter that has it installed.
+    conf.setdefault("spark.pyspark.driver.python", sys.executable)
     for key, value in conf.items():
         if key not in _SUBMIT_FLAGS:
             command += ["--conf", f"{key}={value}"]
@@ -109,11 +112,13 @@ def settings_file(config: RouterConfig) -> str:
     """A router's settings as the YAML file `bergstream router run --config` reads."""
     data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["schema_dir"] = str(config.schema_dir)
+    if config.catalog.password is not None:
+        data["catalog"]["password"] = config.catalog.password.get_secret_value()
     return yaml.safe_dump(data, sort_keys=False)
 
 
 def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
-    """ServiceAccount, Role, RoleBinding (the driver starts executor pods), ConfigMap, Service, Deployment."""
+    """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
     inside = kubernetes_config(config)
     deploy = inside.deploy
     name, namespace, topic = _name(config.topic), deploy.namespace, config.topic
@@ -165,11 +170,13 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
+        # A Secret, not a ConfigMap: the settings may hold the catalog's password and Kafka credentials.
         {
             "apiVersion": "v1",
-            "kind": "ConfigMap",
+            "kind": "Secret",
             "metadata": metadata,
-            "data": {config_name: settings_file(inside)},
+            "type": "Opaque",
+            "stringData": {config_name: settings_file(inside)},
         },
         {
             "apiVersion": "v1",
@@ -207,7 +214,7 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
                         "serviceAccountName": name,
                         "terminationGracePeriodSeconds": GRACE_SECONDS,
                         "containers": [container],
-                        "volumes": [{"name": "settings", "configMap": {"name": name}}],
+                        "volumes": [{"name": "settings", "secret": {"secretName": name}}],
                     },
                 },
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.local.prometheus import prometheus_server
+from deploy import grafana
 from tests.routers import ROOT, start_router, write_config
 from tests.services import Services
 
@@ -61,6 +63,13 @@ def test_prometheus_sees_reads_archives_dead_letters_and_lag(
             eventually(lambda: total("lag_offsets") == 0, "the lag back to zero")
             per_partition = prometheus.query(f"bergstream_router_records_read_total{{{topic}}}")
             assert {sample["metric"]["partition"] for sample in per_partition} == {"0", "1"}
+
+            # Every panel of the Grafana dashboard answers from what this Prometheus scraped; only
+            # expired offsets, which this router never met, have no series.
+            for expression in grafana.queries():
+                query = expression.replace("$topic", topic_name).replace("$__rate_interval", "30s")
+                series = prometheus.query(query)
+                assert series or "expired_offsets" in query, f"no series for {query}"
     finally:
         router.send_signal(signal.SIGINT)
         router.wait(120)
@@ -74,3 +83,10 @@ def test_alert_rules_and_scrape_config_are_valid() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 5 rules found" in done.stdout + done.stderr
+
+
+def test_the_dashboard_file_is_rendered_from_its_source() -> None:
+    assert json.loads(grafana.DASHBOARD.read_text()) == grafana.dashboard()
+    panels = json.loads(grafana.DASHBOARD.read_text())["panels"]
+    assert [t["expr"] for p in panels for t in p["targets"]] == grafana.queries()
+    assert all('topic=~"$topic"' in expression for expression in grafana.queries())

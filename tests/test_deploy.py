@@ -1,0 +1,168 @@
+"""What `bergstream deploy` renders runs: the spark-submit command archives a topic, the Kubernetes
+manifests hang together and carry settings the router accepts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bergstream.catalog import CatalogConfig
+from bergstream.loadgen.producer import ProduceRequest, produce
+from deploy.render import DRIVER_PORT, kubernetes_manifests, manifests_yaml, spark_submit
+from router.config import RouterConfig, load_router_config
+from tests.routers import ROOT, archived_offsets, write_config
+from tests.services import Services
+
+
+def production_config(**deploy: Any) -> RouterConfig:
+    return RouterConfig.model_validate(
+        {
+            "topic": "Playback.EU",
+            "schema": "playback",
+            "encoding": "json",
+            "table": "playback_eu",
+            "cluster": "eu-west-1",
+            "kafka": {"kafka.bootstrap.servers": "kafka-0.kafka:9092,kafka-1.kafka:9092"},
+            "checkpoint_location": "s3a://archive/checkpoints/playback_eu",
+            "catalog": CatalogConfig(
+                uri="jdbc:postgresql://catalog:5432/iceberg",
+                warehouse="s3a://archive/w",
+                user="u",
+                password="pw",
+            ),
+            "spark": {"conf": {"spark.executor.memoryOverhead": "1g"}},
+            "deploy": {"image": "registry.example/bergstream:1.0", "namespace": "archive", **deploy},
+        }
+    )
+
+
+def by_kind(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    kinds = Counter(m["kind"] for m in manifests)
+    assert all(count == 1 for count in kinds.values()), kinds
+    return {m["kind"]: m for m in manifests}
+
+
+def test_kubernetes_manifests_hang_together(tmp_path: Path) -> None:
+    config = production_config(executor_instances=6, driver_memory="4g")
+    objects = by_kind(list(yaml.safe_load_all(manifests_yaml(kubernetes_manifests(config)))))
+    assert set(objects) == {"ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "Deployment"}
+    name = "bergstream-router-playback-eu"
+    assert {m["metadata"]["name"] for m in objects.values()} == {name}
+    assert {m["metadata"]["namespace"] for m in objects.values()} == {"archive"}
+
+    deployment = objects["Deployment"]["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
+    pod = deployment["template"]["spec"]
+    assert deployment["selector"]["matchLabels"] == deployment["template"]["metadata"]["labels"]
+    assert objects["Service"]["spec"]["selector"] == deployment["selector"]["matchLabels"]
+    assert objects["Service"]["spec"]["clusterIP"] == "None"
+    assert pod["serviceAccountName"] == objects["RoleBinding"]["subjects"][0]["name"] == name
+    assert objects["RoleBinding"]["roleRef"]["name"] == objects["Role"]["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example/bergstream:1.0"
+    assert container["resources"]["requests"]["memory"] == f"{4096 + 409}Mi"
+    port_names = {p["name"] for p in container["ports"]}
+    assert {p["targetPort"] for p in objects["Service"]["spec"]["ports"]} == port_names
+    annotations = objects["Service"]["metadata"]["annotations"]
+    metrics_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert annotations["prometheus.io/port"] == str(metrics_port)
+
+    # The settings in the Secret are what the router reads, at the path the container is given.
+    ((file_name, settings),) = objects["Secret"]["stringData"].items()
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "settings")
+    assert container["args"][container["args"].index("--config") + 1] == f"{mount}/{file_name}"
+    assert pod["volumes"][0]["secret"]["secretName"] == objects["Secret"]["metadata"]["name"]
+    (tmp_path / file_name).write_text(settings)
+    inside = load_router_config("Playback.EU", tmp_path / file_name, defaults={}, overrides={})
+    assert inside.spark.master == "k8s://https://kubernetes.default.svc"
+    conf = inside.spark.conf
+    assert conf["spark.driver.host"] == f"{name}.archive.svc"
+    assert conf["spark.driver.port"] == str(DRIVER_PORT)
+    assert conf["spark.executor.instances"] == "6"
+    assert conf["spark.executor.memoryOverhead"] == "1g"  # the topic's own Spark settings survive
+    assert inside.catalog.password is not None and inside.catalog.password.get_secret_value() == "pw"
+    assert (inside.kafka, inside.catalog, inside.checkpoint_location) == (
+        config.kafka,
+        config.catalog,
+        config.checkpoint_location,
+    )
+    assert inside.metrics_port == metrics_port
+
+
+def test_bad_deploy_settings_are_refused_with_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "playback.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "topic": "playback",
+                "encoding": "json",
+                "kafka": {"kafka.bootstrap.servers": "k:9092"},
+                "checkpoint_location": "/c",
+                "catalog": {"uri": "jdbc:sqlite:/tmp/c.db", "warehouse": "file:///tmp/w"},
+                "deploy": {"executor_memory": "lots"},
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "bergstream", "deploy", "kubernetes", "--topic", "playback",
+         "--config", str(path)],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "deploy.executor_memory" in done.stderr and str(path) in done.stderr
+
+
+@pytest.mark.integration
+def test_the_rendered_spark_submit_command_archives_the_topic(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    report = produce(
+        ProduceRequest(topic=topic_name, count=3000, bad_fraction=0.01, seed=4),
+        stack.bootstrap_servers,
+        show_progress=False,
+    )
+    config_file = write_config(stack, tmp_path, topic_name)
+    rendered = subprocess.run(
+        [sys.executable, "-m", "bergstream", "deploy", "spark-submit", "--topic", topic_name,
+         "--config", str(config_file), "--available-now"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout  # fmt: skip
+    assert rendered.startswith("spark-submit ")
+    config = load_router_config(topic_name, config_file, defaults={}, overrides={})
+    assert f"--master {config.spark.master}" in rendered
+
+    spark_home_bin = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        ["bash", "-c", rendered],
+        capture_output=True, text=True, check=False, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PATH": f"{spark_home_bin}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    bad = sum(report.malformed.values())
+    assert f"archived {3000 - bad:,}, dead-lettered {bad:,}" in done.stdout
+    produced = {(p, o) for p, (low, high) in report.offsets.items() for o in range(low, high + 1)}
+    assert sorted(archived_offsets(stack, topic_name)) == sorted(produced)
+
+
+def test_spark_submit_carries_every_session_setting(tmp_path: Path) -> None:
+    config = production_config()
+    command = spark_submit(config, tmp_path / "playback.yaml")
+    confs = dict(command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--conf")
+    assert confs["spark.sql.extensions"].endswith("IcebergSparkSessionExtensions")
+    assert confs["spark.sql.defaultCatalog"] == config.catalog.name
+    assert confs["spark.executor.memoryOverhead"] == "1g"
+    assert confs["spark.pyspark.driver.python"] == sys.executable
+    assert "spark.master" not in confs
+    entry = command.index("router") - 1
+    assert Path(command[entry]).is_file()
+    assert command[entry + 1 :] == [
+        "router", "run", "--topic", "Playback.EU", "--config", str((tmp_path / "playback.yaml").absolute()),
+        "--metrics-port", "9464",
+    ]  # fmt: skip
