@@ -4,6 +4,7 @@ manifests hang together and carry settings the router accepts."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -15,6 +16,7 @@ import yaml
 
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
 from deploy.render import DRIVER_PORT, kubernetes_manifests, manifests_yaml, spark_submit
 from router.config import RouterConfig, load_router_config
 from tests.routers import ROOT, archived_offsets, write_config
@@ -124,19 +126,24 @@ def test_the_rendered_spark_submit_command_archives_the_topic(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     report = produce(
-        ProduceRequest(topic=topic_name, count=3000, bad_fraction=0.01, seed=4),
+        ProduceRequest(topic=topic_name, schema="playback", count=3000, bad_fraction=0.01, seed=4),
         stack.bootstrap_servers,
         show_progress=False,
     )
-    config_file = write_config(stack, tmp_path, topic_name)
+    (metrics_port,) = free_ports(1)
+    config_file = write_config(
+        stack, tmp_path, topic_name, metrics_port=metrics_port, metrics_host="127.0.0.1"
+    )
     rendered = subprocess.run(
         [sys.executable, "-m", "bergstream", "deploy", "spark-submit", "--topic", topic_name,
          "--config", str(config_file), "--available-now"],
         capture_output=True, text=True, check=True, cwd=ROOT,
     ).stdout  # fmt: skip
-    assert rendered.startswith("spark-submit ")
+    arguments = shlex.split(rendered.replace("\\\n", " "))
     config = load_router_config(topic_name, config_file, defaults={}, overrides={})
-    assert f"--master {config.spark.master}" in rendered
+    assert arguments[0] == "spark-submit"
+    assert arguments[arguments.index("--master") + 1] == config.spark.master
+    assert arguments[arguments.index("--metrics-port") + 1] == str(metrics_port)
 
     spark_home_bin = str(Path(sys.executable).parent)
     done = subprocess.run(

@@ -2,6 +2,7 @@
 
 One run, on one machine, against the embedded stack, on the same events:
   (a) Spark's Kafka source into the noop sink: the ceiling for any Spark job reading the topic
+  (a2) the same, decoding each value with from_json: the ceiling for any Spark job reading its events
   (b) the router end to end: Kafka to the archive and dead-letter tables, committed
   (c) plain confluent-kafka consumption: what a Python consumer reads without Spark
 then freshness (produce to visible in the table) at a steady rate, files and sizes per hour, and the
@@ -32,6 +33,7 @@ from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, TopicPartition
+from pyspark.sql import functions as F
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -41,6 +43,8 @@ from router.app import Router, archive_available_now
 from router.config import RouterConfig
 from router.maintain import maintain
 from router.metrics import RouterMetrics
+from schemas.archive import ArchiveLayout
+from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4
@@ -73,7 +77,10 @@ def plain_consumer(bootstrap: str, topic: str, expected: int) -> tuple[float, in
     return elapsed, size
 
 
-def spark_noop(spark: Any, bootstrap: str, topic: str, checkpoint: Path, max_offsets: int) -> float:
+def spark_noop(
+    spark: Any, bootstrap: str, topic: str, checkpoint: Path, max_offsets: int, decode: Any = None
+) -> float:
+    """Seconds for Spark's Kafka source to read the topic into the noop sink; `decode` maps the records."""
     started = time.monotonic()
     records = (
         spark.readStream.format("kafka")
@@ -84,6 +91,8 @@ def spark_noop(spark: Any, bootstrap: str, topic: str, checkpoint: Path, max_off
         .option("includeHeaders", "true")
         .load()
     )
+    if decode is not None:
+        records = decode(records)
     writer = records.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
@@ -120,6 +129,20 @@ def files_per_hour(stack: LocalStack, table_name: str) -> dict[int, list[int]]:
     for data_file in table.inspect.files().to_pylist():
         per_hour[next(iter(data_file["partition"].values()))].append(data_file["file_size_in_bytes"])
     return per_hour
+
+
+def bytes_per_column(stack: LocalStack, table_name: str) -> dict[str, int]:
+    """Compressed Parquet bytes of each column over the table's current data files, largest first."""
+    table = stack.config.catalog.load().load_table(f"archive.{table_name}")
+    sizes: dict[str, int] = defaultdict(int)
+    for data_file in table.inspect.files().to_pylist():
+        metadata = pq.ParquetFile(urlparse(data_file["file_path"]).path).metadata
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            for column in range(row_group.num_columns):
+                chunk = row_group.column(column)
+                sizes[chunk.path_in_schema] += chunk.total_compressed_size
+    return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -178,11 +201,32 @@ def main() -> None:
         try:
             # Both (a) and (b) are measured warm: each runs once on the same events beforehand, so that
             # neither pays for the JVM compiling its code paths.
-            spark_noop(spark, status.bootstrap_servers, topic, home / "noop-warmup", args.max_offsets_per_trigger)
+            spark_noop(
+                spark, status.bootstrap_servers, topic, home / "noop-warmup", args.max_offsets_per_trigger
+            )
             elapsed = spark_noop(
                 spark, status.bootstrap_servers, topic, home / "noop", args.max_offsets_per_trigger
             )
             results["a_spark_noop"] = {
+                "seconds": elapsed,
+                "events_per_s": args.events / elapsed,
+                "mb_per_s": megabytes / elapsed,
+            }
+            # (a2) the same, decoding every value with from_json into the event's type: the least that
+            # any Spark job reading these events does, before it writes anything.
+            event_type = ArchiveLayout(load_event_schema(topic), topic).event_type
+
+            def decode(records: Any) -> Any:
+                return records.select(F.from_json(F.col("value").cast("string"), event_type).alias("event"))
+
+            spark_noop(
+                spark, status.bootstrap_servers, topic, home / "decode-warmup", args.max_offsets_per_trigger,
+                decode,
+            )  # fmt: skip
+            elapsed = spark_noop(
+                spark, status.bootstrap_servers, topic, home / "decode", args.max_offsets_per_trigger, decode
+            )
+            results["a2_spark_from_json"] = {
                 "seconds": elapsed,
                 "events_per_s": args.events / elapsed,
                 "mb_per_s": megabytes / elapsed,
@@ -199,7 +243,10 @@ def main() -> None:
                 trigger_interval="1 second",
             )
             warmup = config.model_copy(
-                update={"table": f"{topic}_warmup", "checkpoint_location": str(home / "checkpoints" / "warmup")}
+                update={
+                    "table": f"{topic}_warmup",
+                    "checkpoint_location": str(home / "checkpoints" / "warmup"),
+                }
             )
             archive_available_now(spark, warmup)
             started = time.monotonic()
@@ -211,9 +258,10 @@ def main() -> None:
                 "mb_per_s": megabytes / elapsed,
                 "batches": totals.batches,
             }
-            results["b_over_a"] = (
-                results["b_router"]["events_per_s"] / results["a_spark_noop"]["events_per_s"]
-            )
+            for base in ("a_spark_noop", "a2_spark_from_json"):
+                results[f"b_over_{base[: base.index('_')]}"] = (
+                    results["b_router"]["events_per_s"] / results[base]["events_per_s"]
+                )
 
             # Freshness: the router runs on its trigger while events arrive at a steady rate.
             started_ms = int(time.time() * 1000)
@@ -234,8 +282,9 @@ def main() -> None:
             runner.join()
             delays = freshness(stack, topic, started_ms)
             before_compaction = files_per_hour(stack, topic)
-            # An hour from now every hour written is closed: compact them all, as maintenance would.
-            maintain(spark, config, now=datetime.now(UTC) + timedelta(hours=1))
+            # Two hours from now every hour written is closed, grace included: compact them all, as
+            # maintenance would.
+            maintain(spark, config, now=datetime.now(UTC) + timedelta(hours=2))
         finally:
             spark.stop()
         results["freshness_s"] = {
@@ -247,6 +296,10 @@ def main() -> None:
         }
 
         after_compaction = files_per_hour(stack, topic)
+        archived_rows = totals.read + len(delays)
+        results["archive_bytes_per_event_by_column"] = {
+            column: round(size / archived_rows, 3) for column, size in bytes_per_column(stack, topic).items()
+        }
         kafka_bytes = sum(p.stat().st_size for p in stack.config.broker.log_dir.glob(f"{topic}-*/*.log"))
         results["producer_compression"] = args.producer_compression
         for name, per_hour in (
@@ -282,9 +335,10 @@ def plot(results: dict[str, Any], delays: list[float]) -> None:
     import matplotlib.pyplot as plt
 
     figure, (throughput, fresh) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["(a) Spark noop", "(b) router", "(c) confluent-kafka"]
-    rates = [results[k]["events_per_s"] for k in ("a_spark_noop", "b_router", "c_plain_consumer")]
-    throughput.bar(names, rates, color=["#888", "#2a7", "#47a"])
+    names = ["(a) Spark noop", "(a2) from_json", "(b) router", "(c) confluent-kafka"]
+    keys = ("a_spark_noop", "a2_spark_from_json", "b_router", "c_plain_consumer")
+    rates = [results[k]["events_per_s"] for k in keys]
+    throughput.bar(names, rates, color=["#888", "#aaa", "#2a7", "#47a"])
     throughput.set_ylabel("events/s")
     throughput.set_title(f"Throughput, {results['events']:,} events ({results['machine']})", fontsize=8)
     fresh.hist(delays, bins=50, color="#2a7")
