@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -29,7 +29,7 @@ from router.evolve import evolve_table
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, lag, parse_spark_offsets
 from router.table import ensure_tables
-from router.transform import archive_rows, dead_letter_rows, stamp
+from router.transform import Stamper
 from router.write import Appended, BatchTableWriter
 from schemas.archive import ArchiveLayout
 from schemas.registry import load_event_schema
@@ -78,6 +78,8 @@ class Router:
         self.metrics = metrics
         self.layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
         self.totals = RouterTotals()
+        self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
+        self._counting: tuple[list[int], list[Column]] = ([], [])
         self._query_started = threading.Event()
         self._terminated = threading.Event()
         self._stop_lag = threading.Event()
@@ -180,7 +182,7 @@ class Router:
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
         config = self.config
-        stamped = stamp(records, self.layout, config.encoding, config.cluster, config.max_value_bytes)
+        stamped = self.stamper.stamp(records)
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
         # being read a second time for the dead-letter table.
@@ -194,11 +196,11 @@ class Router:
             if batch_id > archive_writer.last_committed:
                 partitions = self._partitions()
                 observation = Observation(f"bergstream-router-{config.topic}-{batch_id}-{uuid.uuid4().hex}")
-                observed = stamped.observe(observation, *observed_columns(partitions))
+                observed = stamped.observe(observation, *self._observed_columns(partitions))
                 appended.append(
                     (
                         archive_writer,
-                        self._append(archive_writer, archive_rows(observed, self.layout), batch_id, phases),
+                        self._append(archive_writer, self.stamper.archive_rows(observed), batch_id, phases),
                     )
                 )
                 counts = from_observation(observation.get, partitions)
@@ -206,7 +208,7 @@ class Router:
                     counts = count_batch(stamped)
             # A replayed batch whose archive append is committed may still lack its dead letters.
             if counts is None or counts.dead_lettered:
-                rows = dead_letter_rows(stamped, self.layout, config.encoding)
+                rows = self.stamper.dead_letter_rows(stamped)
                 appended.append(
                     (dead_letter_writer, self._append(dead_letter_writer, rows, batch_id, phases))
                 )
@@ -226,6 +228,11 @@ class Router:
             self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
         phases[writer.identifier.rsplit(".", 1)[-1]] = took
         return result
+
+    def _observed_columns(self, partitions: list[int]) -> list[Column]:
+        if self._counting[0] != partitions:
+            self._counting = (partitions, observed_columns(partitions))
+        return self._counting[1]
 
     def _partitions(self) -> list[int]:
         """The topic's partitions from Kafka's metadata; the last known ones if Kafka does not answer."""

@@ -41,18 +41,36 @@ def parse(
 
     `error` is final except for JSON that does not decode, where it is UNDECODABLE_JSON: `explain`
     gives the reason.
+    """
+    return Parser(layout, encoding, max_value_bytes).parse(records)
 
+
+class Parser:
+    """The parsing expressions of one topic, built once and applied to every micro-batch.
+
+    Building Spark columns costs a round trip to the JVM each; a micro-batch costs only two projections.
     A value over `max_value_bytes` is refused whatever it holds: one runaway producer must not make
     archive rows that readers of the table choke on.
     """
-    parsed = _parse_json(records, layout) if encoding == "json" else _parse_avro(records, layout)
-    if max_value_bytes is None:
-        return parsed
-    size = F.length(F.col("value"))
-    oversize = F.concat(
-        F.lit("value of "), size.cast("string"), F.lit(f" bytes is over the limit of {max_value_bytes}")
-    )
-    return parsed.withColumn(ERROR, F.when(size > max_value_bytes, oversize).otherwise(F.col(ERROR)))
+
+    def __init__(self, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None) -> None:
+        self.layout = layout
+        self.encoding = encoding
+        build = _json_columns if encoding == "json" else _avro_columns
+        self.event, error = build(layout)
+        if max_value_bytes is not None:
+            size = F.length(F.col("value"))
+            oversize = F.concat(
+                F.lit("value of "),
+                size.cast("string"),
+                F.lit(f" bytes is over the limit of {max_value_bytes}"),
+            )
+            error = F.when(size > max_value_bytes, oversize).otherwise(error)
+        self.error = error
+
+    def parse(self, records: DataFrame, *extra: Column) -> DataFrame:
+        """`records` with `event` and `error` added, and the `extra` columns, which may use neither."""
+        return records.select("*", self.event.alias(EVENT), *extra).select("*", self.error.alias(ERROR))
 
 
 def _first_error(checks: list[Check]) -> Column:
@@ -92,7 +110,7 @@ def _content_checks(layout: ArchiveLayout) -> list[Check]:
     return [*missing, *enums]
 
 
-def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
+def _json_columns(layout: ArchiveLayout) -> tuple[Column, Column]:
     parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
     # Spark reads a JSON number into a timestamp as epoch seconds: milliseconds land tens of
@@ -116,10 +134,8 @@ def _parse_json(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
         *numeric_times,
         *_content_checks(layout),
     ]
-    parsed = records.withColumn(
-        EVENT, F.from_json(text, parse_type, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-    )
-    return parsed.withColumn(ERROR, _first_error(checks))
+    event = F.from_json(text, parse_type, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+    return event, _first_error(checks)
 
 
 def _json_reason(layout: ArchiveLayout) -> Column:
@@ -149,7 +165,7 @@ def _json_reason(layout: ArchiveLayout) -> Column:
     ).otherwise(F.lit(f"not a valid {layout.event.name} event"))
 
 
-def explain(parsed: DataFrame, layout: ArchiveLayout, encoding: Encoding) -> Column:
+def explain(layout: ArchiveLayout, encoding: Encoding) -> Column:
     """The final error text of a parsed row: `error` with UNDECODABLE_JSON replaced by its reason."""
     if encoding != "json":
         return F.col(ERROR)
@@ -161,10 +177,10 @@ def parse_and_explain(
 ) -> DataFrame:
     """`parse` with every error final: for looking at a few records, not for the router's hot path."""
     parsed = parse(records, layout, encoding, max_value_bytes)
-    return parsed.withColumn(ERROR, explain(parsed, layout, encoding))
+    return parsed.withColumn(ERROR, explain(layout, encoding))
 
 
-def _parse_avro(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
+def _avro_columns(layout: ArchiveLayout) -> tuple[Column, Column]:
     # A value that does not decode comes back as null or as a row of nulls: a required field is null
     # only then, since Avro cannot encode a null into one.
     undecodable = F.col(EVENT).isNull()
@@ -187,7 +203,5 @@ def _parse_avro(records: DataFrame, layout: ArchiveLayout) -> DataFrame:
         *bad_text,
         *_content_checks(layout),
     ]
-    parsed = records.withColumn(
-        EVENT, from_avro(F.col("value"), layout.event.avro_json, {"mode": "PERMISSIVE"})
-    )
-    return parsed.withColumn(ERROR, _first_error(checks))
+    event = from_avro(F.col("value"), layout.event.avro_json, {"mode": "PERMISSIVE"})
+    return event, _first_error(checks)

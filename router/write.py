@@ -14,6 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 QUERY_ID = "bergstream.router.query-id"
 BATCH_ID = "bergstream.router.batch-id"
+# How far back from the newest snapshot an append is looked for before asking the snapshots table.
+_NEWEST_SNAPSHOTS = 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,28 @@ class BatchTableWriter:
         rows = self.spark.sql(f"SELECT summary FROM {self.identifier}.snapshots WHERE {condition}").collect()
         return [dict(row.summary) for row in rows]
 
+    def _appended_summary(self, batch_id: int) -> dict[str, str] | None:
+        """The summary of the snapshot that appended `batch_id`, found from the newest snapshot back.
+
+        Reading the table's snapshots through Spark SQL costs a job per batch and grows with the history;
+        the append is the newest snapshot, or a few behind it when maintenance committed meanwhile.
+        """
+        table = self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(  # type: ignore[union-attr]
+            self.spark._jsparkSession, self.identifier
+        )
+        snapshot = table.currentSnapshot()
+        for _ in range(_NEWEST_SNAPSHOTS):
+            if snapshot is None:
+                return None
+            summary = {str(key): str(value) for key, value in snapshot.summary().items()}
+            if summary.get(QUERY_ID) == self.query_id and BATCH_ID in summary:
+                # An earlier batch of this query: the append committed nothing (it had no rows).
+                return summary if int(summary[BATCH_ID]) == batch_id else None
+            parent = snapshot.parentId()
+            snapshot = table.snapshot(parent) if parent is not None else None
+        summaries = self._snapshot_summaries(batch_id)
+        return summaries[0] if summaries else None
+
     @property
     def last_committed(self) -> int:
         """The newest batch of this query committed to the table; -1 when none."""
@@ -58,10 +82,9 @@ class BatchTableWriter:
             .append()
         )
         self._last_committed = batch_id
-        summaries = self._snapshot_summaries(batch_id)
-        if not summaries:  # an empty append commits no snapshot
+        summary = self._appended_summary(batch_id)
+        if summary is None:  # an empty append commits no snapshot
             return Appended(records=0, files=0, bytes=0)
-        summary = summaries[0]
         return Appended(
             records=int(summary.get("added-records", 0)),
             files=int(summary.get("added-data-files", 0)),
