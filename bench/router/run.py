@@ -2,7 +2,8 @@
 
 One run, on one machine, against the embedded stack, on the same events:
   (a) Spark's Kafka source into the noop sink: the ceiling for any Spark job reading the topic
-  (a2) the same, decoding each value with from_json: the ceiling for any Spark job reading its events
+  (a2) the same, decoding each value (from_json or from_avro): the ceiling for any Spark job reading
+       the events
   (b) the router end to end: Kafka to the archive and dead-letter tables, committed
   (c) plain confluent-kafka consumption: what a Python consumer reads without Spark
 then freshness (produce to visible in the table) at a steady rate, files and sizes per hour, and the
@@ -10,7 +11,7 @@ archive's bytes against the Kafka log bytes of the same events.
 
     .venv/bin/python -m bench.router.run [--events 500000] [--rate 3000] [--seconds 90]
 
-Prints the numbers, writes bench/out/router-<producer compression>.json and .png.
+Prints the numbers, writes bench/out/router-<topic>-<encoding>-<producer compression>.json and .png.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -155,6 +157,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
+    parser.add_argument("--encoding", default="json", choices=("json", "avro"))
     parser.add_argument("--rate", type=float, default=3000, help="events/s for the freshness run")
     parser.add_argument("--seconds", type=float, default=90, help="length of the freshness run")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
@@ -179,15 +183,22 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(),
     }
     try:
-        topic = "playback"
+        topic = args.topic
         report = produce(
-            ProduceRequest(topic=topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05, seed=1),
+            ProduceRequest(
+                topic=topic,
+                count=args.events,
+                partitions=PARTITIONS,
+                late_fraction=0.05,
+                seed=1,
+                encoding=args.encoding,
+            ),
             status.bootstrap_servers,
             producer_config=producer_config,
             show_progress=False,
         )
         megabytes = report.value_bytes / 1e6
-        print(f"produced {report.sent:,} events, {megabytes:.1f} MB of JSON values")
+        print(f"produced {report.sent:,} events, {megabytes:.1f} MB of {args.encoding} values")
 
         elapsed, _ = plain_consumer(status.bootstrap_servers, topic, args.events)
         results["c_plain_consumer"] = {
@@ -212,11 +223,14 @@ def main() -> None:
                 "events_per_s": args.events / elapsed,
                 "mb_per_s": megabytes / elapsed,
             }
-            # (a2) the same, decoding every value with from_json into the event's type: the least that
+            # (a2) the same, decoding every value into the event's type: the least that
             # any Spark job reading these events does, before it writes anything.
-            event_type = ArchiveLayout(load_event_schema(topic), topic).event_type
+            event_schema = load_event_schema(topic)
+            event_type = ArchiveLayout(event_schema, topic).event_type
 
             def decode(records: Any) -> Any:
+                if args.encoding == "avro":
+                    return records.select(from_avro(F.col("value"), event_schema.avro_json).alias("event"))
                 return records.select(F.from_json(F.col("value").cast("string"), event_type).alias("event"))
 
             spark_noop(
@@ -226,7 +240,7 @@ def main() -> None:
             elapsed = spark_noop(
                 spark, status.bootstrap_servers, topic, home / "decode", args.max_offsets_per_trigger, decode
             )
-            results["a2_spark_from_json"] = {
+            results["a2_spark_decode"] = {
                 "seconds": elapsed,
                 "events_per_s": args.events / elapsed,
                 "mb_per_s": megabytes / elapsed,
@@ -234,7 +248,7 @@ def main() -> None:
             config = RouterConfig(
                 topic=topic,
                 schema=topic,
-                encoding="json",
+                encoding=args.encoding,
                 table=topic,
                 kafka={"kafka.bootstrap.servers": status.bootstrap_servers, "startingOffsets": "earliest"},
                 checkpoint_location=str(home / "checkpoints" / topic),
@@ -258,7 +272,7 @@ def main() -> None:
                 "mb_per_s": megabytes / elapsed,
                 "batches": totals.batches,
             }
-            for base in ("a_spark_noop", "a2_spark_from_json"):
+            for base in ("a_spark_noop", "a2_spark_decode"):
                 results[f"b_over_{base[: base.index('_')]}"] = (
                     results["b_router"]["events_per_s"] / results[base]["events_per_s"]
                 )
@@ -274,6 +288,7 @@ def main() -> None:
                 rate=args.rate,
                 partitions=PARTITIONS,
                 seed=2,
+                encoding=args.encoding,
             )
             produce(steady, status.bootstrap_servers, producer_config=producer_config, show_progress=False)
             time.sleep(10)
@@ -323,9 +338,14 @@ def main() -> None:
     finally:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
-    (OUT / f"router-{args.producer_compression}.json").write_text(json.dumps(results, indent=2))
+    results["topic"], results["encoding"] = args.topic, args.encoding
+    (OUT / f"{run_name(results)}.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     plot(results, delays)
+
+
+def run_name(results: dict[str, Any]) -> str:
+    return f"router-{results['topic']}-{results['encoding']}-{results['producer_compression']}"
 
 
 def plot(results: dict[str, Any], delays: list[float]) -> None:
@@ -335,8 +355,8 @@ def plot(results: dict[str, Any], delays: list[float]) -> None:
     import matplotlib.pyplot as plt
 
     figure, (throughput, fresh) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["(a) Spark noop", "(a2) from_json", "(b) router", "(c) confluent-kafka"]
-    keys = ("a_spark_noop", "a2_spark_from_json", "b_router", "c_plain_consumer")
+    names = ["(a) Spark noop", "(a2) decode", "(b) router", "(c) confluent-kafka"]
+    keys = ("a_spark_noop", "a2_spark_decode", "b_router", "c_plain_consumer")
     rates = [results[k]["events_per_s"] for k in keys]
     throughput.bar(names, rates, color=["#888", "#aaa", "#2a7", "#47a"])
     throughput.set_ylabel("events/s")
@@ -349,7 +369,7 @@ def plot(results: dict[str, Any], delays: list[float]) -> None:
         fontsize=8,
     )
     figure.tight_layout()
-    path = OUT / f"router-{results['producer_compression']}.png"
+    path = OUT / f"{run_name(results)}.png"
     figure.savefig(path, dpi=110)
     print(f"plot: {path}")
 
