@@ -29,7 +29,7 @@ from router.evolve import evolve_table
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, lag, parse_spark_offsets
 from router.table import ensure_tables
-from router.transform import Stamper
+from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
 from schemas.archive import ArchiveLayout
 from schemas.registry import load_event_schema
@@ -181,7 +181,6 @@ class Router:
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
-        config = self.config
         stamped = self.stamper.stamp(records)
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
@@ -195,23 +194,20 @@ class Router:
         try:
             if batch_id > archive_writer.last_committed:
                 partitions = self._partitions()
-                observation = Observation(f"bergstream-router-{config.topic}-{batch_id}-{uuid.uuid4().hex}")
-                observed = stamped.observe(observation, *self._observed_columns(partitions))
-                appended.append(
-                    (
-                        archive_writer,
-                        self._append(archive_writer, self.stamper.archive_rows(observed), batch_id, phases),
-                    )
-                )
+                observation = self._observation(batch_id)
+                rows = self.stamper.archive_rows(stamped, observation, self._observed_columns(partitions))
+                appended.append((archive_writer, self._append(archive_writer, rows, batch_id, phases)))
                 counts = from_observation(observation.get, partitions)
                 if counts.other_partitions:  # partitions added since the metadata was read
                     counts = count_batch(stamped)
             # A replayed batch whose archive append is committed may still lack its dead letters.
             if counts is None or counts.dead_lettered:
-                rows = self.stamper.dead_letter_rows(stamped)
-                appended.append(
-                    (dead_letter_writer, self._append(dead_letter_writer, rows, batch_id, phases))
-                )
+                observation = self._observation(batch_id)
+                rows = self.stamper.dead_letter_rows(stamped, observation)
+                result = self._append(dead_letter_writer, rows, batch_id, phases)
+                appended.append((dead_letter_writer, result))
+                if result is not None and counts is not None:
+                    self._check_dead_letters(batch_id, counts, observation)
         finally:
             if cached:
                 stamped.unpersist()
@@ -228,6 +224,22 @@ class Router:
             self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
         phases[writer.identifier.rsplit(".", 1)[-1]] = took
         return result
+
+    def _observation(self, batch_id: int) -> Observation:
+        return Observation(f"bergstream-router-{self.config.topic}-{batch_id}-{uuid.uuid4().hex}")
+
+    def _check_dead_letters(self, batch_id: int, counts: BatchCounts, observation: Observation) -> None:
+        """The dead-letter pass reads the batch from Kafka again; it should find what the first pass found.
+
+        It may not when Kafka deleted records in between (retention): those dead letters are lost, and
+        said so."""
+        dead_lettered = int(observation.get[DEAD_LETTERED])
+        if dead_lettered != counts.dead_lettered:
+            log.error(
+                "%s batch %d: %d records failed to parse when archived but %d were dead-lettered on the "
+                "second read from Kafka; records expired from Kafka in between?",
+                self.config.topic, batch_id, counts.dead_lettered, dead_lettered,
+            )  # fmt: skip
 
     def _observed_columns(self, partitions: list[int]) -> list[Column]:
         if self._counting[0] != partitions:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from router.parse import ERROR, EVENT, Parser, explain
 from router.stamp import metadata
 from schemas.archive import METADATA, ArchiveLayout
 from schemas.registry import Encoding
+
+DEAD_LETTERED = "dead_lettered"
 
 
 class Stamper:
@@ -41,8 +43,15 @@ class Stamper:
         """Kafka records with `event`, `error` and `__metadata__` added."""
         return self.parser.parse(records, self.metadata)
 
-    def archive_rows(self, stamped: DataFrame) -> DataFrame:
-        return stamped.where(self.valid).select(*self.archive_columns)
+    # Both kinds of rows are observed before they are filtered. Besides counting in the same pass, the
+    # observation keeps Spark from pushing the filter on `error` below the projection that parses:
+    # there it would parse each value again for every check the error expression makes.
 
-    def dead_letter_rows(self, stamped: DataFrame) -> DataFrame:
-        return stamped.where(~self.valid).select(*self.dead_letter_columns)
+    def archive_rows(self, stamped: DataFrame, observation: Observation, metrics: list[Column]) -> DataFrame:
+        """The valid rows, as archive rows; `observation` gets `metrics` over every stamped row."""
+        return stamped.observe(observation, *metrics).where(self.valid).select(*self.archive_columns)
+
+    def dead_letter_rows(self, stamped: DataFrame, observation: Observation) -> DataFrame:
+        """The invalid rows, as dead-letter rows; `observation` gets their number, as DEAD_LETTERED."""
+        counted = stamped.observe(observation, F.count(F.when(~self.valid, 1)).alias(DEAD_LETTERED))
+        return counted.where(~self.valid).select(*self.dead_letter_columns)

@@ -7,10 +7,13 @@ import random
 from typing import TYPE_CHECKING
 
 import pytest
+from pyspark.sql import Observation
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
+from router.counts import observed_columns
 from router.parse import ERROR, EVENT, parse_and_explain
+from router.transform import Stamper
 from schemas import ArchiveLayout, load_event_schema
 from schemas.registry import Encoding
 
@@ -118,3 +121,30 @@ def test_an_oversize_value_is_dead_lettered_whatever_it_holds(spark: SparkSessio
         for r in parse_and_explain(records, layout, "json", max_value_bytes=4096).select(ERROR).collect()
     ]
     assert errors == [None, f"value of {len(large)} bytes is over the limit of 4096"]
+
+
+KAFKA_RECORDS = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "encoding", "decoder"),
+    [("playback", "json", "from_json("), ("impression", "avro", "from_avro(")],
+)
+def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(
+    spark: SparkSession, kind: str, encoding: Encoding, decoder: str
+) -> None:
+    layout = ArchiveLayout(load_event_schema(kind), table=kind)
+    stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
+    stamped = stamper.stamp(spark.createDataFrame([], KAFKA_RECORDS))
+    for rows in (
+        stamper.archive_rows(stamped, Observation("archive"), observed_columns([0, 1])),
+        stamper.dead_letter_rows(stamped, Observation("dead-letters")),
+    ):
+        plan = rows._jdf.queryExecution().optimizedPlan().toString()
+        assert plan.count(decoder) == 1, plan[:2000]
+    # Without the observation in between, Spark would decode once per check of the error expression.
+    filtered = stamped.where(stamper.valid).select(*stamper.archive_columns)
+    assert filtered._jdf.queryExecution().optimizedPlan().toString().count(decoder) > 1
