@@ -20,6 +20,7 @@ import yaml
 
 from bergstream.spark import session_conf
 from router.config import RouterConfig
+from schemas.registry import AVRO_DIR
 
 SUBMIT_ENTRY = Path(__file__).parent.parent / "bergstream" / "submit.py"
 CONFIG_MOUNT = "/etc/bergstream"
@@ -111,7 +112,8 @@ def kubernetes_config(config: RouterConfig) -> RouterConfig:
 def settings_file(config: RouterConfig) -> str:
     """A router's settings as the YAML file `bergstream router run --config` reads."""
     data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
-    data["schema_dir"] = str(config.schema_dir)
+    if config.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
+        del data["schema_dir"]
     if config.catalog.password is not None:
         data["catalog"]["password"] = config.catalog.password.get_secret_value()
     return yaml.safe_dump(data, sort_keys=False)
@@ -230,5 +232,20 @@ def _with_overhead(memory: str) -> str:
     return f"{mib + max(384, mib // 10)}Mi"
 
 
+class _ManifestDumper(yaml.SafeDumper):
+    """Plain YAML for kubectl and for people: no anchors, multi-line strings as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _string(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ManifestDumper.add_representer(str, _string)
+
+
 def manifests_yaml(manifests: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(manifests, sort_keys=False)
+    return yaml.dump_all(manifests, Dumper=_ManifestDumper, sort_keys=False)

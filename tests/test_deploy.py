@@ -89,6 +89,7 @@ def test_kubernetes_manifests_hang_together(tmp_path: Path) -> None:
     assert conf["spark.driver.port"] == str(DRIVER_PORT)
     assert conf["spark.executor.instances"] == "6"
     assert conf["spark.executor.memoryOverhead"] == "1g"  # the topic's own Spark settings survive
+    assert "schema_dir" not in yaml.safe_load(settings)  # the image's own schemas, not this machine's path
     assert inside.catalog.password is not None and inside.catalog.password.get_secret_value() == "pw"
     assert (inside.kafka, inside.catalog, inside.checkpoint_location) == (
         config.kafka,
