@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from pyspark.sql import Observation
 
+from bergstream.loadgen.producer import ProduceRequest, produce
+from router import app
+from router.config import RouterConfig
 from router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from tests.services import Services
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -58,3 +63,26 @@ def test_records_of_a_partition_not_asked_for_are_counted_apart(spark: SparkSess
 def test_an_empty_batch_counts_nothing(spark: SparkSession) -> None:
     records = spark.createDataFrame([], SCHEMA)
     assert observe(records, [0, 1]) == BatchCounts(read=0, archived=0, newest=None, partitions=())
+
+
+def test_a_topic_with_more_partitions_than_observed_is_counted_apart(
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app, "OBSERVED_PARTITIONS", 2)
+    report = produce(
+        ProduceRequest(
+            topic=topic_name, schema="playback", count=2000, bad_fraction=0.02, partitions=4, seed=8
+        ),
+        stack.bootstrap_servers,
+        show_progress=False,
+    )
+    config = RouterConfig(
+        topic=topic_name, schema="playback", encoding="json", table=topic_name,
+        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog, max_offsets_per_trigger=700,
+    )  # fmt: skip
+    totals = app.archive_available_now(spark, config)
+    bad = sum(report.malformed.values())
+    assert (totals.read, totals.archived, totals.dead_lettered) == (2000, 2000 - bad, bad)
+    assert totals.per_partition == dict(report.per_partition)
+    assert totals.batches >= 3
