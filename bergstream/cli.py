@@ -291,19 +291,21 @@ def deploy_spark_submit(
 
     config = load_router_config(topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={})
     path = config_file if config_file is not None else topic_file(topic)
-    click.echo(shell_command(spark_submit(config, path, available_now=available_now)))
+    click.echo(shell_command(spark_submit(config, path if path.exists() else None, available_now)))
 
 
 @deploy.command("kubernetes")
 @click.option("--topic", required=True, help="The topic whose router to render.")
 @ROUTER_CONFIG
-@DATA_DIR
-def deploy_kubernetes(topic: str, config_file: Path | None, data_dir: Path | None) -> None:
-    """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`."""
+def deploy_kubernetes(topic: str, config_file: Path | None) -> None:
+    """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`.
+
+    Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and
+    checkpoint location."""
     from deploy.render import kubernetes_manifests, manifests_yaml
     from router.config import load_router_config
 
-    config = load_router_config(topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={})
+    config = load_router_config(topic, config_file, defaults={}, overrides={})
     click.echo(manifests_yaml(kubernetes_manifests(config)), nl=False)
 
 

@@ -82,10 +82,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         [
             (
                 f"p{q} {{{{topic}}}}",
-                f"histogram_quantile(0.{q}, sum by (le, topic) "
+                f"histogram_quantile({q / 100}, sum by (le, topic) "
                 f"(rate(bergstream_router_batch_duration_seconds_bucket{{{TOPIC}}}[$__rate_interval])))",
             )
-            for q in ("5", "99")
+            for q in (50, 99)
         ],
         "Read, parse, append and commit of one micro-batch; above the trigger interval, the router lags.",
     ),

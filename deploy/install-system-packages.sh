@@ -5,7 +5,11 @@
 set -eu
 missing=""
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
-command -v python3.11 >/dev/null 2>&1 || missing="$missing python3.11 python3.11-venv"
+if ! command -v python3.11 >/dev/null 2>&1; then
+  missing="$missing python3.11 python3.11-venv"
+elif ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then  # Debian splits venv's pip out
+  missing="$missing python3.11-venv"
+fi
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   missing="$missing default-jdk-headless"
 fi

@@ -41,14 +41,16 @@ def _name(topic: str) -> str:
     return f"bergstream-router-{cleaned}"[:63].rstrip("-")
 
 
-def spark_submit(
-    config: RouterConfig, config_file: Path, available_now: bool = False, spark_submit: str = "spark-submit"
-) -> list[str]:
+def metrics_port(config: RouterConfig) -> int:
+    """The router's own metrics_port when it sets one, else the deployment's."""
+    return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
+
+
+def spark_submit(config: RouterConfig, config_file: Path | None, available_now: bool = False) -> list[str]:
     """The spark-submit command that runs the router of `config`, whose settings are in `config_file`."""
     conf = session_conf(config.catalog, config.spark.master, app_name(config.topic), config.spark.conf)
-    metrics_port = config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
     command = [
-        spark_submit,
+        "spark-submit",
         "--master", config.spark.master,
         "--deploy-mode", "client",
         "--name", app_name(config.topic),
@@ -62,8 +64,8 @@ def spark_submit(
         str(SUBMIT_ENTRY),
         "router", "run",
         "--topic", config.topic,
-        "--config", str(config_file.absolute()),
-        "--metrics-port", str(metrics_port),
+        *(["--config", str(config_file.absolute())] if config_file is not None else []),
+        "--metrics-port", str(metrics_port(config)),
     ]  # fmt: skip
     if available_now:
         command.append("--available-now")
@@ -74,7 +76,7 @@ def shell_command(command: list[str]) -> str:
     """A command as a shell line, one option per line."""
     lines, current = [], [shlex.quote(command[0])]
     for part in command[1:]:
-        if part.startswith("--") and len(current) > 0:
+        if part.startswith("--"):
             lines.append(" ".join(current))
             current = []
         current.append(shlex.quote(part))
@@ -105,7 +107,7 @@ def kubernetes_config(config: RouterConfig) -> RouterConfig:
     }
     spark = config.spark.model_copy(update={"master": master, "conf": conf})
     return config.model_copy(
-        update={"spark": spark, "metrics_port": deploy.metrics_port, "metrics_host": "0.0.0.0"}
+        update={"spark": spark, "metrics_port": metrics_port(config), "metrics_host": "0.0.0.0"}
     )
 
 
@@ -123,12 +125,13 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
     inside = kubernetes_config(config)
     deploy = inside.deploy
+    port = metrics_port(inside)
     name, namespace, topic = _name(config.topic), deploy.namespace, config.topic
     labels = {"app.kubernetes.io/name": "bergstream-router", "app.kubernetes.io/instance": name}
     metadata = {"name": name, "namespace": namespace, "labels": labels}
     config_name = f"{topic}.yaml"
     ports = [
-        {"name": "metrics", "containerPort": deploy.metrics_port},
+        {"name": "metrics", "containerPort": port},
         {"name": "driver", "containerPort": DRIVER_PORT},
         {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT},
     ]
@@ -144,10 +147,15 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
             "--config",
             f"{CONFIG_MOUNT}/{config_name}",
             "--metrics-port",
-            str(deploy.metrics_port),
+            str(port),
         ],
         "ports": ports,
-        "resources": {"requests": {"cpu": deploy.driver_cpu, "memory": _with_overhead(deploy.driver_memory)}},
+        "resources": {
+            "requests": {
+                "cpu": deploy.driver_cpu,
+                "memory": _with_overhead(inside.spark.conf["spark.driver.memory"]),
+            }
+        },
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
         "volumeMounts": [{"name": "settings", "mountPath": CONFIG_MOUNT, "readOnly": True}],
     }
@@ -187,7 +195,7 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
                 **metadata,
                 "annotations": {
                     "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(deploy.metrics_port),
+                    "prometheus.io/port": str(port),
                     "prometheus.io/path": "/metrics",
                 },
             },

@@ -93,6 +93,8 @@ class Router:
         self._next_offsets: dict[int, int] = {}
         self._known_partitions: list[int] = []
         self._expect_dead_letters = False
+        # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
+        self._archived: dict[int, int] = {}
         self._committed: dict[int, int] = {}
         self._newest_ingestion: float | None = None
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
@@ -103,6 +105,7 @@ class Router:
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes)
         evolve_table(self.spark, config.catalog.table_identifier(self.layout.table), self.layout)
         self._committed = self._kafka.committed()
+        self._archived = dict(self._committed)
         self._next_offsets = dict(self._committed)
         listener = _ProgressListener(self)
         self.spark.streams.addListener(listener)
@@ -335,12 +338,17 @@ class Router:
         if self._query is None or query_id != self._query.id:
             return
         end_offsets = parse_spark_offsets(end_offsets_json, self.config.topic)
-        if end_offsets and end_offsets != self._committed:
-            self._kafka.commit(end_offsets)
-            self._committed = end_offsets
+        if end_offsets:
+            self._archived = end_offsets
             for partition, offset in end_offsets.items():
                 self._next_offsets[partition] = max(self._next_offsets.get(partition, 0), offset)
         self._refresh_lag()
+
+    def _commit_group(self) -> None:
+        """Tell the consumer group where the archive is; a refused commit is tried again next time."""
+        archived = self._archived
+        if archived and archived != self._committed and self._kafka.commit(archived):
+            self._committed = archived
 
     def on_terminated(self, query_id: str) -> None:
         if self._query is not None and query_id == self._query.id:
@@ -351,13 +359,14 @@ class Router:
             self._refresh_lag()
 
     def _refresh_lag(self) -> None:
+        self._commit_group()
         try:
             watermarks = self._kafka.watermarks()
         except Exception as error:  # Kafka unreachable for a moment: keep the last values
             log.debug("refreshing the lag of %s failed: %s", self.config.topic, error)
             return
         lags = lag(
-            self._committed,
+            self._archived,
             {p: low for p, (low, _) in watermarks.items()},
             {p: high for p, (_, high) in watermarks.items()},
         )

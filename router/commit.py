@@ -18,26 +18,37 @@ class GroupCommitter:
     def __init__(self, topic: str, group: str, client_config: dict[str, str]) -> None:
         self.topic = topic
         self.group = group
-        self._consumer = Consumer(
-            {
-                **client_config,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-            }
-        )
+        try:
+            self._consumer = Consumer(
+                {
+                    **client_config,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                }
+            )
+        except KafkaException as error:
+            raise ConfigError(
+                f"the kafka.* settings of {topic} do not suit the router's own Kafka client, which commits "
+                f"its consumer group (librdkafka): {error.args[0].str()}. Settings that only the Java "
+                "client knows, such as kafka.sasl.jaas.config, need their librdkafka equivalents "
+                "(kafka.sasl.username, kafka.sasl.password, ...)"
+            ) from error
 
-    def commit(self, offsets: dict[int, int]) -> None:
+    def commit(self, offsets: dict[int, int]) -> bool:
+        """Commit `offsets`; False when Kafka refused, so that the caller tries again later."""
         if not offsets:
-            return
+            return True
         partitions = [
             TopicPartition(self.topic, partition, offset) for partition, offset in sorted(offsets.items())
         ]
         try:
             self._consumer.commit(offsets=partitions, asynchronous=False)
         except KafkaException as error:
-            # The archive is already committed; the group catches up with the next batch.
+            # The archive is already committed; only the group's view of the router lags behind.
             log.warning("committing offsets of %s to group %s failed: %s", self.topic, self.group, error)
+            return False
+        return True
 
     def committed(self) -> dict[int, int]:
         partitions = [TopicPartition(self.topic, p) for p in self.partitions()]

@@ -36,7 +36,8 @@ _SOURCE_OPTIONS = {
     "minOffsetsPerTrigger", "maxTriggerDelay", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
     "fetchOffset.retryIntervalMs", "groupIdPrefix",
 }  # fmt: skip
-_INTERVAL = re.compile(r"^\d+\s*(milliseconds?|ms|seconds?|s|minutes?|m|hours?|h)$")
+# What Spark's processing-time trigger accepts: a number, a space, a whole unit name.
+_INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
 
 
 class SparkSettings(BaseModel):
@@ -134,10 +135,6 @@ class RouterConfig(BaseModel):
     @property
     def consumer_group(self) -> str:
         return f"bergstream-router.{self.topic}"
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.kafka[BOOTSTRAP]
 
     def kafka_client_config(self) -> dict[str, str]:
         """The `kafka.*` options under librdkafka's names, for the router's own Kafka clients."""

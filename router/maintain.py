@@ -53,7 +53,7 @@ def maintain(
     closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
     results = []
     for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
-        identifier = f"{catalog.name}.{catalog.namespace}.{table}"
+        identifier = catalog.table_identifier(table)
         started = time.monotonic()
         compacted = spark.sql(
             f"CALL {catalog.name}.system.rewrite_data_files("

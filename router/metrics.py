@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from bergstream.errors import BergstreamError
+
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -77,6 +79,12 @@ class RouterMetrics:
 
     def serve(self, port: int, host: str) -> int:
         """Serve /metrics; returns the port (useful when 0 asked for any free one)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise BergstreamError(
+                f"cannot serve the metrics of {self.topic} on {host}:{port}: {error.strerror}; "
+                "choose another with --metrics-port or metrics_port"
+            ) from error
         bound: int = server.server_port
         return bound

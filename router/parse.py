@@ -4,7 +4,7 @@ A record is valid when its value decodes with the topic's schema, every field ha
 every enum holds one of its symbols and every required field is present, nested ones included. Anything
 else gets an error text and goes to the dead-letter table.
 
-`parse` runs on every record, so it only does what deciding needs: null tests, enum look-ups, a range
+`Parser` runs on every record, so it only does what deciding needs: null tests, enum look-ups, a range
 check per timestamp and, for Avro, one re-encoding. Why a JSON value does not decode (malformed text,
 not an object, which field has the wrong type) is worked out by `explain`, on dead-lettered rows only.
 Keeping the diagnosis out of the per-record expression also keeps that expression's generated code under
@@ -34,17 +34,6 @@ Check = tuple[Column, Column]
 _EARLIEST, _LATEST = "1970-01-01 00:00:00", "2200-01-01 00:00:00"
 
 
-def parse(
-    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
-) -> DataFrame:
-    """Add `event` (the typed event) and `error` (null when the event is valid) to Kafka records.
-
-    `error` is final except for JSON that does not decode, where it is UNDECODABLE_JSON: `explain`
-    gives the reason.
-    """
-    return Parser(layout, encoding, max_value_bytes).parse(records)
-
-
 class Parser:
     """The parsing expressions of one topic, built once and applied to every micro-batch.
 
@@ -54,8 +43,6 @@ class Parser:
     """
 
     def __init__(self, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None) -> None:
-        self.layout = layout
-        self.encoding = encoding
         build = _json_columns if encoding == "json" else _avro_columns
         self.event, error = build(layout)
         if max_value_bytes is not None:
@@ -69,7 +56,10 @@ class Parser:
         self.error = error
 
     def parse(self, records: DataFrame, *extra: Column) -> DataFrame:
-        """`records` with `event` and `error` added, and the `extra` columns, which may use neither."""
+        """`records` with `event` and `error` added, and the `extra` columns, which may use neither.
+
+        `error` is null for a valid event and final otherwise, except for JSON that does not decode:
+        there it is UNDECODABLE_JSON, and `explain` gives the reason."""
         return records.select("*", self.event.alias(EVENT), *extra).select("*", self.error.alias(ERROR))
 
 
@@ -175,8 +165,9 @@ def explain(layout: ArchiveLayout, encoding: Encoding) -> Column:
 def parse_and_explain(
     records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
 ) -> DataFrame:
-    """`parse` with every error final: for looking at a few records, not for the router's hot path."""
-    parsed = parse(records, layout, encoding, max_value_bytes)
+    """Parsed records with every error final: for looking at a few records, not for the router's hot
+    path, which explains dead-lettered rows only."""
+    parsed = Parser(layout, encoding, max_value_bytes).parse(records)
     return parsed.withColumn(ERROR, explain(layout, encoding))
 
 

@@ -10,20 +10,19 @@ from schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
 
-def metadata(cluster: str, with_headers: bool) -> Column:
-    """Built from the columns of Spark's Kafka source; `with_headers` when read with includeHeaders."""
+def metadata(cluster: str) -> Column:
+    """Built from the columns of Spark's Kafka source, read with includeHeaders."""
     timestamp_type = F.lit(None).cast("string")
     for code, name in _TIMESTAMP_TYPES.items():
         timestamp_type = F.when(F.col("timestampType") == code, name).otherwise(timestamp_type)
     headers_type = METADATA_TYPE[METADATA_TYPE.fieldNames().index("headers")].dataType
-    headers = F.col("headers") if with_headers else F.lit(None).cast(headers_type)
     return F.struct(
         F.col("timestamp").alias(INGESTION_TS),
         F.col("topic").alias("topic"),
         F.col("partition").alias("partition"),
         F.col("offset").alias("offset"),
         F.col("key").alias("key"),
-        headers.cast(headers_type).alias("headers"),
+        F.col("headers").cast(headers_type).alias("headers"),
         timestamp_type.alias("timestamp_type"),
         F.lit(cluster).alias("cluster"),
         F.current_timestamp().alias("router_write_ts"),

@@ -22,10 +22,9 @@ class Stamper:
         encoding: Encoding,
         cluster: str,
         max_value_bytes: int | None = None,
-        with_headers: bool = True,
     ) -> None:
         self.parser = Parser(layout, encoding, max_value_bytes)
-        self.metadata = metadata(cluster, with_headers)
+        self.metadata = metadata(cluster)
         self.valid = F.col(ERROR).isNull()
         self.archive_columns = [
             *[F.col(f"{EVENT}.{f.name}").alias(f.name) for f in layout.event_type.fields],

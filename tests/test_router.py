@@ -79,6 +79,7 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
             "unknown option",
         ),
         ({"trigger_interval": "often"}, "trigger_interval: Value error, 'often' is not an interval"),
+        ({"trigger_interval": "30 s"}, "trigger_interval: Value error, '30 s' is not an interval"),
         ({"encoding": "protobuf"}, "encoding"),
         ({"colour": "blue"}, "colour: Extra inputs are not permitted"),
         ({"topic": "someone_else"}, "topic is 'someone_else' but the router was asked for"),

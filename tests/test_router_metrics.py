@@ -90,3 +90,17 @@ def test_the_dashboard_file_is_rendered_from_its_source() -> None:
     panels = json.loads(grafana.DASHBOARD.read_text())["panels"]
     assert [t["expr"] for p in panels for t in p["targets"]] == grafana.queries()
     assert all('topic=~"$topic"' in expression for expression in grafana.queries())
+
+
+def test_a_taken_metrics_port_is_refused_with_the_port_named() -> None:
+    import socket
+
+    from bergstream.errors import BergstreamError
+    from router.metrics import RouterMetrics
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(BergstreamError, match=f"127.0.0.1:{port}.*--metrics-port"):
+            RouterMetrics("playback").serve(port, "127.0.0.1")
