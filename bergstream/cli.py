@@ -123,6 +123,14 @@ def _print_status(status: dict[str, Any]) -> None:
 @click.option(
     "--partitions", type=int, default=4, show_default=True, help="Partitions if the topic is created."
 )
+@click.option(
+    "--ingestion-start",
+    default=None,
+    help="Stamp records as ingested from this ISO time on, with --ingestion-span (archives of past days).",
+)
+@click.option(
+    "--ingestion-span", default=None, help="Spread the records' ingestion times evenly over this long (24h)."
+)
 @click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
 @DATA_DIR
 def produce(
@@ -135,12 +143,15 @@ def produce(
     encoding: str,
     seed: int,
     partitions: int,
+    ingestion_start: str | None,
+    ingestion_span: str | None,
     bootstrap_servers: str | None,
     data_dir: Path | None,
 ) -> None:
     """Send realistic events, keyed by account id, into a Kafka topic."""
     from bergstream.loadgen.producer import ProduceRequest
     from bergstream.loadgen.producer import produce as run
+    from bergstream.timeparse import parse_duration, parse_instant
 
     request = ProduceRequest(
         topic=topic,
@@ -152,6 +163,8 @@ def produce(
         encoding=encoding,  # type: ignore[arg-type]
         seed=seed,
         partitions=partitions,
+        ingestion_start=parse_instant(ingestion_start, "--ingestion-start") if ingestion_start else None,
+        ingestion_span=parse_duration(ingestion_span, "--ingestion-span") if ingestion_span else None,
     )
     report = run(request, bootstrap_servers or _local_bootstrap(data_dir), show_progress=sys.stderr.isatty())
     click.echo(report.summary())

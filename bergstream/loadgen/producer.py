@@ -6,6 +6,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -29,6 +30,11 @@ class ProduceRequest:
     encoding: Encoding = "json"
     seed: int = 0
     partitions: int = 4
+    # Stamp records as if they had arrived over [ingestion_start, ingestion_start + ingestion_span), spread
+    # evenly: the Kafka record timestamp, and the clock of the events' own times. Archives of past days
+    # are made this way for backfills.
+    ingestion_start: datetime | None = None
+    ingestion_span: timedelta | None = None
 
     def __post_init__(self) -> None:
         if self.event_kind not in TOPICS:
@@ -53,6 +59,20 @@ class ProduceRequest:
             raise ConfigError(f"--encoding {self.encoding!r}: use one of {', '.join(ENCODINGS)}")
         if self.partitions < 1:
             raise ConfigError(f"--partitions {self.partitions}: a topic needs at least one partition")
+        if (self.ingestion_start is None) != (self.ingestion_span is None):
+            raise ConfigError("--ingestion-start and --ingestion-span go together: give both or neither")
+        if self.ingestion_start is not None and self.ingestion_start.tzinfo is None:
+            raise ConfigError("--ingestion-start needs a time zone, for example 2026-11-20T00:00:00Z")
+        if self.ingestion_span is not None and self.ingestion_span <= timedelta(0):
+            raise ConfigError(f"--ingestion-span {self.ingestion_span}: give a positive duration")
+        if self.ingestion_start is not None and self.rate is not None:
+            raise ConfigError("--rate paces records in real time; it cannot go with --ingestion-start")
+
+    def ingestion_time(self, index: int) -> datetime | None:
+        """The ingestion time of record `index` of a historical run; None for records stamped now."""
+        if self.ingestion_start is None or self.ingestion_span is None:
+            return None
+        return self.ingestion_start + self.ingestion_span * (index / max(self.count, 1))
 
     @property
     def event_kind(self) -> str:
@@ -117,7 +137,9 @@ def produce(
 ) -> ProduceReport:
     ensure_topic(bootstrap_servers, request.topic, request.partitions)
     schema = load_event_schema(request.event_kind)
-    model = EventModel(seed=request.seed, late_fraction=request.late_fraction)
+    now: list[datetime] = [request.ingestion_start or datetime.now(UTC)]
+    clock = (lambda: now[0]) if request.ingestion_start is not None else (lambda: datetime.now(UTC))
+    model = EventModel(seed=request.seed, late_fraction=request.late_fraction, clock=clock)
     rng = random.Random(request.seed ^ 0x5EED)
     report = ProduceReport(
         topic=request.topic, bootstrap_servers=bootstrap_servers, encoding=request.encoding
@@ -157,6 +179,9 @@ def produce(
     ) as progress:
         task = progress.add_task("produce", total=request.count, rate=0.0)
         for index in range(request.count):
+            ingested = request.ingestion_time(index)
+            if ingested is not None:
+                now[0] = ingested
             generated = next(events)
             value: bytes | None
             if request.bad_fraction and rng.random() < request.bad_fraction:
@@ -166,7 +191,8 @@ def produce(
             else:
                 value = schema.encode(generated.event, request.encoding)
                 report.late += generated.late
-            _send(producer, request.topic, generated.key, value, headers, delivered)
+            timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
+            _send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
             report.sent += 1
             report.value_bytes += len(value or b"")
             if request.rate is not None:
@@ -188,11 +214,20 @@ def produce(
 
 
 def _send(
-    producer: Producer, topic: str, key: bytes, value: bytes | None, headers: Any, callback: Any
+    producer: Producer,
+    topic: str,
+    key: bytes,
+    value: bytes | None,
+    headers: Any,
+    timestamp_ms: int,
+    callback: Any,
 ) -> None:
+    """Send one record; a timestamp of 0 lets the producer stamp the time of sending."""
     while True:
         try:
-            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
+            producer.produce(
+                topic, value=value, key=key, headers=headers, timestamp=timestamp_ms, on_delivery=callback
+            )
             return
         except BufferError:
             # The local queue is full: let librdkafka deliver, then try again.
