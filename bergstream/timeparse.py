@@ -18,7 +18,7 @@ _UNITS = {
 }
 
 
-def parse_duration(text: str, what: str = "duration") -> timedelta:
+def parse_duration(text: str | timedelta, what: str = "duration") -> timedelta:
     """`90s`, `15m`, `1.5h`, `2d`, `500ms`: a number and one unit (us, ms, s, m, h, d)."""
     if isinstance(text, timedelta):
         return text

@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from router.parse import ERROR
+from schemas.parse import ERROR
 
 _READ, _ARCHIVED, _NEWEST, _OTHER = "read", "archived", "newest", "other_partitions"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from router.parse import ERROR, EVENT, Parser, explain
-from router.stamp import metadata
 from schemas.archive import METADATA, ArchiveLayout
+from schemas.parse import ERROR, Parser, explain
 from schemas.registry import Encoding
+from schemas.stamp import archive_columns, metadata
 
 DEAD_LETTERED = "dead_lettered"
 
@@ -26,10 +26,7 @@ class Stamper:
         self.parser = Parser(layout, encoding, max_value_bytes)
         self.metadata = metadata(cluster)
         self.valid = F.col(ERROR).isNull()
-        self.archive_columns = [
-            *[F.col(f"{EVENT}.{f.name}").alias(f.name) for f in layout.event_type.fields],
-            F.col(METADATA),
-        ]
+        self.archive_columns = archive_columns(layout)
         self.dead_letter_columns = [
             F.col("key").alias("raw_key"),
             F.col("value").alias("raw_value"),

@@ -12,9 +12,9 @@ from pyspark.sql import Observation
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from router.counts import observed_columns
-from router.parse import ERROR, EVENT, parse_and_explain
 from router.transform import Stamper
 from schemas import ArchiveLayout, load_event_schema
+from schemas.parse import ERROR, EVENT, parse_and_explain
 from schemas.registry import Encoding
 
 if TYPE_CHECKING:

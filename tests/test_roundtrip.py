@@ -17,8 +17,8 @@ from pyiceberg.transforms import HourTransform
 from bergstream.loadgen.producer import ProduceRequest, produce
 from router.app import archive_available_now
 from router.config import RouterConfig
-from router.parse import ERROR, UNDECODABLE_JSON, parse_and_explain
 from schemas import ArchiveLayout, load_event_schema
+from schemas.parse import ERROR, UNDECODABLE_JSON, parse_and_explain
 from schemas.registry import Encoding
 from tests.services import Services
 

@@ -1,11 +1,12 @@
-"""The `__metadata__` struct stamped on every archived and dead-lettered row."""
+"""The `__metadata__` struct stamped on every archived and dead-lettered row, and the archive row itself."""
 
 from __future__ import annotations
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE
+from schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE, ArchiveLayout
+from schemas.parse import EVENT
 
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
@@ -27,3 +28,8 @@ def metadata(cluster: str) -> Column:
         F.lit(cluster).alias("cluster"),
         F.current_timestamp().alias("router_write_ts"),
     ).alias(METADATA)
+
+
+def archive_columns(layout: ArchiveLayout) -> list[Column]:
+    """An archive row from a parsed and stamped record: the event's fields, then `__metadata__`."""
+    return [*[F.col(f"{EVENT}.{f.name}").alias(f.name) for f in layout.event_type.fields], F.col(METADATA)]

@@ -1,0 +1,144 @@
+"""The archive every backfill figure is measured on: both topics over 24 ingestion hours, made by the router.
+
+Impressions and playbacks are produced into a local broker with ingestion times spread over a past day
+(impressions at ten times the playbacks, as in the talk's attribution application), archived by the
+router with an availableNow trigger, then compacted by `router maintain`, as a day-old archive is. The
+stack is kept in `bench/out/backfill/stack` and reused while it holds the same request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, StackConfig
+from bergstream.local.processes import free_ports
+from bergstream.spark import build_spark_session
+from bergstream.timeparse import format_instant
+from router.app import archive_available_now
+from router.config import RouterConfig
+from router.maintain import maintain
+
+log = logging.getLogger("bench.backfill")
+OUT = Path(__file__).parent.parent / "out" / "backfill"
+PARTITIONS = 4
+ENCODING = {"impression": "avro", "playback": "json"}
+
+
+@dataclass(frozen=True)
+class ArchiveRequest:
+    impressions: int
+    playbacks: int
+    start: str  # ISO, the first ingestion hour
+    hours: int = 24
+    compact: bool = True
+    late_fraction: float = 0.05
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"impression": self.impressions, "playback": self.playbacks}
+
+
+@dataclass(frozen=True)
+class BenchArchive:
+    stack: LocalStack
+    request: ArchiveRequest
+    bootstrap_servers: str
+
+    @property
+    def start(self) -> datetime:
+        return datetime.fromisoformat(self.request.start)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(hours=self.request.hours)
+
+    def config(self, topic: str, checkpoint: Path) -> RouterConfig:
+        return RouterConfig(
+            topic=topic,
+            schema=topic,
+            encoding=ENCODING[topic],  # type: ignore[arg-type]
+            table=topic,
+            cluster="us-east-1" if topic == "playback" else "eu-west-1",
+            kafka={"kafka.bootstrap.servers": self.bootstrap_servers, "startingOffsets": "earliest"},
+            max_offsets_per_trigger=500_000,
+            checkpoint_location=str(checkpoint),
+            catalog=self.stack.config.catalog,
+        )
+
+
+def default_start(hours: int) -> str:
+    """The day that ended at the last whole hour: recent enough for Kafka's retention to keep it."""
+    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    return format_instant(end - timedelta(hours=hours))
+
+
+def build(request: ArchiveRequest, home: Path = OUT / "stack") -> BenchArchive:
+    """The archive of `request`, built once: a later call with the same request reuses it."""
+    recipe = home / "archive.json"
+    if recipe.exists() and json.loads(recipe.read_text()) == asdict(request):
+        stack = LocalStack.at(home)
+        status = stack.status() if stack.status().running else stack.up()
+        print(f"reusing the archive in {home}: {request}")
+        return BenchArchive(stack, request, status.bootstrap_servers)
+    leftover = LocalStack.at(home)
+    if leftover.status().running:
+        leftover.down()
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
+    status = stack.up()
+    archive = BenchArchive(stack, request, status.bootstrap_servers)
+    start = datetime.fromisoformat(request.start)
+    for topic, count in request.counts.items():
+        began = time.monotonic()
+        report = produce(
+            ProduceRequest(
+                topic=topic, count=count, partitions=PARTITIONS, late_fraction=request.late_fraction,
+                encoding=ENCODING[topic],  # type: ignore[arg-type]
+                seed=3, ingestion_start=start, ingestion_span=timedelta(hours=request.hours),
+            ),
+            status.bootstrap_servers,
+            show_progress=False,
+        )  # fmt: skip
+        print(f"produced {report.sent:,} {topic} events in {time.monotonic() - began:.0f}s")
+    spark = build_spark_session(stack.config.catalog, app_name="bench-backfill-archive")
+    try:
+        for topic in request.counts:
+            began = time.monotonic()
+            totals = archive_available_now(spark, archive.config(topic, home / "checkpoints" / topic))
+            print(f"archived {totals.archived:,} {topic} rows in {totals.files} files, "
+                  f"{time.monotonic() - began:.0f}s")  # fmt: skip
+            if request.compact:
+                for result in maintain(spark, archive.config(topic, home / "checkpoints" / topic)):
+                    print(result.summary())
+    finally:
+        spark.stop()
+    recipe.write_text(json.dumps(asdict(request)))
+    return archive
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--impressions", type=int, default=5_000_000)
+    parser.add_argument("--playbacks", type=int, default=500_000)
+    parser.add_argument("--hours", type=int, default=24)
+    parser.add_argument("--start", default=None, help="first ingestion hour, ISO (default: a day ago)")
+    parser.add_argument("--no-compact", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    build(
+        ArchiveRequest(
+            args.impressions, args.playbacks, args.start or default_start(args.hours), args.hours,
+            compact=not args.no_compact,
+        )
+    )  # fmt: skip
