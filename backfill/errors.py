@@ -13,3 +13,7 @@ class BackfillConfigError(ConfigError):
 
 class CheckpointMismatch(BergstreamError):
     """A checkpoint made for another backfill (other tables, window or bound) was given to this one."""
+
+
+class BackfillError(BergstreamError):
+    """A backfill or an application run that failed; the message says where and why."""

@@ -115,7 +115,9 @@ class AppSettings(BaseModel):
     trigger_interval: str = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    # The application's own settings (its output table, its session gap, ...), passed to it as they are.
+    # Where the application's output is appended: T (in namespace apps), namespace.T or catalog.namespace.T.
+    output_table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
+    # The application's own settings (its session gap, its watermark delay, ...), passed to it as they are.
     options: dict[str, Any] = Field(default_factory=dict)
     schema_dir: Path = AVRO_DIR
 

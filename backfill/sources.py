@@ -132,4 +132,3 @@ class Sources:
 def _describe(request: dict[str, Any]) -> str:
     start, end = request["window"]
     return f"tables {', '.join(request['tables'])}, window {start}-{end} us, {request['ordering']}"
-
