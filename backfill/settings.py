@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
-from bergstream.timeparse import parse_duration, parse_instant
+from bergstream.timeparse import format_duration, parse_duration, parse_instant
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
 log = logging.getLogger(__name__)
 APPS_DIR = Path("deploy/apps")
 BOOTSTRAP = "kafka.bootstrap.servers"
 Mode = Literal["live", "backfill"]
+# As max_misalignment: read the window in one epoch, in no order.
+UNORDERED = "unordered"
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Set per source by bergstream: each named source reads exactly its topic.
 _RESERVED_KAFKA_OPTIONS = ("subscribe", "subscribePattern", "assign")
@@ -78,6 +80,8 @@ class BackfillSettings(BaseModel):
     def _duration(cls, value: Any) -> Any:
         if value is None or isinstance(value, timedelta):
             return value
+        if str(value).strip().lower() == UNORDERED:
+            return None
         bound = parse_duration(str(value), "max_misalignment")
         if bound <= timedelta(0):
             raise ValueError(f"{value!r}: the bound must be above zero; use strict for exact order")
@@ -210,3 +214,38 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+def catalog_from_file(path: Path) -> CatalogConfig:
+    """The `catalog` section of a settings file: an application's or a topic's."""
+    if not path.exists():
+        raise BackfillConfigError(f"{path}: no such file")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise BackfillConfigError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("catalog"), dict):
+        raise BackfillConfigError(f"{path}: has no catalog section")
+    try:
+        return CatalogConfig.model_validate(loaded["catalog"])
+    except ValidationError as error:
+        problems = "; ".join(f"catalog.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise BackfillConfigError(f"{path}: {problems}") from error
+
+
+def backfill_checkpoint(settings: AppSettings) -> str:
+    """A checkpoint of its own for each backfill request, beside the live one: the same command resumes
+    the same backfill, and no backfill ever starts from the live query's checkpoint or another's."""
+    backfill = settings.backfill
+    assert backfill.start is not None and backfill.end is not None
+    bound = "unordered" if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
+    if backfill.strict:
+        bound = "strict"
+    parts = [
+        backfill.start.strftime("%Y%m%dT%H%M%S"),
+        backfill.end.strftime("%Y%m%dT%H%M%S"),
+        bound,
+        *sorted(backfill.regions or []),
+    ]
+    name = "_".join(re.sub(r"[^A-Za-z0-9-]", "-", part) for part in parts)
+    return f"{settings.checkpoint_location.rstrip('/')}-backfill-{name}"

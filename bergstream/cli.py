@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -218,6 +219,7 @@ def _configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bergstream").setLevel(logging.INFO)
     logging.getLogger("router").setLevel(logging.INFO)
+    logging.getLogger("backfill").setLevel(logging.INFO)
 
 
 @router.command("run")
@@ -283,6 +285,222 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
             click.echo(result.summary())
     finally:
         spark.stop()
+
+
+@cli.group()
+def backfill() -> None:
+    """Read archive tables back in lateness-bounded order: plan a window, run an application over it."""
+
+
+BACKFILL_WINDOW = [
+    click.option(
+        "--start", required=True, help="First ingestion time of the window, ISO (2026-11-22T00:00:00Z)."
+    ),
+    click.option("--end", required=True, help="End of the window, exclusive, ISO."),
+    click.option(
+        "--max-misalignment",
+        default=None,
+        help="B: no row is read after a row ingested more than this later (15m, 1h).",
+    ),
+    click.option("--region", "regions", multiple=True, help="Read only this cluster or region (repeatable)."),
+    click.option("--strict", is_flag=True, help="Exact ingestion-time order, one reader per epoch."),
+]
+
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _with(options: list[Callable[[Any], Any]]) -> Callable[[_Command], _Command]:
+    """Several click options at once, in the order listed."""
+
+    def decorate(function: _Command) -> _Command:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def _catalog(config_file: Path | None, data_dir: Path | None) -> Any:
+    """The catalog of a settings file (an application's or a topic's), else the local stack's."""
+    from backfill.settings import catalog_from_file
+    from bergstream.errors import StackError
+    from bergstream.local import LocalStack
+
+    if config_file is not None:
+        return catalog_from_file(config_file)
+    stack = LocalStack.at(_data_dir(data_dir))
+    if not stack.status().running and not stack.config.catalog.uri.startswith("jdbc:sqlite:"):
+        raise StackError(f"no local stack in {stack.config.data_dir}: name a settings file with --config")
+    return stack.config.catalog
+
+
+@backfill.command("plan")
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    required=True,
+    help="Archive table: T, archive.T or catalog.archive.T.",
+)
+@_with(BACKFILL_WINDOW)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A settings file whose catalog to use (default: the local stack's).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
+@DATA_DIR
+def backfill_plan(
+    tables: tuple[str, ...],
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    config_file: Path | None,
+    as_json: bool,
+    data_dir: Path | None,
+) -> None:
+    """Print the epochs, splits, rows and bytes a backfill of the window would read."""
+    from backfill.batches import window_of
+    from backfill.order import ordering
+    from backfill.planner import plan
+    from backfill.summary import plan_lines
+    from bergstream.timeparse import parse_duration
+
+    bound = parse_duration(max_misalignment, "--max-misalignment") if max_misalignment else None
+    made = plan(
+        _catalog(config_file, data_dir), list(tables), window_of(start, end), ordering(bound, strict),
+        list(regions) or None,
+    )  # fmt: skip
+    if as_json:
+        click.echo(made.dumps())
+        return
+    for line in plan_lines(made):
+        click.echo(line)
+
+
+def _app_defaults(data_dir: Path | None, app: str) -> dict[str, Any]:
+    """Endpoints from the local stack, when it runs: weaker than the app's file and the flags."""
+    from bergstream.local import LocalStack
+
+    stack = LocalStack.at(_data_dir(data_dir))
+    defaults: dict[str, Any] = {"checkpoint_location": str(stack.config.data_dir / "apps" / app)}
+    status = stack.status()
+    if status.running:
+        defaults["kafka"] = {"kafka.bootstrap.servers": status.bootstrap_servers}
+        defaults["catalog"] = stack.config.catalog.model_dump(mode="json", exclude_none=True)
+    return defaults
+
+
+APP_OPTIONS = [
+    click.option("--app", required=True, help="The application: its settings are deploy/apps/<app>.yaml."),
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Settings file (default: deploy/apps/<app>.yaml).",
+    ),
+    click.option("--entry", default=None, help="Run this module:function instead of the file's entry."),
+    click.option("--checkpoint", default=None, help="Checkpoint location (default: one per run's request)."),
+    click.option("--output-table", default=None, help="Where the application's output goes."),
+    click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+]
+
+
+def _run_app(settings: Any, available_now: bool, as_json: bool) -> None:
+    from backfill.run import run_app
+    from bergstream.spark import build_spark_session
+
+    spark = build_spark_session(
+        settings.catalog, master=settings.spark.master, app_name=f"bergstream-app-{settings.app}",
+        conf=settings.spark.conf,
+    )  # fmt: skip
+    try:
+        report = run_app(spark, settings, available_now=available_now, show_progress=sys.stderr.isatty())
+    finally:
+        spark.stop()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for line in report.lines():
+            click.echo(line)
+
+
+@backfill.command("run")
+@_with(APP_OPTIONS)
+@_with(BACKFILL_WINDOW)
+@click.option("--unordered", is_flag=True, help="Read the window in one epoch, in no order.")
+@DATA_DIR
+def backfill_run(
+    app: str,
+    config_file: Path | None,
+    entry: str | None,
+    checkpoint: str | None,
+    output_table: str | None,
+    as_json: bool,
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    unordered: bool,
+    data_dir: Path | None,
+) -> None:
+    """Run an application over a window of its archive; the same command resumes a stopped run."""
+    from backfill.settings import UNORDERED, backfill_checkpoint, load_app_settings
+
+    _configure_logging()
+    if unordered and (max_misalignment or strict):
+        raise click.UsageError("--unordered goes with neither --max-misalignment nor --strict")
+    window: dict[str, Any] = {
+        "start": start,
+        "end": end,
+        "max_misalignment": UNORDERED if unordered else max_misalignment,
+        "strict": strict or None,
+        "regions": list(regions) or None,
+    }
+    overrides = {"mode": "backfill", "entry": entry, "output_table": output_table, "backfill": window}
+    settings = load_app_settings(app, config_file, defaults=_app_defaults(data_dir, app), overrides=overrides)
+    checkpoint = checkpoint or backfill_checkpoint(settings)
+    _run_app(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
+
+
+@cli.group()
+def app() -> None:
+    """Run an application of deploy/apps/ live, reading its named sources from Kafka."""
+
+
+@app.command("run")
+@_with(APP_OPTIONS)
+@click.option("--available-now", is_flag=True, help="Read what the topics hold now, then stop.")
+@DATA_DIR
+def app_run(
+    app: str,
+    config_file: Path | None,
+    entry: str | None,
+    checkpoint: str | None,
+    output_table: str | None,
+    as_json: bool,
+    available_now: bool,
+    data_dir: Path | None,
+) -> None:
+    """Run an application live until stopped (or until caught up with --available-now)."""
+    from backfill.settings import load_app_settings
+
+    _configure_logging()
+    overrides = {
+        "mode": "live",
+        "entry": entry,
+        "output_table": output_table,
+        "checkpoint_location": checkpoint,
+    }
+    settings = load_app_settings(app, config_file, defaults=_app_defaults(data_dir, app), overrides=overrides)
+    _run_app(settings, available_now=available_now, as_json=as_json)
 
 
 @cli.group()
