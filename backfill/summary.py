@@ -32,7 +32,8 @@ def plan_lines(plan: BackfillPlan) -> list[str]:
     rows = sum(epoch.estimated_rows for epoch in plan.epochs)
     total_bytes = sum(epoch.estimated_bytes for epoch in plan.epochs)
     lines.append(
-        f"{len(plan.epochs)} epochs (one micro-batch each), about {rows:,.0f} rows, {total_bytes / 1e6:,.1f} MB:"
+        f"{len(plan.epochs)} epochs (one micro-batch each), about {rows:,.0f} rows, "
+        f"{total_bytes / 1e6:,.1f} MB:"
     )
     lines.append(f"  {'epoch':>6}  {'from':<27} {'to':<27} {'splits':>6} {'rows':>12} {'MB':>9}")
     epochs = list(plan.epochs)

@@ -470,6 +470,63 @@ def backfill_run(
     _run_app(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
 
 
+@backfill.command("replay")
+@click.option("--table", required=True, help="Archive table: T, archive.T or catalog.archive.T.")
+@_with(BACKFILL_WINDOW)
+@click.option("--to-topic", required=True, help="The Kafka topic to republish into (created when missing).")
+@click.option("--include-dead-letters", is_flag=True, help="Also republish the raw dead-lettered records.")
+@click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@click.option(
+    "--partitions", type=int, default=None, help="Partitions of a new topic (default: as the source)."
+)
+@click.option("--schema", default=None, help="Event schema (default: the table's bergstream.schema).")
+@click.option("--encoding", type=click.Choice(["json", "avro"]), default=None,
+              help="Value encoding (default: the table's bergstream.encoding).")  # fmt: skip
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A settings file whose catalog to use (default: the local stack's).")  # fmt: skip
+@click.option("--producer-option", "producer_options", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka producer setting (security.protocol=SASL_SSL, ...), repeatable.")  # fmt: skip
+@DATA_DIR
+def backfill_replay(
+    table: str,
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    to_topic: str,
+    include_dead_letters: bool,
+    bootstrap_servers: str | None,
+    partitions: int | None,
+    schema: str | None,
+    encoding: str | None,
+    config_file: Path | None,
+    producer_options: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark."""
+    from backfill.batches import window_of
+    from backfill.order import ordering
+    from backfill.replay import replay
+    from bergstream.timeparse import parse_duration
+
+    _configure_logging()
+    producer_config: dict[str, Any] = {}
+    for option in producer_options:
+        key, equals, value = option.partition("=")
+        if not equals or not key:
+            raise click.BadParameter(f"{option!r}: write KEY=VALUE", param_hint="--producer-option")
+        producer_config[key] = value
+    producer_config["bootstrap.servers"] = bootstrap_servers or _local_bootstrap(data_dir)
+    bound = parse_duration(max_misalignment, "--max-misalignment") if max_misalignment else None
+    report = replay(
+        _catalog(config_file, data_dir), table, window_of(start, end), ordering(bound, strict), to_topic,
+        producer_config, regions=list(regions) or None, include_dead_letters=include_dead_letters,
+        schema=schema, encoding=encoding, partitions=partitions,
+    )  # fmt: skip
+    click.echo(report.summary())
+
+
 @cli.group()
 def app() -> None:
     """Run an application of deploy/apps/ live, reading its named sources from Kafka."""

@@ -31,7 +31,7 @@ from router.offsets import expired_ranges, lag, parse_spark_offsets
 from router.table import ensure_tables
 from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
-from schemas.archive import ArchiveLayout
+from schemas.archive import ENCODING_PROPERTY, SCHEMA_PROPERTY, TOPIC_PROPERTY, ArchiveLayout
 from schemas.registry import load_event_schema
 
 log = logging.getLogger("bergstream.router")
@@ -102,7 +102,12 @@ class Router:
     def run(self, available_now: bool = False) -> RouterTotals:
         config = self.config
         self._kafka.require_topic()
-        ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes)
+        described = {
+            TOPIC_PROPERTY: config.topic,
+            SCHEMA_PROPERTY: config.schema_name,
+            ENCODING_PROPERTY: config.encoding,
+        }
+        ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, described)
         evolve_table(self.spark, config.catalog.table_identifier(self.layout.table), self.layout)
         self._committed = self._kafka.committed()
         self._archived = dict(self._committed)

@@ -15,8 +15,13 @@ def ensure_tables(
     catalog: CatalogConfig,
     layout: ArchiveLayout,
     target_file_size_bytes: int | None = None,
+    properties: dict[str, str] | None = None,
 ) -> None:
-    """Create the tables the first time; afterwards only bring the target file size in line."""
+    """Create the tables the first time; afterwards only bring the target file size and the other
+    `properties` in line."""
+    wanted = dict(properties or {})
+    if target_file_size_bytes is not None:
+        wanted[TARGET_FILE_SIZE] = str(target_file_size_bytes)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{catalog.namespace}")
     for table, statements in (
         (layout.table, layout.create_statements),
@@ -26,8 +31,8 @@ def ensure_tables(
         if not spark.catalog.tableExists(identifier):
             for statement in statements(identifier):
                 spark.sql(statement)
-        if target_file_size_bytes is not None:
-            current = spark.sql(f"SHOW TBLPROPERTIES {identifier} ('{TARGET_FILE_SIZE}')").first()
-            if current is None or current.value != str(target_file_size_bytes):
-                setting = f"'{TARGET_FILE_SIZE}' = '{target_file_size_bytes}'"
-                spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({setting})")
+        current = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+        changed = {key: value for key, value in wanted.items() if current.get(key) != value}
+        if changed:
+            settings = ", ".join(f"'{key}' = '{value}'" for key, value in changed.items())
+            spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({settings})")

@@ -49,6 +49,12 @@ DEAD_LETTER_TYPE = T.StructType(
     ]
 )
 
+# What the router records on both tables of a topic, so that readers of the archive (a backfill replay)
+# know where the rows came from and how the topic encodes them.
+TOPIC_PROPERTY = "bergstream.topic"
+SCHEMA_PROPERTY = "bergstream.schema"
+ENCODING_PROPERTY = "bergstream.encoding"
+
 PARTITION_SPEC = f"hours(`{METADATA}`.`{INGESTION_TS}`)"
 SORT_ORDER = f"`{METADATA}`.`{INGESTION_TS}`"
 

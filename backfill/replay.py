@@ -1,0 +1,235 @@
+"""`bergstream backfill replay`: a window of the archive republished into a Kafka topic, in backfill order.
+
+For consumers not written in Spark. Each record keeps its original key and headers; its value is encoded
+as the original topic encodes it (JSON or Avro, from the table's `bergstream.encoding` and
+`bergstream.schema` properties); its timestamp is its original ingestion time; and headers name where it
+came from (`bergstream.source.topic`, `.partition`, `.offset`). With dead letters, the raw bytes go out as
+they came in, with the reason in `bergstream.dead-letter.reason`.
+
+Records are sent epoch by epoch by an idempotent producer, which is flushed at the end of every epoch: a
+replay that fails says the last epoch delivered whole, and where to start again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backfill.errors import BackfillConfigError, BackfillError
+from backfill.order import Epoch, OrderingPolicy, Window
+from backfill.planner import from_micros, plan, table_ref, to_micros
+from backfill.reader import TABLE_KEY, TableReader, epoch_batches
+from bergstream.catalog import CatalogConfig
+from bergstream.loadgen.producer import ensure_topic
+from bergstream.timeparse import format_instant
+from schemas.archive import DEAD_LETTER_SUFFIX, ENCODING_PROPERTY, METADATA, SCHEMA_PROPERTY, TOPIC_PROPERTY
+from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from confluent_kafka import Producer
+
+log = logging.getLogger("bergstream.backfill.replay")
+SOURCE_TOPIC = "bergstream.source.topic"
+SOURCE_PARTITION = "bergstream.source.partition"
+SOURCE_OFFSET = "bergstream.source.offset"
+DEAD_LETTER_REASON = "bergstream.dead-letter.reason"
+
+
+@dataclass
+class ReplayReport:
+    topic: str
+    records: int = 0
+    dead_letters: int = 0
+    epochs_done: int = 0
+    epochs: int = 0
+    watermark: str | None = None  # every record ingested before it has been delivered
+    seconds: float = 0.0
+    per_partition: dict[int, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        rate = (self.records + self.dead_letters) / self.seconds if self.seconds else 0.0
+        return (
+            f"replayed {self.records:,} records and {self.dead_letters:,} dead letters into {self.topic} "
+            f"in {self.seconds:.1f}s ({rate:,.0f} records/s), {self.epochs_done} epochs, "
+            f"to watermark {self.watermark}"
+        )
+
+
+@dataclass(frozen=True)
+class _Encoder:
+    schema: EventSchema
+    encoding: Encoding
+
+    def __call__(self, row: dict[str, Any]) -> bytes:
+        event = {f["name"]: row.get(f["name"]) for f in self.schema.fields}
+        return self.schema.encode(event, self.encoding)
+
+
+def table_encoder(
+    properties: dict[str, str], identifier: str, schema: str | None, encoding: str | None
+) -> _Encoder:
+    """How the table's topic encodes values: the flags, else the properties the router set on the table."""
+    encoding = encoding or properties.get(ENCODING_PROPERTY)
+    schema = schema or properties.get(SCHEMA_PROPERTY)
+    if encoding is None or schema is None:
+        raise BackfillConfigError(
+            f"table {identifier} does not say how its topic encodes values (properties {ENCODING_PROPERTY} "
+            f"and {SCHEMA_PROPERTY}, set by routers since they record them): give --encoding and --schema"
+        )
+    if encoding not in ENCODINGS:
+        raise BackfillConfigError(
+            f"table {identifier}: encoding {encoding!r} is not one of {', '.join(ENCODINGS)}"
+        )
+    return _Encoder(load_event_schema(schema), encoding)
+
+
+def replay(
+    catalog: CatalogConfig,
+    table: str,
+    window: Window,
+    policy: OrderingPolicy,
+    to_topic: str,
+    producer_config: dict[str, Any],
+    regions: list[str] | None = None,
+    include_dead_letters: bool = False,
+    schema: str | None = None,
+    encoding: str | None = None,
+    partitions: int | None = None,
+    on_epoch: Callable[[ReplayReport], None] | None = None,
+) -> ReplayReport:
+    """Republish the archive of `table` (and its dead letters) into `to_topic`, epoch by epoch.
+
+    `to_topic` is created when missing, with `partitions`, else as many as the source topic has."""
+    from confluent_kafka import Producer
+
+    ref = table_ref(table, catalog)
+    tables = [ref.identifier]
+    if include_dead_letters:
+        tables.append(f"{ref.identifier}{DEAD_LETTER_SUFFIX}")
+    backfill_plan = plan(catalog, tables, window, policy, regions)
+    iceberg = catalog.load()
+    archive = iceberg.load_table(ref.pyiceberg_identifier)
+    encoder = table_encoder(dict(archive.properties), ref.identifier, schema, encoding)
+    readers = [
+        TableReader(iceberg.load_table(table_ref(scan.table.identifier, catalog).pyiceberg_identifier),
+                    scan, backfill_plan.window, backfill_plan.regions)
+        for scan in backfill_plan.tables
+        if scan.snapshot_id is not None
+    ]  # fmt: skip
+    bootstrap = str(producer_config["bootstrap.servers"])
+    source_topic = dict(archive.properties).get(TOPIC_PROPERTY, ref.name)
+    ensure_topic(bootstrap, to_topic, partitions or topic_partitions(bootstrap, source_topic) or 1)
+    report = ReplayReport(topic=to_topic, epochs=len(backfill_plan.epochs))
+    failures: list[str] = []
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+        else:
+            partition = message.partition()
+            report.per_partition[partition] = report.per_partition.get(partition, 0) + 1
+
+    producer = Producer(
+        {
+            # Java clients' key partitioning, so that Java consumers and producers agree on key placement.
+            "partitioner": "murmur2_random",
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            **producer_config,
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
+    started = time.monotonic()
+    dead_letter_table = f"{ref.identifier}{DEAD_LETTER_SUFFIX}"
+    for epoch in backfill_plan.epochs:
+        for batch in epoch_batches(backfill_plan, readers, epoch):
+            dead = (batch.schema.metadata or {}).get(TABLE_KEY, b"").decode() == dead_letter_table
+            for key, value, headers, timestamp in _records(batch, encoder, dead):
+                _send(producer, to_topic, key, value, headers, timestamp, delivered)
+            if dead:
+                report.dead_letters += batch.num_rows
+            else:
+                report.records += batch.num_rows
+            if failures:
+                break
+        remaining = producer.flush(120)
+        if failures or remaining:
+            report.seconds = time.monotonic() - started
+            raise BackfillError(_stopped(report, epoch, failures, remaining, table))
+        report.epochs_done = epoch.index + 1
+        report.watermark = format_instant(from_micros(epoch.upper))
+        report.seconds = time.monotonic() - started
+        if on_epoch is not None:
+            on_epoch(report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _stopped(report: ReplayReport, epoch: Epoch, failures: list[str], remaining: int, table: str) -> str:
+    reason = failures[0] if failures else f"{remaining} records still undelivered after 120s"
+    where = (
+        f"every record ingested before {report.watermark} was delivered ({report.epochs_done} epochs)"
+        if report.watermark
+        else "no epoch was delivered whole"
+    )
+    resume = format_instant(from_micros(epoch.lower))
+    return (
+        f"replay of {table} into {report.topic} stopped in epoch {epoch.index} "
+        f"({resume} to {format_instant(from_micros(epoch.upper))}): {reason}. "
+        f"{where}; some records of epoch {epoch.index} may have been delivered. "
+        f"Run again with --start {resume} to go on"
+    )
+
+
+def _records(
+    batch: pa.RecordBatch, encoder: _Encoder, dead: bool
+) -> Iterator[tuple[bytes | None, bytes | None, list[tuple[str, str | bytes | None]], int]]:
+    for row in batch.to_pylist():
+        metadata = row[METADATA]
+        headers = [
+            (h["key"], h["value"] if h["value"] is not None else b"") for h in metadata["headers"] or []
+        ]
+        headers += [
+            (SOURCE_TOPIC, str(metadata["topic"]).encode()),
+            (SOURCE_PARTITION, str(metadata["partition"]).encode()),
+            (SOURCE_OFFSET, str(metadata["offset"]).encode()),
+        ]
+        timestamp = to_micros(metadata["kafka_ingestion_ts"]) // 1000
+        if dead:
+            headers.append((DEAD_LETTER_REASON, str(row["error"]).encode()))
+            yield row["raw_key"], row["raw_value"], headers, timestamp
+        else:
+            yield metadata["key"], encoder(row), headers, timestamp
+
+
+def _send(
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, str | bytes | None]],
+    timestamp: int,
+    callback: Any,
+) -> None:
+    while True:
+        try:
+            producer.produce(
+                topic, value=value, key=key, headers=headers, timestamp=timestamp, on_delivery=callback
+            )
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
+def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
+    """How many partitions `topic` has on the cluster; None when it is not there."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=10)
+    found = metadata.topics.get(topic)
+    return len(found.partitions) if found is not None and found.error is None else None
