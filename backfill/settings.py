@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
@@ -73,7 +74,10 @@ class BackfillSettings(BaseModel):
     @field_validator("start", "end", mode="before")
     @classmethod
     def _instant(cls, value: Any) -> Any:
-        return parse_instant(value) if value is not None else None
+        try:
+            return parse_instant(value) if value is not None else None
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
 
     @field_validator("max_misalignment", mode="before")
     @classmethod
@@ -82,7 +86,10 @@ class BackfillSettings(BaseModel):
             return value
         if str(value).strip().lower() == UNORDERED:
             return None
-        bound = parse_duration(str(value), "max_misalignment")
+        try:
+            bound = parse_duration(str(value), "max_misalignment")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
         if bound <= timedelta(0):
             raise ValueError(f"{value!r}: the bound must be above zero; use strict for exact order")
         return bound

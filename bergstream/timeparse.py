@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from bergstream.errors import ConfigError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _UNITS = {
     "us": timedelta(microseconds=1),
     "ms": timedelta(milliseconds=1),
@@ -16,17 +16,23 @@ _UNITS = {
     "h": timedelta(hours=1),
     "d": timedelta(days=1),
 }
+# Spark's interval words, as in a trigger interval or a watermark delay.
+_WORDS = {
+    "microsecond": "us", "millisecond": "ms", "second": "s", "sec": "s", "minute": "m", "min": "m",
+    "hour": "h", "day": "d",
+}  # fmt: skip
 
 
 def parse_duration(text: str | timedelta, what: str = "duration") -> timedelta:
-    """`90s`, `15m`, `1.5h`, `2d`, `500ms`: a number and one unit (us, ms, s, m, h, d)."""
+    """`90s`, `15m`, `1.5h`, `2d`, `500ms`, or as Spark writes intervals: `15 minutes`, `1 hour`."""
     if isinstance(text, timedelta):
         return text
-    match = _DURATION.match(str(text))
-    if match is None:
+    match = _DURATION.match(str(text).lower())
+    unit = match.group(2) if match else ""
+    unit = _WORDS.get(unit.removesuffix("s") if unit not in _UNITS else unit, unit)
+    if match is None or unit not in _UNITS:
         raise ConfigError(f"{what} {text!r}: write a number and a unit, such as 15m, 90s, 1h or 2d")
-    number, unit = match.groups()
-    return _UNITS[unit] * float(number)
+    return _UNITS[unit] * float(match.group(1))
 
 
 def parse_instant(text: str | datetime, what: str = "time") -> datetime:

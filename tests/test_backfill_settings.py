@@ -1,0 +1,103 @@
+"""Application settings: refused at start with the file and the key named, flags over the file."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from backfill.errors import BackfillConfigError
+from backfill.settings import backfill_checkpoint, load_app_settings
+
+CATALOG = {"uri": "jdbc:sqlite:/tmp/catalog.db", "warehouse": "file:///tmp/warehouse"}
+DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": CATALOG,
+            "checkpoint_location": "/tmp/apps/sessionizer"}  # fmt: skip
+
+
+def write(tmp_path: Path, **settings: Any) -> Path:
+    content = {
+        "app": "sessionizer",
+        "entry": "apps.sessionizer:sessionizer",
+        "sources": {"playback": {"topic": "playback", "encoding": "json"}},
+        "output_table": "apps.sessions",
+        **settings,
+    }
+    path = tmp_path / "sessionizer.yaml"
+    path.write_text(yaml.safe_dump(content))
+    return path
+
+
+def load(path: Path, **overrides: Any) -> Any:
+    return load_app_settings("sessionizer", path, defaults=DEFAULTS, overrides=overrides)
+
+
+def test_the_shipped_application_files_load() -> None:
+    root = Path(__file__).parent.parent / "deploy" / "apps"
+    for name in ("sessionizer", "attribution"):
+        settings = load_app_settings(name, root / f"{name}.yaml", defaults=DEFAULTS, overrides={})
+        assert settings.mode == "live"
+        assert settings.backfill.max_misalignment == timedelta(minutes=15)
+
+
+def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
+    window = {"start": "2026-11-22T00:00:00Z", "end": "2026-11-22T06:00:00+01:00", "max_misalignment": "5m"}
+    settings = load(write(tmp_path), mode="backfill", backfill=window)
+    assert settings.mode == "backfill"
+    assert settings.backfill.start == datetime(2026, 11, 22, tzinfo=UTC)
+    assert settings.backfill.end == datetime(2026, 11, 22, 5, tzinfo=UTC)
+    assert settings.backfill.max_misalignment == timedelta(minutes=5)
+    unordered = load(write(tmp_path), mode="backfill", backfill={**window, "max_misalignment": "unordered"})
+    assert unordered.backfill.max_misalignment is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "overrides", "message"),
+    [
+        ({"sources": {}}, {}, "sources: .*at least one named source"),
+        ({"entry": "apps.sessionizer"}, {}, "entry: .*module:function"),
+        ({"sources": {"playback": {"topic": "playback", "schema": "nope"}}}, {}, "sources.playback.schema"),
+        ({"sources": {"playback": {"topic": "playback", "kafka": {"subscribe": "x"}}}}, {},
+         "set by bergstream"),
+        ({}, {"mode": "backfill"}, "a backfill needs start and end"),
+        ({}, {"mode": "backfill", "backfill": {"start": "2026-11-22T00:00", "end": "2026-11-23T01:00Z"}},
+         "has no time zone"),
+        ({}, {"mode": "backfill", "backfill": {"start": "2026-11-23T00:00Z", "end": "2026-11-22T01:00Z"}},
+         "is not after start"),
+        ({"backfill": {"max_misalignment": "15 fortnights"}}, {}, "write a number and a unit"),
+        ({"backfill": {"max_misalignment": "0s"}}, {}, "above zero"),
+        ({"backfill": {"regions": []}}, {}, "regions is empty"),
+        ({"surprise": 1}, {}, "surprise: Extra inputs are not permitted"),
+        ({"app": "other"}, {}, "app is 'other'"),
+    ],
+)  # fmt: skip
+def test_bad_settings_are_refused_naming_the_file_and_key(
+    tmp_path: Path, settings: dict[str, Any], overrides: dict[str, Any], message: str
+) -> None:
+    path = write(tmp_path, **settings)
+    with pytest.raises(BackfillConfigError, match=message) as refused:
+        load(path, **overrides)
+    assert str(path) in str(refused.value)
+
+
+def test_a_live_source_without_a_broker_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BackfillConfigError, match=r"kafka\.bootstrap\.servers is missing for live source"):
+        load_app_settings("sessionizer", write(tmp_path), defaults={"catalog": CATALOG,
+                          "checkpoint_location": "/tmp/x"}, overrides={})  # fmt: skip
+
+
+def test_each_backfill_request_has_a_checkpoint_of_its_own(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    window = {"start": "2026-11-22T00:00:00Z", "end": "2026-11-23T00:00:00Z"}
+    first = backfill_checkpoint(load(path, mode="backfill", backfill=window))
+    assert first == backfill_checkpoint(load(path, mode="backfill", backfill=window)), (
+        "the same command resumes"
+    )
+    other = backfill_checkpoint(load(path, mode="backfill", backfill={**window, "max_misalignment": "1h"}))
+    regions = backfill_checkpoint(load(path, mode="backfill", backfill={**window, "regions": ["us-east-1"]}))
+    assert len({first, other, regions, DEFAULTS["checkpoint_location"]}) == 4
+    spark_words = load(path, mode="backfill", backfill={**window, "max_misalignment": "15 minutes"})
+    assert spark_words.backfill.max_misalignment == timedelta(minutes=15)
+    assert first.startswith("/tmp/apps/sessionizer-backfill-20261122T000000_20261123T000000_15m")
