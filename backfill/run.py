@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backfill.app import output_identifier, start_query
@@ -199,6 +200,10 @@ def run_app(
     window = None
     bound = None
     if plan is not None:
+        checkpointed = checkpointed_watermark(settings.checkpoint_location)
+        position = tracker.position
+        if checkpointed is not None and (position.watermark is None or checkpointed > position.watermark):
+            position.watermark = checkpointed
         window = (from_micros(plan.window.start), from_micros(plan.window.end))
         bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
         end_offsets, rows_in_archive = archive_positions(spark, settings, plan)
@@ -232,7 +237,7 @@ def archive_positions(
         if scan.snapshot_id is None:
             rows[name] = 0
             continue
-        table = spark.read.option("snapshot-id", str(scan.snapshot_id)).table(scan.table.identifier)
+        table = spark.read.option("versionAsOf", str(scan.snapshot_id)).table(scan.table.identifier)
         ts = F.col(INGESTION_TS_COLUMN)
         selected = table.where((ts >= F.lit(start).cast("timestamp")) & (ts < F.lit(end).cast("timestamp")))
         if plan.regions is not None:
@@ -245,6 +250,22 @@ def archive_positions(
         ends += [EndOffset(r.topic, int(r.partition), int(r.last_offset), int(r.rows)) for r in found]
         rows[name] = sum(int(r.rows) for r in found)
     return ends, rows
+
+
+def checkpointed_watermark(checkpoint: str) -> datetime | None:
+    """The backfill watermark of the newest micro-batch in the query's offset log, where one ran before."""
+    offsets = Path(checkpoint) / "offsets"
+    logged = (
+        sorted((int(p.name), p) for p in offsets.glob("*") if p.name.isdigit()) if offsets.is_dir() else []
+    )
+    if not logged:
+        return None
+    marks = []
+    for line in logged[-1][1].read_text().splitlines()[2:]:
+        offset = _offset_json(line)
+        if isinstance(offset, dict) and offset.get("watermark"):
+            marks.append(datetime.fromisoformat(str(offset["watermark"]).replace("Z", "+00:00")))
+    return min(marks) if marks else None
 
 
 @contextmanager

@@ -609,6 +609,7 @@ def jars_resolve() -> None:
 
     for jar_set, directory in pinned.resolve_all().items():
         click.echo(f"{jar_set}: {len(pinned.resolved_jars(jar_set))} jars in {directory}")
+    click.echo(f"backfill source: {pinned.backfill_source_jar()}")
 
 
 @jars.command("versions")

@@ -1,10 +1,12 @@
-"""The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache.
+"""The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
+project's own Java (the backfill source), compiled once against the same Spark and Iceberg.
 
-Spark and the broker read the cache; Maven runs only when the cache lacks the pinned set.
+Spark and the broker read the cache; Maven and javac run only when the cache lacks what is pinned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -18,6 +20,9 @@ from typing import Literal
 from bergstream.errors import BergstreamError, MissingToolError
 
 POM = Path(__file__).parent / "jvm" / "pom.xml"
+# The backfill's Spark source, compiled into the jar below and handed to every SparkSession.
+JAVA_SOURCES = Path(__file__).resolve().parent.parent / "backfill" / "jvm" / "src" / "main"
+BACKFILL_JAR = "bergstream-backfill-source.jar"
 JarSet = Literal["spark", "kafka"]
 JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka")
 _COMPLETE = ".complete"
@@ -124,9 +129,72 @@ def ships(spark_home_jars: Path, artifact: str) -> bool:
     )
 
 
-def spark_jars(spark_home_jars: Path, pom: Path = POM) -> list[Path]:
-    """The jars for spark.jars: the resolved set less the artifacts Spark already ships."""
-    return [jar for jar in resolved_jars("spark", pom) if not ships(spark_home_jars, artifact_id(jar))]
+def spark_home_jars() -> Path:
+    """The jars Spark itself ships: $SPARK_HOME/jars, or those inside the pyspark package."""
+    spark_home = os.environ.get("SPARK_HOME")
+    if spark_home:
+        return Path(spark_home) / "jars"
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
+    """The jars for spark.jars: the resolved set less the artifacts Spark already ships, and the
+    backfill source."""
+    shipped = spark_home or spark_home_jars()
+    pinned = [jar for jar in resolved_jars("spark", pom) if not ships(shipped, artifact_id(jar))]
+    return [*pinned, backfill_source_jar(shipped, pom)]
+
+
+def _sources_digest(sources: Path, pom: Path) -> str:
+    digest = hashlib.sha256(pom.read_bytes())
+    for path in sorted(p for p in sources.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(sources)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def backfill_source_jar(
+    spark_home: Path | None = None, pom: Path = POM, sources: Path = JAVA_SOURCES
+) -> Path:
+    """The backfill source's jar, compiled with javac against Spark's jars and the pinned Iceberg runtime;
+    built once per version of its sources and of the pom."""
+    target = cache_root() / "built" / _sources_digest(sources, pom) / BACKFILL_JAR
+    if target.exists():
+        return target
+    javac = require_tool("javac", "compile bergstream's backfill source (a JDK, not only a JRE)")
+    jar_tool = require_tool("jar", "package bergstream's backfill source")
+    classpath = [
+        str((spark_home or spark_home_jars()) / "*"),
+        *(str(jar) for jar in resolved_jars("spark", pom)),
+    ]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+        java_files = sorted(str(path) for path in (sources / "java").rglob("*.java"))
+        compiled = subprocess.run(
+            [javac, "--release", "17", "-nowarn", "-d", str(staging / "classes"),
+             "-cp", os.pathsep.join(classpath), *java_files],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if compiled.returncode != 0:
+            errors = [line for line in compiled.stderr.splitlines() if ": error:" in line]
+            first = (errors or [compiled.stderr.strip()])[0]
+            raise BergstreamError(f"javac could not compile the backfill source: {first[:400]}")
+        shutil.copytree(sources / "resources", staging / "classes", dirs_exist_ok=True)
+        packed = subprocess.run(
+            [jar_tool, "--create", "--file", str(staging / BACKFILL_JAR),
+             "-C", str(staging / "classes"), "."],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if packed.returncode != 0:
+            raise BergstreamError(f"jar could not package the backfill source: {packed.stderr.strip()[:400]}")
+        with contextlib.suppress(OSError):  # another build finished first: its jar is as good
+            (staging / BACKFILL_JAR).rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def kafka_classpath(pom: Path = POM) -> list[Path]:

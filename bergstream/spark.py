@@ -34,16 +34,6 @@ _LIST_SETTINGS = {
 }
 
 
-def spark_home_jars() -> Path:
-    """The jars Spark itself ships: $SPARK_HOME/jars, or those inside the pyspark package."""
-    spark_home = os.environ.get("SPARK_HOME")
-    if spark_home:
-        return Path(spark_home) / "jars"
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
-
-
 def session_conf(
     catalog: CatalogConfig,
     master: str = DEFAULT_MASTER,
@@ -54,7 +44,7 @@ def session_conf(
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.jars": ",".join(str(jar) for jar in jars.spark_jars(spark_home_jars())),
+        "spark.jars": ",".join(str(jar) for jar in jars.spark_jars()),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.defaultCatalog": catalog.name,
         # Ingestion times are instants: keep them in UTC wherever Spark turns them into text.

@@ -5,7 +5,7 @@ import pytest
 
 from bergstream import jars
 from bergstream.errors import MissingToolError
-from bergstream.spark import spark_home_jars
+from bergstream.jars import spark_home_jars
 
 
 def test_pyspark_is_the_pinned_spark_version() -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bergstream.errors import StackError
+from bergstream.jars import spark_home_jars
 from bergstream.local import processes
-from bergstream.spark import spark_home_jars
 
 READY_TIMEOUT_SECONDS = 90.0
 

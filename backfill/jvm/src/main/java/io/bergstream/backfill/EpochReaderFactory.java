@@ -1,0 +1,77 @@
+package io.bergstream.backfill;
+
+import java.io.IOException;
+import java.util.Set;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.metric.CustomTaskMetric;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/** Iceberg's readers, keeping only the rows of each partition's epoch (and regions). */
+final class EpochReaderFactory implements PartitionReaderFactory {
+  private static final long serialVersionUID = 1L;
+
+  private final PartitionReaderFactory iceberg;
+  private final Rows rows;
+  private final Set<UTF8String> regions;
+
+  EpochReaderFactory(PartitionReaderFactory iceberg, Rows rows, Set<UTF8String> regions) {
+    this.iceberg = iceberg;
+    this.rows = rows;
+    this.regions = regions;
+  }
+
+  @Override
+  public PartitionReader<InternalRow> createReader(InputPartition partition) {
+    EpochPartition epoch = (EpochPartition) partition;
+    return new EpochReader(iceberg.createReader(epoch.iceberg), rows, epoch.lower, epoch.upper, regions);
+  }
+
+  @Override
+  public boolean supportColumnarReads(InputPartition partition) {
+    return false;
+  }
+
+  private static final class EpochReader implements PartitionReader<InternalRow> {
+    private final PartitionReader<InternalRow> iceberg;
+    private final Rows rows;
+    private final long lower;
+    private final long upper;
+    private final Set<UTF8String> regions;
+
+    EpochReader(PartitionReader<InternalRow> iceberg, Rows rows, long lower, long upper, Set<UTF8String> regions) {
+      this.iceberg = iceberg;
+      this.rows = rows;
+      this.lower = lower;
+      this.upper = upper;
+      this.regions = regions;
+    }
+
+    @Override
+    public boolean next() throws IOException {
+      while (iceberg.next()) {
+        if (rows.selected(iceberg.get(), lower, upper, regions)) {
+          return true;
+        }
+      }
+      return false;
+    }
+
+    @Override
+    public InternalRow get() {
+      return iceberg.get();
+    }
+
+    @Override
+    public CustomTaskMetric[] currentMetricsValues() {
+      return iceberg.currentMetricsValues();
+    }
+
+    @Override
+    public void close() throws IOException {
+      iceberg.close();
+    }
+  }
+}

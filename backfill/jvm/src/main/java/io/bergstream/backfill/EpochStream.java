@@ -1,0 +1,164 @@
+package io.bergstream.backfill;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.expressions.Expression;
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.LiteralValue;
+import org.apache.spark.sql.connector.expressions.NamedReference;
+import org.apache.spark.sql.connector.expressions.filter.Predicate;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownV2Filters;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
+import org.apache.spark.sql.connector.read.streaming.Offset;
+import org.apache.spark.sql.connector.read.streaming.ReadLimit;
+import org.apache.spark.sql.connector.read.streaming.ReportsSourceMetrics;
+import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/**
+ * The epochs of a plan as micro-batches. The source paces itself: whatever the trigger, each
+ * micro-batch is one epoch, and with an availableNow trigger the query stops after the last one.
+ * Each epoch is handed to Iceberg's reader as a scan filtered to the epoch, so that Iceberg skips the
+ * files and row groups outside it; the rows it still returns outside the epoch are dropped here.
+ */
+final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow, ReportsSourceMetrics {
+  // Row reads: the filter below works on rows, and Iceberg's vectorized reads skip nested types anyway.
+  private static final Map<String, String> READ_OPTIONS = Map.of("vectorization-enabled", "false");
+
+  private final Plan plan;
+  private final SupportsRead iceberg;
+  private final Rows rows;
+  private int target;
+  private PartitionReaderFactory icebergFactory;
+
+  EpochStream(Plan plan, SupportsRead iceberg, StructType schema) {
+    this.plan = plan;
+    this.iceberg = iceberg;
+    this.rows = Rows.locate(schema, plan);
+    this.target = plan.size();
+  }
+
+  @Override
+  public Offset initialOffset() {
+    return new EpochOffset(0, plan);
+  }
+
+  @Override
+  public Offset latestOffset() {
+    throw new UnsupportedOperationException("bergstream-backfill paces itself: latestOffset(start, limit)");
+  }
+
+  @Override
+  public Offset latestOffset(Offset start, ReadLimit limit) {
+    int done = ((EpochOffset) start).epoch;
+    return new EpochOffset(Math.min(done + 1, Math.max(target, done)), plan);
+  }
+
+  @Override
+  public ReadLimit getDefaultReadLimit() {
+    return ReadLimit.maxRows(1);  // never used for rows: one epoch per micro-batch
+  }
+
+  @Override
+  public Offset reportLatestOffset() {
+    return new EpochOffset(plan.size(), plan);
+  }
+
+  @Override
+  public void prepareForTriggerAvailableNow() {
+    target = plan.size();
+  }
+
+  @Override
+  public Offset deserializeOffset(String json) {
+    int epoch = EpochOffset.epochOf(json);
+    if (epoch < 0 || epoch > plan.size()) {
+      throw new IllegalStateException(
+          "checkpointed epoch " + epoch + " is outside the " + plan.size() + " epochs of " + plan.path
+              + ": the checkpoint belongs to another backfill");
+    }
+    return new EpochOffset(epoch, plan);
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions(Offset start, Offset end) {
+    List<InputPartition> partitions = new ArrayList<>();
+    for (int epoch = ((EpochOffset) start).epoch; epoch < ((EpochOffset) end).epoch; epoch++) {
+      long lower = plan.epochs[epoch][0];
+      long upper = plan.epochs[epoch][1];
+      Batch batch = icebergBatch(lower, upper);
+      icebergFactory = batch.createReaderFactory();
+      for (InputPartition partition : batch.planInputPartitions()) {
+        partitions.add(new EpochPartition(partition, lower, upper));
+      }
+    }
+    return partitions.toArray(new InputPartition[0]);
+  }
+
+  private Batch icebergBatch(long lower, long upper) {
+    Map<String, String> options = new HashMap<>(READ_OPTIONS);
+    options.putAll(plan.readOptions);
+    ScanBuilder builder = iceberg.newScanBuilder(new CaseInsensitiveStringMap(options));
+    if (builder instanceof SupportsPushDownV2Filters filters) {
+      filters.pushPredicates(epochPredicates(lower, upper));
+    }
+    return builder.build().toBatch();
+  }
+
+  private Predicate[] epochPredicates(long lower, long upper) {
+    NamedReference ts = Expressions.column(Rows.METADATA + "." + Rows.INGESTION_TS);
+    List<Predicate> predicates = new ArrayList<>();
+    predicates.add(new Predicate(">=", new Expression[] {ts, new LiteralValue<>(lower, DataTypes.TimestampType)}));
+    predicates.add(new Predicate("<", new Expression[] {ts, new LiteralValue<>(upper, DataTypes.TimestampType)}));
+    if (plan.regions != null) {
+      List<Expression> in = new ArrayList<>();
+      in.add(Expressions.column(Rows.METADATA + "." + Rows.CLUSTER));
+      for (String region : plan.regions) {
+        in.add(new LiteralValue<>(UTF8String.fromString(region), DataTypes.StringType));
+      }
+      predicates.add(new Predicate("IN", in.toArray(new Expression[0])));
+    }
+    return predicates.toArray(new Predicate[0]);
+  }
+
+  @Override
+  public PartitionReaderFactory createReaderFactory() {
+    if (icebergFactory == null) {  // a batch with no epoch: Iceberg's factory of any scan serves
+      icebergFactory = icebergBatch(plan.windowStart, plan.windowStart + 1).createReaderFactory();
+    }
+    return new EpochReaderFactory(icebergFactory, rows, Rows.regions(plan));
+  }
+
+  @Override
+  public Map<String, String> metrics(Optional<Offset> latestConsumedOffset) {
+    int epoch = latestConsumedOffset.map(offset -> ((EpochOffset) offset).epoch).orElse(0);
+    Map<String, String> metrics = new HashMap<>();
+    metrics.put("epoch", Integer.toString(epoch));
+    metrics.put("epochs", Integer.toString(plan.size()));
+    metrics.put("watermark", Plan.instant(plan.watermark(epoch)));
+    metrics.put("table", plan.table);
+    return metrics;
+  }
+
+  @Override
+  public void commit(Offset end) {}
+
+  @Override
+  public void stop() {}
+
+  @Override
+  public String toString() {
+    return "bergstream-backfill[" + plan.source + ": " + plan.table + "]";
+  }
+}

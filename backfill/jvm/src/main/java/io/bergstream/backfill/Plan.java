@@ -1,0 +1,109 @@
+package io.bergstream.backfill;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+import java.io.Serializable;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Instant;
+import java.time.temporal.ChronoUnit;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * What one backfill source reads, as the Python planner wrote it: the table at its pinned snapshot,
+ * the regions, and the epochs shared by every source of the backfill ([lower, upper) ingestion times in
+ * microseconds, ascending).
+ */
+final class Plan implements Serializable {
+  private static final long serialVersionUID = 1L;
+  static final int FORMAT = 1;
+
+  final String path;
+  final String source;
+  final String table;
+  final Long snapshotId;
+  final List<String> regions;
+  final long windowStart;
+  final long windowEnd;
+  final long[][] epochs;
+  // Passed to Iceberg's scan of each epoch (split-size, ...), over the source's own.
+  final Map<String, String> readOptions;
+
+  private Plan(String path, JsonNode node) {
+    this.path = path;
+    this.source = node.path("source").asText("backfill");
+    this.table = required(node, "table").asText();
+    this.snapshotId = node.path("snapshot_id").isNumber() ? node.get("snapshot_id").asLong() : null;
+    List<String> wanted = null;
+    if (node.path("regions").isArray()) {
+      wanted = new ArrayList<>();
+      for (JsonNode region : node.get("regions")) {
+        wanted.add(region.asText());
+      }
+    }
+    this.regions = wanted;
+    Map<String, String> options = new HashMap<>();
+    node.path("read_options").fields().forEachRemaining(e -> options.put(e.getKey(), e.getValue().asText()));
+    this.readOptions = options;
+    JsonNode window = required(node, "window");
+    this.windowStart = window.get(0).asLong();
+    this.windowEnd = window.get(1).asLong();
+    JsonNode list = required(node, "epochs");
+    this.epochs = new long[list.size()][];
+    long previous = Long.MIN_VALUE;
+    for (int i = 0; i < list.size(); i++) {
+      long lower = list.get(i).get(0).asLong();
+      long upper = list.get(i).get(1).asLong();
+      if (lower >= upper || lower < previous || lower < windowStart || upper > windowEnd) {
+        throw new IllegalArgumentException(
+            "backfill plan " + path + ": epoch " + i + " [" + lower + ", " + upper
+                + ") is empty, out of order or outside the window");
+      }
+      previous = upper;
+      this.epochs[i] = new long[] {lower, upper};
+    }
+  }
+
+  private static JsonNode required(JsonNode node, String key) {
+    if (!node.hasNonNull(key)) {
+      throw new IllegalArgumentException("backfill plan has no '" + key + "'");
+    }
+    return node.get(key);
+  }
+
+  static Plan read(String path) {
+    if (path == null || path.isEmpty()) {
+      throw new IllegalArgumentException(
+          "the bergstream-backfill source needs option 'plan': the plan file bergstream writes");
+    }
+    try {
+      JsonNode node = new ObjectMapper().readTree(Files.readAllBytes(Path.of(path)));
+      if (node.path("format").asInt() != FORMAT) {
+        throw new IllegalArgumentException(
+            "backfill plan " + path + " has format " + node.path("format") + ", not " + FORMAT);
+      }
+      return new Plan(path, node);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("cannot read backfill plan " + path + ": " + e.getMessage(), e);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("backfill plan " + path + ": " + e.getMessage(), e);
+    }
+  }
+
+  int size() {
+    return epochs.length;
+  }
+
+  /** Every row ingested before this has been emitted once `done` epochs are. */
+  long watermark(int done) {
+    return done == 0 ? windowStart : epochs[done - 1][1];
+  }
+
+  static String instant(long micros) {
+    return Instant.EPOCH.plus(micros, ChronoUnit.MICROS).toString();
+  }
+}
