@@ -10,7 +10,8 @@ if ! command -v python3.11 >/dev/null 2>&1; then
 elif ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then  # Debian splits venv's pip out
   missing="$missing python3.11-venv"
 fi
-if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+# javac too: the backfill's Spark source is compiled on this machine.
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] || ! command -v javac >/dev/null 2>&1; then
   missing="$missing default-jdk-headless"
 fi
 command -v mvn >/dev/null 2>&1 || missing="$missing maven"
