@@ -61,7 +61,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
 
   @Override
   public Offset latestOffset(Offset start, ReadLimit limit) {
-    int done = ((EpochOffset) start).epoch;
+    int done = epochOf(start);
     return new EpochOffset(Math.min(done + 1, Math.max(target, done)), plan);
   }
 
@@ -80,6 +80,11 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     target = plan.size();
   }
 
+  /** Offsets come back from the checkpoint's log as Spark's own serialized form after a restart. */
+  private static int epochOf(Offset offset) {
+    return offset instanceof EpochOffset epoch ? epoch.epoch : EpochOffset.epochOf(offset.json());
+  }
+
   @Override
   public Offset deserializeOffset(String json) {
     int epoch = EpochOffset.epochOf(json);
@@ -94,7 +99,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   @Override
   public InputPartition[] planInputPartitions(Offset start, Offset end) {
     List<InputPartition> partitions = new ArrayList<>();
-    for (int epoch = ((EpochOffset) start).epoch; epoch < ((EpochOffset) end).epoch; epoch++) {
+    for (int epoch = epochOf(start); epoch < epochOf(end); epoch++) {
       long lower = plan.epochs[epoch][0];
       long upper = plan.epochs[epoch][1];
       Batch batch = icebergBatch(lower, upper);
@@ -142,7 +147,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
 
   @Override
   public Map<String, String> metrics(Optional<Offset> latestConsumedOffset) {
-    int epoch = latestConsumedOffset.map(offset -> ((EpochOffset) offset).epoch).orElse(0);
+    int epoch = latestConsumedOffset.map(EpochStream::epochOf).orElse(0);
     Map<String, String> metrics = new HashMap<>();
     metrics.put("epoch", Integer.toString(epoch));
     metrics.put("epochs", Integer.toString(plan.size()));

@@ -1,0 +1,357 @@
+"""Backfill end to end on real Kafka, Spark and Iceberg: archive with the router, then backfill and replay.
+
+Both topics are produced over two past hours of ingestion time (some events late, some malformed) and
+archived by the router; the backfill source, the applications and the replay then read that archive.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from backfill.planner import to_micros
+from backfill.run import run_app
+from backfill.settings import AppSettings
+from backfill.sources import Sources
+from bergstream.loadgen.producer import ProduceRequest, produce
+from router.app import archive_available_now
+from router.config import RouterConfig
+from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+HOURS = 2
+B = timedelta(minutes=15)
+
+
+@dataclass(frozen=True)
+class Archived:
+    start: datetime
+    end: datetime
+    topics: dict[str, str]  # kind -> topic name
+    tables: dict[str, str]  # kind -> table name
+
+
+@pytest.fixture(scope="module")
+def archived(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Archived:
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS + 2)
+    directory = tmp_path_factory.mktemp("archive")
+    topics, tables = {}, {}
+    for kind, count, encoding in (("impression", 6000, "avro"), ("playback", 3000, "json")):
+        topic = f"bf_{kind}"
+        produce(
+            ProduceRequest(topic=topic, schema=kind, count=count, encoding=encoding, partitions=3, seed=5,
+                           late_fraction=0.05, bad_fraction=0.02, ingestion_start=start,
+                           ingestion_span=timedelta(hours=HOURS)),
+            stack.bootstrap_servers, show_progress=False,
+        )  # fmt: skip
+        config = RouterConfig(
+            topic=topic, schema=kind, encoding=encoding, table=topic, cluster="us-east-1",
+            kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            checkpoint_location=str(directory / topic), catalog=stack.catalog,
+        )  # fmt: skip
+        archive_available_now(spark, config)
+        topics[kind], tables[kind] = topic, topic
+    return Archived(start, start + timedelta(hours=HOURS), topics, tables)
+
+
+def app_settings(
+    stack: Services, archived: Archived, checkpoint: Path, app: str, mode: str, output: str, **backfill: Any
+) -> AppSettings:
+    kinds = {
+        "sessionizer": ["playback"],
+        "attribution": ["impression", "playback"],
+        "probe": ["impression", "playback"],
+    }
+    encodings = {"impression": "avro", "playback": "json"}
+    return AppSettings.model_validate(
+        {
+            "app": app,
+            "entry": f"apps.{app}:{app}" if app != "probe" else "apps.sessionizer:sessionizer",
+            "mode": mode,
+            "sources": {
+                kind: {"topic": archived.topics[kind], "table": archived.tables[kind], "schema": kind,
+                       "encoding": encodings[kind], "cluster": "us-east-1"}
+                for kind in kinds[app]
+            },
+            "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+            "checkpoint_location": str(checkpoint),
+            "output_table": output,
+            "backfill": {"start": archived.start, "end": archived.end, "max_misalignment": B, **backfill},
+            "spark": {"master": "local[2]"},
+        }
+    )  # fmt: skip
+
+
+def archive_rows(
+    stack: Services, table: str, start: datetime, end: datetime
+) -> dict[tuple[int, int], datetime]:
+    catalog = stack.catalog.load()
+    rows = catalog.load_table(f"{stack.catalog.namespace}.{table}").scan(selected_fields=("__metadata__",))
+    found = {}
+    for metadata in rows.to_arrow().column("__metadata__").to_pylist():
+        if start <= metadata["kafka_ingestion_ts"] < end:
+            found[(metadata["partition"], metadata["offset"])] = metadata["kafka_ingestion_ts"]
+    return found
+
+
+def collect_batches(
+    spark: SparkSession, sources: Sources, checkpoint: Path, stop_after: int | None = None
+) -> list[tuple[int, str, int, int, datetime]]:
+    """(batch, source, partition, offset, ingestion time) of every row both sources emit, batch by batch."""
+    from pyspark.sql import functions as F
+
+    seen: list[tuple[int, str, int, int, datetime]] = []
+
+    def keep(frame: Any, batch_id: int) -> None:
+        for row in frame.collect():
+            seen.append((batch_id, row.source, row.partition, row.offset, row.ts))
+
+    streams = [
+        sources.stream(name).select(
+            F.lit(name).alias("source"),
+            F.col("__metadata__.partition").alias("partition"),
+            F.col("__metadata__.offset").alias("offset"),
+            F.col("__metadata__.kafka_ingestion_ts").alias("ts"),
+        )
+        for name in sources.names
+    ]  # fmt: skip
+    union = streams[0].unionByName(streams[1])
+    writer = union.writeStream.foreachBatch(keep).option("checkpointLocation", str(checkpoint / "query"))
+    if stop_after is None:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime="0 seconds").start()
+        while query.lastProgress is None or query.lastProgress["batchId"] < stop_after - 1:
+            query.awaitTermination(1)
+        query.stop()
+    assert query.exception() is None
+    return seen
+
+
+def test_two_sources_emit_each_row_of_the_window_once_epoch_by_epoch_aligned(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    start, end = archived.start + timedelta(minutes=10), archived.end - timedelta(minutes=7)
+    settings = app_settings(
+        stack, archived, tmp_path, "probe", "backfill", "apps.unused", start=start, end=end
+    )
+    sources = Sources(spark, settings)
+    seen = collect_batches(spark, sources, tmp_path)
+    epochs = sources.plan().epochs
+    assert len(epochs) == 8  # 05:10, :15, :30, :45, 06:00, :15, :30, :45-06:53
+    for batch, rows in itertools.groupby(sorted(seen), key=lambda r: r[0]):
+        epoch = epochs[batch]
+        batch_rows = list(rows)
+        assert {r[1] for r in batch_rows} == {"impression", "playback"}, "both sources read every epoch"
+        assert all(epoch.lower <= to_micros(r[4]) < epoch.upper for r in batch_rows), (
+            f"batch {batch} is epoch {batch}"
+        )
+    newest = None
+    for _, _, _, _, ts in sorted(seen, key=lambda r: r[0]):
+        if newest is not None:
+            assert newest - ts <= B
+        newest = ts if newest is None else max(newest, ts)
+    for kind in ("impression", "playback"):
+        expected = archive_rows(stack, archived.tables[kind], start, end)
+        emitted = [(r[2], r[3]) for r in seen if r[1] == kind]
+        assert len(emitted) == len(set(emitted)) == len(expected) > 0
+        assert set(emitted) == set(expected)
+    # Bounds of router-made files come from the manifests.
+    assert {split.bounds_from for split in sources.plan().splits} == {"manifest"}
+
+
+def test_backfill_and_live_sources_have_the_same_columns(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    for kind in ("impression", "playback"):
+        live = Sources(spark, app_settings(stack, archived, tmp_path / "live", "attribution", "live", "x"))
+        backfill = Sources(
+            spark, app_settings(stack, archived, tmp_path / "bf", "attribution", "backfill", "x")
+        )
+        live_schema, backfill_schema = live.stream(kind).schema, backfill.stream(kind).schema
+        assert [(f.name, f.dataType.simpleString()) for f in live_schema] == [
+            (f.name, f.dataType.simpleString()) for f in backfill_schema
+        ]
+
+
+def test_a_stopped_backfill_resumes_from_its_checkpoint_every_row_once(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused")
+    first = collect_batches(spark, Sources(spark, settings), tmp_path, stop_after=3)
+    assert 3 <= len({r[0] for r in first}) < 8
+    rest = collect_batches(spark, Sources(spark, settings), tmp_path)
+    emitted = [(r[1], r[2], r[3]) for r in first + rest]
+    assert len(emitted) == len(set(emitted))
+    for kind in ("impression", "playback"):
+        expected = archive_rows(stack, archived.tables[kind], archived.start, archived.end)
+        assert {(p, o) for source, p, o in emitted if source == kind} == set(expected)
+
+
+def output_rows(spark: SparkSession, table: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row) for row in spark.table(f"bergstream.apps.{table}").collect())
+
+
+@pytest.mark.parametrize("app", ["sessionizer", "attribution"])
+def test_an_application_gives_the_same_output_live_and_as_a_backfill(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path, app: str
+) -> None:
+    """No record is late for the application in either run (its watermark delay of an hour covers the
+    load's lateness and B), so both runs write the same rows."""
+    live = app_settings(stack, archived, tmp_path / "live", app, "live", f"{app}_live")
+    report = run_app(spark, live, available_now=True, show_progress=False)
+    backfill = app_settings(stack, archived, tmp_path / "backfill", app, "backfill", f"{app}_backfill")
+    backfilled = run_app(spark, backfill, show_progress=False)
+    assert backfilled.position.epoch == len(Sources(spark, backfill).plan().epochs)
+    assert sum(backfilled.position.rows.values()) == sum(backfilled.rows_in_archive.values())
+    assert report.position.kafka_end_offsets, "a live run reports where it is in Kafka"
+    rows = output_rows(spark, f"{app}_live")
+    assert len(rows) > 10
+    assert output_rows(spark, f"{app}_backfill") == rows
+
+
+def consume_all(bootstrap: str, topic: str, count: int) -> list[Any]:
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    partitions = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics[topic]
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"check-{topic}", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions.partitions])
+    messages = []
+    while len(messages) < count:
+        message = consumer.poll(10)
+        assert message is not None, f"only {len(messages)} of {count} records came back from {topic}"
+        assert message.error() is None
+        messages.append(message)
+    consumer.close()
+    return messages
+
+
+def test_replay_republishes_the_window_in_backfill_order(
+    stack: Services, archived: Archived, tmp_path: Path
+) -> None:
+    from backfill.batches import window_of
+    from backfill.order import BoundedOrder
+    from backfill.replay import replay
+    from schemas.registry import load_event_schema
+
+    table = archived.tables["playback"]
+    report = replay(
+        stack.catalog, table, window_of(archived.start, archived.end), BoundedOrder(B), "bf_replayed",
+        {"bootstrap.servers": stack.bootstrap_servers}, include_dead_letters=True,
+    )  # fmt: skip
+    assert report.epochs_done == report.epochs == 8
+    assert report.dead_letters > 0
+    iceberg = stack.catalog.load()
+    archive = {
+        (r["__metadata__"]["partition"], r["__metadata__"]["offset"]): r
+        for name in (table, f"{table}__dlq")
+        for r in iceberg.load_table(f"archive.{name}").scan().to_arrow().to_pylist()
+    }
+    messages = consume_all(stack.bootstrap_servers, "bf_replayed", report.records + report.dead_letters)
+    schema = load_event_schema("playback")
+    seen = []
+    newest: dict[int, int] = {}
+    for message in messages:
+        headers = dict(message.headers())
+        assert headers["bergstream.source.topic"] == table.encode()
+        key = (int(headers["bergstream.source.partition"]), int(headers["bergstream.source.offset"]))
+        seen.append(key)
+        row = archive[key]
+        metadata = row["__metadata__"]
+        assert message.key() == metadata["key"]
+        assert message.timestamp()[1] == to_micros(metadata["kafka_ingestion_ts"]) // 1000
+        assert headers["producer"] == b"bergstream-loadgen" and headers["encoding"] == b"json"
+        if "bergstream.dead-letter.reason" in headers:
+            assert message.value() == row["raw_value"]
+            assert headers["bergstream.dead-letter.reason"] == row["error"].encode()
+        else:
+            event = schema.decode(message.value(), "json")
+            assert {name: event[name] for name in ("playback_id", "account_id", "event_type", "device")} == {
+                name: row[name] for name in ("playback_id", "account_id", "event_type", "device")
+            }
+            assert datetime.fromisoformat(event["event_ts"]) == row["event_ts"]
+        # Each partition of the replayed topic is a subsequence of the backfill order: within B too.
+        ts, partition = message.timestamp()[1], message.partition()
+        assert newest.get(partition, ts) - ts <= B // timedelta(milliseconds=1)
+        newest[partition] = max(newest.get(partition, ts), ts)
+    assert len(seen) == len(set(seen)) == len(archive)
+
+
+def test_a_replay_that_fails_says_where_it_stopped(stack: Services, archived: Archived) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from backfill.batches import window_of
+    from backfill.errors import BackfillError
+    from backfill.order import BoundedOrder
+    from backfill.replay import replay
+
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    small = NewTopic(
+        "bf_too_small", num_partitions=1, replication_factor=1, config={"max.message.bytes": "200"}
+    )
+    admin.create_topics([small])["bf_too_small"].result(timeout=30)
+    with pytest.raises(BackfillError, match=r"stopped in epoch 0 .*no epoch was delivered whole.*--start"):
+        replay(
+            stack.catalog, archived.tables["playback"], window_of(archived.start, archived.end),
+            BoundedOrder(B), "bf_too_small", {"bootstrap.servers": stack.bootstrap_servers},
+        )  # fmt: skip
+
+
+def test_a_backfill_killed_with_sigkill_resumes_with_the_same_output(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    """`bergstream backfill run` killed (driver and JVM) after two micro-batches, then run again with
+    the same command, writes what an uninterrupted backfill writes: each batch's output once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    uninterrupted = app_settings(
+        stack, archived, tmp_path / "whole", "sessionizer", "backfill", "killed_whole"
+    )
+    run_app(spark, uninterrupted, show_progress=False)
+    settings = app_settings(stack, archived, tmp_path / "app", "sessionizer", "backfill", "killed_resumed")
+    config = tmp_path / "sessionizer.yaml"
+    config.write_text(yaml.safe_dump(settings.model_dump(mode="json", by_alias=True, exclude={"backfill"})))
+    checkpoint = tmp_path / "checkpoint"
+    command = [
+        sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer",
+        "--config", str(config), "--start", archived.start.isoformat(), "--end", archived.end.isoformat(),
+        "--max-misalignment", "15m", "--checkpoint", str(checkpoint),
+    ]  # fmt: skip
+    root = Path(__file__).parent.parent
+    with (tmp_path / "killed.log").open("wb") as log:
+        process = subprocess.Popen(
+            command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + 240
+    while len(list((checkpoint / "commits").glob("[0-9]*"))) < 2:
+        assert process.poll() is None, (tmp_path / "killed.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, "the backfill committed no two micro-batches in 240s"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    committed = len(list((checkpoint / "commits").glob("[0-9]*")))
+    assert committed < 9, "killed before the end of the window"
+    resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "covered to " + archived.end.strftime("%Y-%m-%dT%H:%M:%SZ") in resumed.stdout
+    assert output_rows(spark, "killed_resumed") == output_rows(spark, "killed_whole")
+    assert len(output_rows(spark, "killed_whole")) > 10
