@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CLUSTER_COLUMN = f"{METADATA}.cluster"
 PLAN_FORMAT = 1
+# An epoch reads a slice of each file: Iceberg cuts files at row-group boundaries into tasks of about this
+# size, so that the row groups of one epoch are read in parallel. Measured on 5,000,000 impressions with
+# 14 row groups per hour file, B = 15m: 72.5 s with Iceberg's default of 128 MB, 42.5 s with 2 MB. An
+# unordered read keeps the default: small tasks cost it (16.0 s against 10.4 s).
+EPOCH_SPLIT_BYTES = 2 * 1024 * 1024
 
 
 def to_micros(value: datetime) -> Micros:
@@ -115,6 +120,7 @@ class BackfillPlan:
             "regions": list(self.regions) if self.regions is not None else None,
             "window": [self.window.start, self.window.end],
             "epochs": [[epoch.lower, epoch.upper] for epoch in self.epochs],
+            "read_options": {} if self.policy.bound is None else {"split-size": str(EPOCH_SPLIT_BYTES)},
         }
 
     def to_json(self) -> dict[str, Any]:

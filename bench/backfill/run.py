@@ -1,0 +1,210 @@
+"""Backfill throughput on one archive: both topics over 24 ingestion hours (bench/backfill/archive.py).
+
+Measured, each warm (run once beforehand) and in one Spark session (`local[2]`):
+- (n) a native Spark batch scan of the window into noop: the upper bound;
+- (u) the backfill source reading the window as one epoch (unordered) into noop;
+- (b) the backfill source at B = 5, 15 and 60 minutes into noop;
+- (s) a strictly ordered single reader: read_batches with exact ingestion order, in Python;
+- the sessionizer live (from Kafka, availableNow), as a backfill at B = 15 minutes, and unordered;
+- replay of an hour of playbacks into Kafka.
+Both tables are read together, aligned, as an application reading both would read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from backfill.batches import window_of
+from backfill.order import BoundedOrder
+from backfill.replay import replay
+from backfill.run import run_app
+from backfill.settings import AppSettings
+from backfill.sources import Sources
+from bench.backfill.archive import OUT, ArchiveRequest, BenchArchive, build, default_start
+from bergstream.spark import build_spark_session
+
+log = logging.getLogger("bench.backfill")
+TABLES = ("impression", "playback")
+
+
+def machine() -> str:
+    import os
+
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def settings(archive: BenchArchive, app: str, mode: str, checkpoint: Path, bound: str | None) -> AppSettings:
+    encodings = {"impression": "avro", "playback": "json"}
+    sources = ["playback"] if app == "sessionizer" else list(TABLES)
+    return AppSettings.model_validate(
+        {
+            "app": app,
+            "entry": "apps.sessionizer:sessionizer",
+            "mode": mode,
+            "sources": {k: {"topic": k, "table": k, "schema": k, "encoding": encodings[k]} for k in sources},
+            "kafka": {"kafka.bootstrap.servers": archive.bootstrap_servers, "startingOffsets": "earliest"},
+            "max_offsets_per_trigger": 500_000,
+            "catalog": archive.stack.config.catalog.model_dump(mode="json", exclude_none=True),
+            "checkpoint_location": str(checkpoint),
+            "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}".replace(" ", ""),
+            "backfill": {
+                "start": archive.start,
+                "end": archive.end,
+                "max_misalignment": bound or "unordered",
+            },
+        }
+    )
+
+
+def timed(function: Any) -> tuple[float, Any]:
+    started = time.monotonic()
+    result = function()
+    return time.monotonic() - started, result
+
+
+def native_scan(spark: Any, archive: BenchArchive) -> tuple[float, int]:
+    catalog = archive.stack.config.catalog
+    start, end = archive.start.isoformat(), archive.end.isoformat()
+    rows = 0
+    began = time.monotonic()
+    for table in TABLES:
+        frame = spark.table(catalog.table_identifier(table)).where(
+            f"__metadata__.kafka_ingestion_ts >= '{start}' AND __metadata__.kafka_ingestion_ts < '{end}'"
+        )
+        frame.write.format("noop").mode("overwrite").save()
+        rows += archive.request.counts[table]
+    return time.monotonic() - began, rows
+
+
+def source_scan(spark: Any, archive: BenchArchive, bound: str | None, work: Path) -> dict[str, Any]:
+    """Both tables through the backfill source, aligned, into noop; seconds, rows, micro-batches."""
+    checkpoint = work / f"source-{bound or 'unordered'}-{time.monotonic_ns()}"
+    sources = Sources(spark, settings(archive, "scan", "backfill", checkpoint, bound))
+    impressions, playbacks = (sources.stream(name) for name in TABLES)
+    frame = impressions.unionByName(playbacks, allowMissingColumns=True)
+    query = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint / "query"))
+    began = time.monotonic()
+    running = query.trigger(availableNow=True).start()
+    while not running.awaitTermination(1):
+        pass
+    seconds = time.monotonic() - began
+    if running.exception() is not None:
+        raise RuntimeError(str(running.exception()))
+    # The per-batch phases of the last (up to 100) batches Spark keeps.
+    durations = [progress.durationMs for progress in running.recentProgress]
+    epochs = len(sources.plan().epochs)
+    phases: dict[str, float] = {}
+    for duration in durations:
+        for phase, ms in duration.items():
+            phases[phase] = phases.get(phase, 0.0) + ms / len(durations)
+    return {"seconds": seconds, "epochs": epochs, "per_batch_ms": phases,
+            "rows": sum(archive.request.counts.values())}  # fmt: skip
+
+
+def strict_reader(archive: BenchArchive) -> tuple[float, int]:
+    from backfill.batches import plan_batches
+    from backfill.order import StrictOrder
+    from backfill.planner import plan
+
+    catalog = archive.stack.config.catalog
+    made = plan(catalog, list(TABLES), window_of(archive.start, archive.end), StrictOrder())
+    began = time.monotonic()
+    rows = sum(batch.num_rows for batch in plan_batches(made, catalog))
+    return time.monotonic() - began, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--impressions", type=int, default=5_000_000)
+    parser.add_argument("--playbacks", type=int, default=500_000)
+    parser.add_argument("--skip-apps", action="store_true", help="measure the sources only")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    archive = build(ArchiveRequest(args.impressions, args.playbacks, default_start(24)))
+    work = OUT / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    results: dict[str, Any] = {"machine": machine(), "date": datetime.now(UTC).isoformat(),
+                               "rows": archive.request.counts}  # fmt: skip
+    catalog = archive.stack.config.catalog
+    spark = build_spark_session(catalog, master="local[2]", app_name="bench-backfill",
+                                conf={"spark.ui.enabled": "false"})  # fmt: skip
+    try:
+        native_scan(spark, archive)  # warm-up
+        seconds, rows = native_scan(spark, archive)
+        results["native"] = {"seconds": seconds, "rows_per_s": rows / seconds}
+        print(f"(n) native scan into noop: {rows:,} rows in {seconds:.1f}s, {rows / seconds:,.0f} rows/s")
+        source_scan(spark, archive, None, work)  # warm-up
+        for bound in (None, "60m", "15m", "5m"):
+            measured = source_scan(spark, archive, bound, work)
+            measured["rows_per_s"] = measured["rows"] / measured["seconds"]
+            measured["ratio"] = results["native"]["seconds"] / measured["seconds"]
+            results[f"source_{bound or 'unordered'}"] = measured
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in measured["per_batch_ms"].items())
+            print(f"backfill source, {bound or 'unordered'}: {measured['epochs']} epochs, "
+                  f"{measured['seconds']:.1f}s, {measured['rows_per_s']:,.0f} rows/s, "
+                  f"{measured['ratio']:.2f} x native; per batch ms: {phases}")  # fmt: skip
+        seconds, rows = strict_reader(archive)
+        results["strict_reader"] = {"seconds": seconds, "rows_per_s": rows / seconds,
+                                    "ratio": results["native"]["seconds"] / seconds}  # fmt: skip
+        print(f"(s) strict single reader (read_batches): {rows:,} rows in {seconds:.1f}s")
+        if not args.skip_apps:
+            for mode, bound in (("live", "15m"), ("backfill", "15m"), ("backfill", None)):
+                name = f"sessionizer_{mode}_{bound or 'unordered'}"
+                app = settings(archive, "sessionizer", mode, work / name, bound)
+                seconds, report = timed(lambda app=app, mode=mode: run_app(
+                    spark, app, available_now=mode == "live", show_progress=False))  # fmt: skip
+                rows = report.position.total_rows
+                results[name] = {"seconds": seconds, "rows": rows, "rows_per_s": rows / seconds}
+                print(f"sessionizer {mode} {bound or 'unordered'}: {rows:,} rows in {seconds:.1f}s, "
+                      f"{rows / seconds:,.0f} rows/s")  # fmt: skip
+        hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
+        seconds, report = timed(lambda: replay(
+            catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), "bench-replay",
+            {"bootstrap.servers": archive.bootstrap_servers}))  # fmt: skip
+        results["replay"] = {
+            "seconds": seconds,
+            "records": report.records,
+            "rows_per_s": report.records / seconds,
+        }
+        print(f"replay of an hour of playbacks: {report.records:,} records in {seconds:.1f}s")
+    finally:
+        spark.stop()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    plot(results)
+
+
+def plot(results: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, rates = [], []
+    for key, label in (("native", "native scan"), ("source_unordered", "source, unordered"),
+                       ("source_60m", "B = 60m"), ("source_15m", "B = 15m"), ("source_5m", "B = 5m"),
+                       ("strict_reader", "strict, 1 reader")):  # fmt: skip
+        if key in results:
+            labels.append(label)
+            rates.append(results[key]["rows_per_s"] / 1000)
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.bar(labels, rates, color=["#555"] + ["#3b7dd8"] * (len(labels) - 1))
+    axis.set_ylabel("thousand rows/s")
+    axis.set_title(f"Backfill read throughput, {sum(results['rows'].values()):,} rows ({results['machine']})")
+    figure.tight_layout()
+    figure.savefig(OUT / "throughput.png", dpi=120)
+    print(f"results and plot in {OUT}")
+
+
+if __name__ == "__main__":
+    main()
