@@ -23,14 +23,13 @@ from backfill.order import Epoch, OrderingPolicy, Window
 from backfill.planner import from_micros, plan, table_ref, to_micros
 from backfill.reader import TABLE_KEY, TableReader, epoch_batches
 from bergstream.catalog import CatalogConfig
-from bergstream.loadgen.producer import ensure_topic
 from bergstream.timeparse import format_instant
+from bergstream.topics import ensure_topic, send
 from schemas.archive import DEAD_LETTER_SUFFIX, ENCODING_PROPERTY, METADATA, SCHEMA_PROPERTY, TOPIC_PROPERTY
 from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from confluent_kafka import Producer
 
 log = logging.getLogger("bergstream.backfill.replay")
 SOURCE_TOPIC = "bergstream.source.topic"
@@ -150,7 +149,7 @@ def replay(
         for batch in epoch_batches(backfill_plan, readers, epoch):
             dead = (batch.schema.metadata or {}).get(TABLE_KEY, b"").decode() == dead_letter_table
             for key, value, headers, timestamp in _records(batch, encoder, dead):
-                _send(producer, to_topic, key, value, headers, timestamp, delivered)
+                send(producer, to_topic, key, value, headers, timestamp, delivered)
             if dead:
                 report.dead_letters += batch.num_rows
             else:
@@ -205,25 +204,6 @@ def _records(
             yield row["raw_key"], row["raw_value"], headers, timestamp
         else:
             yield metadata["key"], encoder(row), headers, timestamp
-
-
-def _send(
-    producer: Producer,
-    topic: str,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, str | bytes | None]],
-    timestamp: int,
-    callback: Any,
-) -> None:
-    while True:
-        try:
-            producer.produce(
-                topic, value=value, key=key, headers=headers, timestamp=timestamp, on_delivery=callback
-            )
-            return
-        except BufferError:
-            producer.poll(0.1)
 
 
 def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
+from bergstream.settings_file import merge, problems, read_mapping
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
@@ -179,26 +179,17 @@ def load_app_settings(
         raise BackfillConfigError(
             f"{path}: no such file; an application's settings live in {APPS_DIR}/<app>.yaml"
         )
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise BackfillConfigError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(loaded, dict):
-        raise BackfillConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
+    loaded = read_mapping(path)
     if loaded.get("app", app) != app:
         raise BackfillConfigError(f"{path}: app is {loaded['app']!r} but {app!r} was asked for")
     if "catalog" in loaded:  # another catalog entirely: nothing of the local one may leak into it
         defaults = {key: value for key, value in defaults.items() if key != "catalog"}
-    merged = _merge(_merge(defaults, loaded), _without_none(overrides))
+    merged = merge(merge(defaults, loaded), _without_none(overrides))
     merged.setdefault("app", app)
     try:
         return AppSettings.model_validate(merged)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
-            for problem in error.errors()
-        )
-        raise BackfillConfigError(f"{path}: {problems}") from error
+        raise BackfillConfigError(f"{path}: {problems(error)}") from error
 
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
@@ -213,31 +204,17 @@ def _without_none(values: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def catalog_from_file(path: Path) -> CatalogConfig:
     """The `catalog` section of a settings file: an application's or a topic's."""
     if not path.exists():
         raise BackfillConfigError(f"{path}: no such file")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise BackfillConfigError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("catalog"), dict):
+    loaded = read_mapping(path)
+    if not isinstance(loaded.get("catalog"), dict):
         raise BackfillConfigError(f"{path}: has no catalog section")
     try:
         return CatalogConfig.model_validate(loaded["catalog"])
     except ValidationError as error:
-        problems = "; ".join(f"catalog.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise BackfillConfigError(f"{path}: {problems}") from error
+        raise BackfillConfigError(f"{path}: {problems(error, 'catalog.')}") from error
 
 
 def backfill_checkpoint(settings: AppSettings) -> str:

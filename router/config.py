@@ -11,11 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
+from bergstream.settings_file import merge, problems, read_mapping
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
 log = logging.getLogger(__name__)
@@ -156,13 +156,7 @@ def load_router_config(
     if config_file is not None and not path.exists():
         raise ConfigError(f"{path}: no such file")
     if path.exists():
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from error
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
-        from_file = loaded or {}
+        from_file = read_mapping(path)
         log.info("router settings for %s from %s", topic, path)
         if from_file.get("topic", topic) != topic:
             raise ConfigError(
@@ -170,7 +164,7 @@ def load_router_config(
             )
     if "catalog" in from_file:  # another catalog entirely: nothing of the local one may leak into it
         defaults = {key: value for key, value in defaults.items() if key != "catalog"}
-    merged = _merge(_merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
+    merged = merge(merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
     merged.setdefault("topic", topic)
     merged.setdefault("schema", topic)
     merged.setdefault("table", topic)
@@ -178,18 +172,4 @@ def load_router_config(
         return RouterConfig.model_validate(merged)
     except ValidationError as error:
         where = path if path.exists() else "router settings"
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
-            for problem in error.errors()
-        )
-        raise ConfigError(f"{where}: {problems}") from error
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+        raise ConfigError(f"{where}: {problems(error)}") from error

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, Message, Producer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bergstream.errors import BergstreamError, ConfigError
 from bergstream.loadgen.events import TOPICS, EventModel
 from bergstream.loadgen.malformed import malform
+from bergstream.topics import ensure_topic, send
 from schemas.registry import ENCODINGS, Encoding, load_event_schema
 
 
@@ -111,24 +111,6 @@ class ProduceReport:
         )
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    try:
-        existing = admin.list_topics(timeout=10).topics
-    except KafkaException as error:
-        raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
-    if topic in existing:
-        return
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
-    try:
-        future.result(timeout=30)
-    except TimeoutError as error:
-        raise BergstreamError(f"creating topic {topic} on {bootstrap_servers} took over 30s") from error
-    except KafkaException as error:
-        if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BergstreamError(f"cannot create topic {topic} on {bootstrap_servers}: {error}") from error
-
-
 def produce(
     request: ProduceRequest,
     bootstrap_servers: str,
@@ -192,7 +174,7 @@ def produce(
                 value = schema.encode(generated.event, request.encoding)
                 report.late += generated.late
             timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
-            _send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
+            send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
             report.sent += 1
             report.value_bytes += len(value or b"")
             if request.rate is not None:
@@ -211,24 +193,3 @@ def produce(
             f"on {bootstrap_servers}: {failures[0] if failures else 'flush timed out'}"
         )
     return report
-
-
-def _send(
-    producer: Producer,
-    topic: str,
-    key: bytes,
-    value: bytes | None,
-    headers: Any,
-    timestamp_ms: int,
-    callback: Any,
-) -> None:
-    """Send one record; a timestamp of 0 lets the producer stamp the time of sending."""
-    while True:
-        try:
-            producer.produce(
-                topic, value=value, key=key, headers=headers, timestamp=timestamp_ms, on_delivery=callback
-            )
-            return
-        except BufferError:
-            # The local queue is full: let librdkafka deliver, then try again.
-            producer.poll(0.1)
