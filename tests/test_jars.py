@@ -4,7 +4,7 @@ import pyspark
 import pytest
 
 from bergstream import jars
-from bergstream.errors import MissingToolError
+from bergstream.errors import BergstreamError, MissingToolError
 from bergstream.jars import spark_home_jars
 
 
@@ -72,3 +72,27 @@ def test_list_settings_are_extended_not_replaced(tmp_path: Path) -> None:
     assert conf["spark.executor.extraJavaOptions"].endswith("-Dx=1")
     assert "org.apache.avro.limits.string.maxLength" in conf["spark.executor.extraJavaOptions"]
     assert conf["spark.ui.port"] == "4050"
+
+
+def test_the_backfill_source_is_built_once_and_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zipfile
+
+    jar = jars.backfill_source_jar()
+    assert jar in jars.spark_jars()
+    with zipfile.ZipFile(jar) as built:
+        service = built.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()
+        assert service.strip() == "io.bergstream.backfill.BackfillSource"
+        assert "io/bergstream/backfill/EpochStream.class" in built.namelist()
+    monkeypatch.setenv("PATH", "/nonexistent")  # no javac: a built jar must not need it
+    assert jars.backfill_source_jar() == jar
+
+
+def test_a_java_error_names_the_file(tmp_path: Path) -> None:
+    import shutil
+
+    sources = tmp_path / "main"
+    shutil.copytree(jars.JAVA_SOURCES, sources)
+    broken = sources / "java" / "io" / "bergstream" / "backfill" / "Plan.java"
+    broken.write_text(broken.read_text().replace("final String table;", "final Strin table;"))
+    with pytest.raises(BergstreamError, match=r"javac could not compile the backfill source: .*Plan\.java"):
+        jars.backfill_source_jar(sources=sources)
