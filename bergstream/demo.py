@@ -1,14 +1,18 @@
-"""`bergstream demo`: the whole path on embedded defaults, from producers to the archive, then stopped."""
+"""`bergstream demo`: the whole path on embedded defaults, from producers to the archive and back out of
+it as a backfill, then stopped."""
 
 from __future__ import annotations
 
 import shutil
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from backfill.run import run_app
+from backfill.settings import app_file, load_app_settings
 from bergstream.loadgen.events import TOPICS
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -20,6 +24,7 @@ from schemas.archive import DEAD_LETTER_SUFFIX
 from schemas.registry import Encoding
 
 ENCODING: dict[str, Encoding] = {"playback": "json", "impression": "avro"}
+DEMO_SPAN = timedelta(hours=2)
 
 
 def run_demo(data_dir: Path, count: int) -> None:
@@ -37,8 +42,10 @@ def run_demo(data_dir: Path, count: int) -> None:
         f"Kafka broker on {status.bootstrap_servers} (KRaft, pid {status.broker_pid}), "
         f"Iceberg catalog {status.catalog_uri}, warehouse {status.warehouse}"
     )
+    # Two past hours of traffic, as a router archives it, for the backfill to read back.
+    first_hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - DEMO_SPAN
     try:
-        console.rule("Producing")
+        console.rule(f"Producing {DEMO_SPAN} of traffic from {first_hour:%Y-%m-%d %H:%M} UTC")
         for topic in TOPICS:
             request = ProduceRequest(
                 topic=topic,
@@ -47,6 +54,8 @@ def run_demo(data_dir: Path, count: int) -> None:
                 bad_fraction=0.01,
                 encoding=ENCODING[topic],
                 seed=7,
+                ingestion_start=first_hour,
+                ingestion_span=DEMO_SPAN,
             )
             report = produce(request, status.bootstrap_servers, show_progress=console.is_terminal)
             console.print(report.summary())
@@ -73,6 +82,30 @@ def run_demo(data_dir: Path, count: int) -> None:
                     f"{catalog.table_identifier(topic)}, dead-lettered {totals.dead_lettered} into "
                     f"{catalog.table_identifier(topic)}{DEAD_LETTER_SUFFIX}, {totals.files} files"
                 )
+            console.rule("Backfilling the sessionizer from the archive, B = 15 minutes")
+            settings = load_app_settings(
+                "sessionizer",
+                app_file("sessionizer"),
+                defaults={
+                    "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers},
+                    "catalog": catalog.model_dump(mode="json", exclude_none=True),
+                    "checkpoint_location": str(data_dir / "apps" / "sessionizer-backfill"),
+                },
+                overrides={
+                    "mode": "backfill",
+                    "backfill": {
+                        "start": first_hour,
+                        "end": first_hour + DEMO_SPAN,
+                        "max_misalignment": "15m",
+                    },
+                },
+            )
+            console.print(
+                f"bergstream backfill run --app sessionizer --start {first_hour.isoformat()} "
+                f"--end {(first_hour + DEMO_SPAN).isoformat()} --max-misalignment 15m"
+            )
+            for line in run_app(spark, settings, show_progress=console.is_terminal).lines():
+                console.print(line, highlight=False)
         finally:
             spark.stop()
         console.rule("The archive")
