@@ -121,6 +121,7 @@ class BackfillPlan:
             "window": [self.window.start, self.window.end],
             "epochs": [[epoch.lower, epoch.upper] for epoch in self.epochs],
             "read_options": {} if self.policy.bound is None else {"split-size": str(EPOCH_SPLIT_BYTES)},
+            "single_reader": self.policy.single_reader,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -170,6 +170,20 @@ def test_two_sources_emit_each_row_of_the_window_once_epoch_by_epoch_aligned(
     assert {split.bounds_from for split in sources.plan().splits} == {"manifest"}
 
 
+def test_strict_order_reads_each_source_in_exact_ingestion_order(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused", strict=True)
+    sources = Sources(spark, settings)
+    seen = collect_batches(spark, sources, tmp_path)  # collect() keeps each partition's order
+    assert len(sources.plan().epochs) == HOURS, "strict epochs are an hour wide"
+    for kind in ("impression", "playback"):
+        times = [r[4] for r in seen if r[1] == kind]
+        assert times == sorted(times)
+        expected = archive_rows(stack, archived.tables[kind], archived.start, archived.end)
+        assert len(times) == len(expected)
+
+
 def test_backfill_and_live_sources_have_the_same_columns(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

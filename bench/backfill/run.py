@@ -170,7 +170,8 @@ def main() -> None:
         hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
         seconds, report = timed(lambda: replay(
             catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), "bench-replay",
-            {"bootstrap.servers": archive.bootstrap_servers}))  # fmt: skip
+            {"bootstrap.servers": archive.bootstrap_servers},
+            schema="playback", encoding="json"))  # fmt: skip
         results["replay"] = {
             "seconds": seconds,
             "records": report.records,
@@ -179,9 +180,9 @@ def main() -> None:
         print(f"replay of an hour of playbacks: {report.records:,} records in {seconds:.1f}s")
     finally:
         spark.stop()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    plot(results)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        plot(results)
 
 
 def plot(results: dict[str, Any]) -> None:

@@ -1,23 +1,37 @@
 package io.bergstream.backfill;
 
+import java.util.Arrays;
+import java.util.LinkedHashSet;
+import java.util.Set;
 import org.apache.spark.sql.connector.read.InputPartition;
 
-/** One of Iceberg's input partitions, read for one epoch [lower, upper) of ingestion time. */
+/**
+ * Iceberg's input partitions read for one epoch [lower, upper) of ingestion time: one, read as it
+ * comes, or all of an epoch's, merged by one reader into exact ingestion-time order.
+ */
 final class EpochPartition implements InputPartition {
   private static final long serialVersionUID = 1L;
 
-  final InputPartition iceberg;
+  final InputPartition[] iceberg;
   final long lower;
   final long upper;
 
-  EpochPartition(InputPartition iceberg, long lower, long upper) {
+  EpochPartition(InputPartition[] iceberg, long lower, long upper) {
     this.iceberg = iceberg;
     this.lower = lower;
     this.upper = upper;
   }
 
+  boolean merged() {
+    return iceberg.length != 1;
+  }
+
   @Override
   public String[] preferredLocations() {
-    return iceberg.preferredLocations();
+    Set<String> hosts = new LinkedHashSet<>();
+    for (InputPartition partition : iceberg) {
+      hosts.addAll(Arrays.asList(partition.preferredLocations()));
+    }
+    return hosts.toArray(new String[0]);
   }
 }

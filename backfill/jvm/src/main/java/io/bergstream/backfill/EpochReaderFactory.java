@@ -1,6 +1,11 @@
 package io.bergstream.backfill;
 
 import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.Iterator;
+import java.util.List;
 import java.util.Set;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.metric.CustomTaskMetric;
@@ -26,7 +31,46 @@ final class EpochReaderFactory implements PartitionReaderFactory {
   @Override
   public PartitionReader<InternalRow> createReader(InputPartition partition) {
     EpochPartition epoch = (EpochPartition) partition;
-    return new EpochReader(iceberg.createReader(epoch.iceberg), rows, epoch.lower, epoch.upper, regions);
+    if (!epoch.merged()) {
+      return new EpochReader(iceberg.createReader(epoch.iceberg[0]), rows, epoch.lower, epoch.upper, regions);
+    }
+    return new MergedReader(epoch);
+  }
+
+  /** All of an epoch's rows, sorted by ingestion time: an epoch is at most B (an hour for strict) wide. */
+  private final class MergedReader implements PartitionReader<InternalRow> {
+    private final Iterator<InternalRow> sorted;
+    private InternalRow current;
+
+    MergedReader(EpochPartition epoch) {
+      List<InternalRow> all = new ArrayList<>();
+      for (InputPartition split : epoch.iceberg) {
+        try (PartitionReader<InternalRow> reader =
+            new EpochReader(iceberg.createReader(split), rows, epoch.lower, epoch.upper, regions)) {
+          while (reader.next()) {
+            all.add(reader.get().copy());  // readers reuse their row
+          }
+        } catch (IOException e) {
+          throw new UncheckedIOException(e);
+        }
+      }
+      all.sort(Comparator.comparingLong(rows::ingestionTime));
+      this.sorted = all.iterator();
+    }
+
+    @Override
+    public boolean next() {
+      current = sorted.hasNext() ? sorted.next() : null;
+      return current != null;
+    }
+
+    @Override
+    public InternalRow get() {
+      return current;
+    }
+
+    @Override
+    public void close() {}
   }
 
   @Override

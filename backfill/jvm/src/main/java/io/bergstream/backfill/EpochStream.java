@@ -104,8 +104,13 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
       long upper = plan.epochs[epoch][1];
       Batch batch = icebergBatch(lower, upper);
       icebergFactory = batch.createReaderFactory();
-      for (InputPartition partition : batch.planInputPartitions()) {
-        partitions.add(new EpochPartition(partition, lower, upper));
+      InputPartition[] splits = batch.planInputPartitions();
+      if (plan.singleReader) {
+        partitions.add(new EpochPartition(splits, lower, upper));
+      } else {
+        for (InputPartition split : splits) {
+          partitions.add(new EpochPartition(new InputPartition[] {split}, lower, upper));
+        }
       }
     }
     return partitions.toArray(new InputPartition[0]);

@@ -32,6 +32,8 @@ final class Plan implements Serializable {
   final long[][] epochs;
   // Passed to Iceberg's scan of each epoch (split-size, ...), over the source's own.
   final Map<String, String> readOptions;
+  // Exact ingestion-time order: one reader merges each epoch instead of every split in parallel.
+  final boolean singleReader;
 
   private Plan(String path, JsonNode node) {
     this.path = path;
@@ -49,6 +51,7 @@ final class Plan implements Serializable {
     Map<String, String> options = new HashMap<>();
     node.path("read_options").fields().forEachRemaining(e -> options.put(e.getKey(), e.getValue().asText()));
     this.readOptions = options;
+    this.singleReader = node.path("single_reader").asBoolean(false);
     JsonNode window = required(node, "window");
     this.windowStart = window.get(0).asLong();
     this.windowEnd = window.get(1).asLong();

@@ -70,6 +70,10 @@ final class Rows implements Serializable {
     return wanted;
   }
 
+  long ingestionTime(InternalRow row) {
+    return row.getStruct(metadata, metadataFields).getLong(ingestionTs);
+  }
+
   /** Whether the row belongs to the epoch [lower, upper) and, when regions are given, to one of them. */
   boolean selected(InternalRow row, long lower, long upper, Set<UTF8String> regions) {
     if (row.isNullAt(metadata)) {
