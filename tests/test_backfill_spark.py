@@ -212,6 +212,41 @@ def test_a_stopped_backfill_resumes_from_its_checkpoint_every_row_once(
         assert {(p, o) for source, p, o in emitted if source == kind} == set(expected)
 
 
+def test_a_checkpoint_is_refused_to_another_backfill(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    import json
+
+    from backfill.errors import CheckpointMismatch
+
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused")
+    collect_batches(spark, Sources(spark, settings), tmp_path, stop_after=2)
+    later = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused",
+                         start=archived.start + timedelta(minutes=30))  # fmt: skip
+    with pytest.raises(CheckpointMismatch, match="give this backfill a checkpoint of its own"):
+        Sources(spark, later).plan()
+    # A plan file changed under the checkpoint: the source itself refuses the checkpointed offsets.
+    for name in ("impression", "playback"):
+        path = tmp_path / "bergstream-backfill" / f"{name}.json"
+        changed = json.loads(path.read_text())
+        changed["epochs"] = changed["epochs"][1:]
+        changed["window"][0] = changed["epochs"][0][0]
+        path.write_text(json.dumps(changed))
+    frames = [
+        spark.readStream.format("bergstream-backfill")
+        .option("plan", str(tmp_path / "bergstream-backfill" / f"{name}.json"))
+        .load()
+        .select("__metadata__")
+        for name in ("impression", "playback")
+    ]
+    query = (
+        frames[0].unionByName(frames[1]).writeStream.foreachBatch(lambda frame, batch: None)
+        .option("checkpointLocation", str(tmp_path / "query")).trigger(availableNow=True).start()
+    )  # fmt: skip
+    with pytest.raises(Exception, match="belongs to another backfill"):
+        query.awaitTermination()
+
+
 def output_rows(spark: SparkSession, table: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(row) for row in spark.table(f"bergstream.apps.{table}").collect())
 

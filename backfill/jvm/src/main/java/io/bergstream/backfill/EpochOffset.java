@@ -20,6 +20,18 @@ final class EpochOffset extends Offset {
     this.watermark = Plan.instant(plan.watermark(epoch));
   }
 
+  /** The epoch of an offset written against `plan`; refused when it was written against another plan. */
+  static int epochOf(String json, Plan plan) {
+    int epoch = epochOf(json);
+    if (epoch < 0 || epoch > plan.size() || !new EpochOffset(epoch, plan).json().equals(json.strip())) {
+      throw new IllegalStateException(
+          "checkpointed offset " + json + " was not made by plan " + plan.path + " (" + plan.size()
+              + " epochs from " + Plan.instant(plan.windowStart) + "): the checkpoint belongs to another"
+              + " backfill; give this one a checkpoint of its own");
+    }
+    return epoch;
+  }
+
   static int epochOf(String json) {
     try {
       JsonNode node = new ObjectMapper().readTree(json);

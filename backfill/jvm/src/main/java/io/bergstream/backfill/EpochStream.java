@@ -81,19 +81,13 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   }
 
   /** Offsets come back from the checkpoint's log as Spark's own serialized form after a restart. */
-  private static int epochOf(Offset offset) {
-    return offset instanceof EpochOffset epoch ? epoch.epoch : EpochOffset.epochOf(offset.json());
+  private int epochOf(Offset offset) {
+    return offset instanceof EpochOffset epoch ? epoch.epoch : EpochOffset.epochOf(offset.json(), plan);
   }
 
   @Override
   public Offset deserializeOffset(String json) {
-    int epoch = EpochOffset.epochOf(json);
-    if (epoch < 0 || epoch > plan.size()) {
-      throw new IllegalStateException(
-          "checkpointed epoch " + epoch + " is outside the " + plan.size() + " epochs of " + plan.path
-              + ": the checkpoint belongs to another backfill");
-    }
-    return new EpochOffset(epoch, plan);
+    return new EpochOffset(EpochOffset.epochOf(json, plan), plan);
   }
 
   @Override
@@ -152,7 +146,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
 
   @Override
   public Map<String, String> metrics(Optional<Offset> latestConsumedOffset) {
-    int epoch = latestConsumedOffset.map(EpochStream::epochOf).orElse(0);
+    int epoch = latestConsumedOffset.map(this::epochOf).orElse(0);
     Map<String, String> metrics = new HashMap<>();
     metrics.put("epoch", Integer.toString(epoch));
     metrics.put("epochs", Integer.toString(plan.size()));
