@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from backfill.app import output_identifier
 from backfill.batches import window_of
 from backfill.order import BoundedOrder
 from backfill.replay import replay
@@ -41,8 +42,17 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def settings(archive: BenchArchive, app: str, mode: str, checkpoint: Path, bound: str | None) -> AppSettings:
+def settings(
+    archive: BenchArchive,
+    app: str,
+    mode: str,
+    checkpoint: Path,
+    bound: str | None,
+    options: dict[str, str] | None = None,
+    max_offsets: int = 500_000,
+) -> AppSettings:
     encodings = {"impression": "avro", "playback": "json"}
+    suffix = "".join(f"_{value}" for value in (options or {}).values())
     sources = ["playback"] if app == "sessionizer" else list(TABLES)
     return AppSettings.model_validate(
         {
@@ -51,10 +61,11 @@ def settings(archive: BenchArchive, app: str, mode: str, checkpoint: Path, bound
             "mode": mode,
             "sources": {k: {"topic": k, "table": k, "schema": k, "encoding": encodings[k]} for k in sources},
             "kafka": {"kafka.bootstrap.servers": archive.bootstrap_servers, "startingOffsets": "earliest"},
-            "max_offsets_per_trigger": 500_000,
+            "max_offsets_per_trigger": max_offsets,
+            "options": options or {},
             "catalog": archive.stack.config.catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(checkpoint),
-            "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}".replace(" ", ""),
+            "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}{suffix}".replace(" ", ""),
             "backfill": {
                 "start": archive.start,
                 "end": archive.end,
@@ -121,6 +132,35 @@ def strict_reader(archive: BenchArchive) -> tuple[float, int]:
     return time.monotonic() - began, rows
 
 
+def fresh_output(spark: Any, app: AppSettings) -> None:
+    """Drop the output of the bench's previous run on the same archive: each run starts a new checkpoint."""
+    spark.sql(f"DROP TABLE IF EXISTS {output_identifier(app)} PURGE")
+
+
+def match_rates(spark: Any, archive: BenchArchive, work: Path) -> dict[str, Any]:
+    """The sessionizer live and as a backfill at B = 15m, each watermark delay: the share of live sessions
+    the backfill reproduces exactly. Live reads about 15 minutes of ingestion time per micro-batch, as a
+    job keeping up with the topic would."""
+    per_quarter_hour = archive.request.playbacks // (archive.request.hours * 4)
+    rates: dict[str, Any] = {}
+    for delay in ("1 hour", "10 minutes", "2 minutes"):
+        outputs = []
+        for mode in ("live", "backfill"):
+            checkpoint = work / f"match-{mode}-{delay}".replace(" ", "")
+            app = settings(archive, "sessionizer", mode, checkpoint, "15m",
+                           options={"watermark_delay": delay}, max_offsets=per_quarter_hour)  # fmt: skip
+            fresh_output(spark, app)
+            run_app(spark, app, available_now=mode == "live", show_progress=False)
+            outputs.append({tuple(row) for row in spark.table(output_identifier(app)).collect()})
+        live, backfill = outputs
+        matched = len(live & backfill)
+        rates[delay] = {"live": len(live), "backfill": len(backfill), "matched": matched,
+                        "rate": matched / len(live) if live else 1.0}  # fmt: skip
+        print(f"sessionizer, watermark delay {delay}: {len(live):,} live sessions, {len(backfill):,} in the "
+              f"backfill at B = 15m, {matched:,} identical: {rates[delay]['rate']:.2%}")  # fmt: skip
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -161,12 +201,14 @@ def main() -> None:
             for mode, bound in (("live", "15m"), ("backfill", "15m"), ("backfill", None)):
                 name = f"sessionizer_{mode}_{bound or 'unordered'}"
                 app = settings(archive, "sessionizer", mode, work / name, bound)
+                fresh_output(spark, app)
                 seconds, report = timed(lambda app=app, mode=mode: run_app(
                     spark, app, available_now=mode == "live", show_progress=False))  # fmt: skip
                 rows = report.position.total_rows
                 results[name] = {"seconds": seconds, "rows": rows, "rows_per_s": rows / seconds}
                 print(f"sessionizer {mode} {bound or 'unordered'}: {rows:,} rows in {seconds:.1f}s, "
                       f"{rows / seconds:,.0f} rows/s")  # fmt: skip
+            results["match"] = match_rates(spark, archive, work)
         hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
         seconds, report = timed(lambda: replay(
             catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), "bench-replay",
