@@ -339,6 +339,40 @@ def test_replay_republishes_the_window_in_backfill_order(
     assert len(seen) == len(set(seen)) == len(archive)
 
 
+def test_replay_encodes_avro_values_as_the_topic_does(stack: Services, archived: Archived) -> None:
+    from backfill.batches import window_of
+    from backfill.order import BoundedOrder
+    from backfill.replay import replay
+    from schemas.registry import load_event_schema
+
+    table = archived.tables["impression"]
+    start = archived.start + timedelta(minutes=20)
+    window = window_of(start, start + timedelta(minutes=30))
+    report = replay(
+        stack.catalog, table, window, BoundedOrder(B), "bf_replayed_avro",
+        {"bootstrap.servers": stack.bootstrap_servers}, include_dead_letters=True,
+    )  # fmt: skip
+    iceberg = stack.catalog.load()
+    archive = {
+        (r["__metadata__"]["partition"], r["__metadata__"]["offset"]): r
+        for name in (table, f"{table}__dlq")
+        for r in iceberg.load_table(f"archive.{name}").scan().to_arrow().to_pylist()
+        if start <= r["__metadata__"]["kafka_ingestion_ts"] < start + timedelta(minutes=30)
+    }
+    messages = consume_all(stack.bootstrap_servers, "bf_replayed_avro", report.records + report.dead_letters)
+    assert report.records > 0 and len(messages) == len(archive)
+    schema = load_event_schema("impression")
+    names = [field["name"] for field in schema.fields]
+    for message in messages:
+        headers = dict(message.headers())
+        row = archive[(int(headers["bergstream.source.partition"]), int(headers["bergstream.source.offset"]))]
+        assert headers["encoding"] == b"avro"
+        if "bergstream.dead-letter.reason" in headers:
+            assert message.value() == row["raw_value"]
+        else:
+            assert schema.decode(message.value(), "avro") == {name: row[name] for name in names}
+
+
 def test_a_replay_that_fails_says_where_it_stopped(stack: Services, archived: Archived) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
