@@ -31,6 +31,8 @@ class StackConfig:
     controller_port: int = DEFAULT_CONTROLLER_PORT
 
     def __post_init__(self) -> None:
+        # The catalog's warehouse is a file URI: a stack's folder is always absolute.
+        object.__setattr__(self, "data_dir", Path(self.data_dir).resolve())
         if self.host not in LOOPBACK:
             raise ConfigError(
                 f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)"
