@@ -74,6 +74,20 @@ def test_list_settings_are_extended_not_replaced(tmp_path: Path) -> None:
     assert conf["spark.ui.port"] == "4050"
 
 
+@pytest.mark.parametrize(
+    ("master", "partitions"),
+    [("local", "1"), ("local[2]", "2"), ("local[3,2]", "3"), ("spark://127.0.0.1:7077", "200")],
+)
+def test_shuffle_partitions_follow_the_local_cores(master: str, partitions: str, tmp_path: Path) -> None:
+    from bergstream.catalog import CatalogConfig
+    from bergstream.spark import session_conf
+
+    catalog = CatalogConfig.sqlite(tmp_path / "c.db", tmp_path / "wh")
+    assert session_conf(catalog, master)["spark.sql.shuffle.partitions"] == partitions
+    overridden = session_conf(catalog, master, conf={"spark.sql.shuffle.partitions": "16"})
+    assert overridden["spark.sql.shuffle.partitions"] == "16"
+
+
 def test_the_backfill_source_is_built_once_and_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     import zipfile
 
