@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from backfill.errors import PlanError
 from backfill.order import Epoch, OrderingPolicy, Window
-from backfill.split import HOUR, BoundsSource, Micros, Split
+from backfill.split import HOUR, BoundsSource, Micros, RowGroup, Split
 from bergstream.catalog import CatalogConfig
 from bergstream.timeparse import format_duration, format_instant
 from schemas.archive import INGESTION_TS_COLUMN, METADATA
@@ -122,6 +122,11 @@ class BackfillPlan:
             "epochs": [[epoch.lower, epoch.upper] for epoch in self.epochs],
             "read_options": {} if self.policy.bound is None else {"split-size": str(EPOCH_SPLIT_BYTES)},
             "single_reader": self.policy.single_reader,
+            "row_groups": {
+                split.path: [list(group) for group in split.row_groups]
+                for split in scan.splits
+                if split.row_groups
+            },
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -252,9 +257,12 @@ def plan_table(
         )
         if source != "manifest":
             log.info("%s: bounds of %s from its %s", ref.identifier, data_file.file_path, source)
+        groups: tuple[RowGroup, ...] = ()
+        if len(data_file.split_offsets or ()) > 1:
+            groups = tuple(_row_groups(table.io, data_file.file_path, INGESTION_TS_COLUMN) or ())
         splits.append(
             Split(ref.identifier, data_file.file_path, lower, upper, data_file.record_count,
-                  data_file.file_size_in_bytes, source)
+                  data_file.file_size_in_bytes, source, groups)
         )  # fmt: skip
     return TableScan(ref, snapshot_id, tuple(sorted(splits, key=lambda s: (s.lower, s.upper, s.path))))
 
@@ -302,6 +310,15 @@ def _hour_partition_positions(table: Table, field_id: int) -> dict[int, int]:
 
 def _footer_bounds(io: FileIO, path: str, column: str) -> tuple[Micros, Micros] | None:
     """The column's minimum and maximum over the file's row groups, from the Parquet footer."""
+    groups = _row_groups(io, path, column)
+    if not groups:
+        return None
+    return min(lower for _, lower, _ in groups), max(upper for _, _, upper in groups)
+
+
+def _row_groups(io: FileIO, path: str, column: str) -> list[RowGroup] | None:
+    """Each row group's starting offset and the column's bounds in it, from the Parquet footer; None
+    when a group has no statistics on the column."""
     import pyarrow.parquet as pq
 
     with io.new_input(path).open() as stream:
@@ -313,11 +330,14 @@ def _footer_bounds(io: FileIO, path: str, column: str) -> tuple[Micros, Micros] 
     scale = {"milliseconds": 1000, "microseconds": 1, "nanoseconds": 0.001}.get(unit or "")
     if scale is None:
         return None
-    lows, highs = [], []
+    groups = []
     for group in range(metadata.num_row_groups):
-        statistics = metadata.row_group(group).column(index).statistics
+        row_group = metadata.row_group(group)
+        statistics = row_group.column(index).statistics
         if statistics is None or not statistics.has_min_max:
             return None
-        lows.append(statistics.min_raw)
-        highs.append(statistics.max_raw)
-    return int(min(lows) * scale), int(max(highs) * scale)
+        first = row_group.column(0)
+        # Where the group starts, as Iceberg's split offsets count it: its first column chunk.
+        start = first.dictionary_page_offset if first.has_dictionary_page else first.data_page_offset
+        groups.append((int(start), int(statistics.min_raw * scale), int(statistics.max_raw * scale)))
+    return groups

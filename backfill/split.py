@@ -6,7 +6,7 @@ become `datetime`s only at the edges (the command line, JSON, progress).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Micros = int
@@ -15,6 +15,10 @@ HOUR: Micros = 3_600_000_000
 # Where a split's bounds came from, best first: the manifest's column statistics (the router's writer
 # records them), the Parquet footer's statistics, or the hour partition the file belongs to.
 BoundsSource = Literal["manifest", "footer", "partition"]
+
+# A Parquet row group of a file: the byte offset where it starts (as Iceberg's split offsets count) and
+# the inclusive ingestion-time bounds of its rows.
+RowGroup = tuple[int, "Micros", "Micros"]
 
 
 @dataclass(frozen=True, order=True)
@@ -28,6 +32,8 @@ class Split:
     records: int
     size_bytes: int
     bounds_from: BoundsSource = "manifest"
+    # Of a file with several row groups, each group's bounds: an epoch's reader skips the groups outside it.
+    row_groups: tuple[RowGroup, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.upper < self.lower:

@@ -170,6 +170,50 @@ def test_two_sources_emit_each_row_of_the_window_once_epoch_by_epoch_aligned(
     assert {split.bounds_from for split in sources.plan().splits} == {"manifest"}
 
 
+def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    import json
+
+    from backfill.batches import window_of
+    from backfill.order import BoundedOrder
+    from backfill.planner import plan
+
+    source = stack.catalog.table_identifier(archived.tables["impression"])
+    copy = stack.catalog.table_identifier("bf_impression_row_groups")
+    spark.sql(f"DROP TABLE IF EXISTS {copy}")
+    spark.sql(
+        f"CREATE TABLE {copy} USING iceberg TBLPROPERTIES ('write.parquet.row-group-size-bytes' = '32768') "
+        f"AS SELECT * FROM {source} ORDER BY __metadata__.kafka_ingestion_ts"
+    )
+    made = plan(stack.catalog, [copy], window_of(archived.start, archived.end), BoundedOrder(B))
+    assert max(len(split.row_groups) for split in made.splits) > 4, "files of many row groups"
+    pruned = made.source_plan(made.tables[0].table.identifier, "impression")
+    unpruned = {key: value for key, value in pruned.items() if key != "row_groups"}
+
+    def read(source_plan: dict[str, Any], name: str) -> tuple[list[tuple[int, int]], int]:
+        plan_file = tmp_path / f"{name}.json"
+        plan_file.write_text(json.dumps(source_plan))
+        rows: list[tuple[int, int]] = []
+        query = (
+            spark.readStream.format("bergstream-backfill").option("plan", str(plan_file)).load()
+            .select("__metadata__.partition", "__metadata__.offset").writeStream
+            .foreachBatch(lambda frame, batch: rows.extend(tuple(row) for row in frame.collect()))
+            .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination()
+        tracker = spark.sparkContext.statusTracker()
+        stages = [stage for job in tracker.getJobIdsForGroup(str(query.runId))
+                  for stage in tracker.getJobInfo(job).stageIds]  # fmt: skip
+        return rows, sum(tracker.getStageInfo(stage).numTasks for stage in stages)
+
+    rows, tasks = read(pruned, "pruned")
+    all_rows, all_tasks = read(unpruned, "unpruned")
+    expected = archive_rows(stack, archived.tables["impression"], archived.start, archived.end)
+    assert len(rows) == len(set(rows)) == len(expected) and set(rows) == set(all_rows) == set(expected)
+    assert tasks < all_tasks
+
+
 def test_strict_order_reads_each_source_in_exact_ingestion_order(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

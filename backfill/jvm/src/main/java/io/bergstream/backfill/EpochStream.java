@@ -98,7 +98,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
       long upper = plan.epochs[epoch][1];
       Batch batch = icebergBatch(lower, upper);
       icebergFactory = batch.createReaderFactory();
-      InputPartition[] splits = batch.planInputPartitions();
+      InputPartition[] splits = Splits.inEpoch(batch.planInputPartitions(), plan, lower, upper);
       if (plan.singleReader) {
         partitions.add(new EpochPartition(splits, lower, upper));
       } else {

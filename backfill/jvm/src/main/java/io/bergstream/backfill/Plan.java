@@ -34,6 +34,9 @@ final class Plan implements Serializable {
   final Map<String, String> readOptions;
   // Exact ingestion-time order: one reader merges each epoch instead of every split in parallel.
   final boolean singleReader;
+  // Per data file with several row groups: each group's starting offset and inclusive ingestion-time
+  // bounds, so that an epoch's splits holding only groups outside it are never scheduled.
+  final Map<String, long[][]> rowGroups;
 
   private Plan(String path, JsonNode node) {
     this.path = path;
@@ -52,6 +55,16 @@ final class Plan implements Serializable {
     node.path("read_options").fields().forEachRemaining(e -> options.put(e.getKey(), e.getValue().asText()));
     this.readOptions = options;
     this.singleReader = node.path("single_reader").asBoolean(false);
+    Map<String, long[][]> groups = new HashMap<>();
+    node.path("row_groups").fields().forEachRemaining(file -> {
+      long[][] bounds = new long[file.getValue().size()][];
+      for (int i = 0; i < bounds.length; i++) {
+        JsonNode group = file.getValue().get(i);
+        bounds[i] = new long[] {group.get(0).asLong(), group.get(1).asLong(), group.get(2).asLong()};
+      }
+      groups.put(file.getKey(), bounds);
+    });
+    this.rowGroups = groups;
     JsonNode window = required(node, "window");
     this.windowStart = window.get(0).asLong();
     this.windowEnd = window.get(1).asLong();
@@ -95,6 +108,27 @@ final class Plan implements Serializable {
     } catch (IllegalArgumentException e) {
       throw new IllegalArgumentException("backfill plan " + path + ": " + e.getMessage(), e);
     }
+  }
+
+  /**
+   * Whether the bytes [start, start + length) of `file` may hold rows of [lower, upper): false only
+   * when every row group starting in that range is known and lies outside it.
+   */
+  boolean mayHold(String file, long start, long length, long lower, long upper) {
+    long[][] groups = rowGroups.get(file);
+    if (groups == null) {
+      return true;
+    }
+    boolean any = false;
+    for (long[] group : groups) {
+      if (group[0] >= start && group[0] < start + length) {
+        any = true;
+        if (group[1] < upper && group[2] >= lower) {
+          return true;
+        }
+      }
+    }
+    return !any;
   }
 
   int size() {
