@@ -122,6 +122,7 @@ class BackfillPlan:
             "epochs": [[epoch.lower, epoch.upper] for epoch in self.epochs],
             "read_options": {} if self.policy.bound is None else {"split-size": str(EPOCH_SPLIT_BYTES)},
             "single_reader": self.policy.single_reader,
+            "files": {split.path: [split.lower, split.upper] for split in scan.splits},
             "row_groups": {
                 split.path: [list(group) for group in split.row_groups]
                 for split in scan.splits

@@ -29,8 +29,9 @@ import org.apache.spark.unsafe.types.UTF8String;
 /**
  * The epochs of a plan as micro-batches. The source paces itself: whatever the trigger, each
  * micro-batch is one epoch, and with an availableNow trigger the query stops after the last one.
- * Each epoch is handed to Iceberg's reader as a scan filtered to the epoch, so that Iceberg skips the
- * files and row groups outside it; the rows it still returns outside the epoch are dropped here.
+ * Iceberg plans the window's scan once; each epoch is handed to Iceberg's reader as the splits of that
+ * scan whose files and row groups may hold its rows, and the rows they still hold outside the epoch
+ * are dropped here.
  */
 final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow, ReportsSourceMetrics {
   // Row reads: the filter below works on rows, and Iceberg's vectorized reads skip nested types anyway.
@@ -41,6 +42,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   private final Rows rows;
   private int target;
   private PartitionReaderFactory icebergFactory;
+  private InputPartition[] windowSplits;
 
   EpochStream(Plan plan, SupportsRead iceberg, StructType schema) {
     this.plan = plan;
@@ -96,9 +98,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     for (int epoch = epochOf(start); epoch < epochOf(end); epoch++) {
       long lower = plan.epochs[epoch][0];
       long upper = plan.epochs[epoch][1];
-      Batch batch = icebergBatch(lower, upper);
-      icebergFactory = batch.createReaderFactory();
-      InputPartition[] splits = Splits.inEpoch(batch.planInputPartitions(), plan, lower, upper);
+      InputPartition[] splits = Splits.inEpoch(icebergSplits(lower, upper), plan, lower, upper);
       if (plan.singleReader) {
         partitions.add(new EpochPartition(splits, lower, upper));
       } else {
@@ -108,6 +108,25 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
       }
     }
     return partitions.toArray(new InputPartition[0]);
+  }
+
+  /**
+   * Iceberg's splits that may hold rows of [lower, upper). Where they can be looked into, the whole
+   * window is planned once (manifests read, table broadcast) and each epoch takes its files' splits
+   * from it; otherwise each epoch is planned as a scan of its own.
+   */
+  private InputPartition[] icebergSplits(long lower, long upper) {
+    if (!Splits.visible()) {
+      Batch batch = icebergBatch(lower, upper);
+      icebergFactory = batch.createReaderFactory();
+      return batch.planInputPartitions();
+    }
+    if (windowSplits == null) {
+      Batch batch = icebergBatch(plan.windowStart, plan.windowEnd);
+      icebergFactory = batch.createReaderFactory();
+      windowSplits = batch.planInputPartitions();
+    }
+    return windowSplits;
   }
 
   private Batch icebergBatch(long lower, long upper) {

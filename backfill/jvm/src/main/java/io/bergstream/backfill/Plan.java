@@ -37,6 +37,8 @@ final class Plan implements Serializable {
   // Per data file with several row groups: each group's starting offset and inclusive ingestion-time
   // bounds, so that an epoch's splits holding only groups outside it are never scheduled.
   final Map<String, long[][]> rowGroups;
+  // Per data file: its inclusive ingestion-time bounds, as the planner found them.
+  final Map<String, long[]> files;
 
   private Plan(String path, JsonNode node) {
     this.path = path;
@@ -65,6 +67,10 @@ final class Plan implements Serializable {
       groups.put(file.getKey(), bounds);
     });
     this.rowGroups = groups;
+    Map<String, long[]> bounds = new HashMap<>();
+    node.path("files").fields().forEachRemaining(
+        file -> bounds.put(file.getKey(), new long[] {file.getValue().get(0).asLong(), file.getValue().get(1).asLong()}));
+    this.files = bounds;
     JsonNode window = required(node, "window");
     this.windowStart = window.get(0).asLong();
     this.windowEnd = window.get(1).asLong();
@@ -112,9 +118,13 @@ final class Plan implements Serializable {
 
   /**
    * Whether the bytes [start, start + length) of `file` may hold rows of [lower, upper): false only
-   * when every row group starting in that range is known and lies outside it.
+   * when the file's bounds, or those of every row group starting in that range, lie outside it.
    */
   boolean mayHold(String file, long start, long length, long lower, long upper) {
+    long[] bounds = files.get(file);
+    if (bounds != null && (bounds[0] >= upper || bounds[1] < lower)) {
+      return false;
+    }
     long[][] groups = rowGroups.get(file);
     if (groups == null) {
       return true;

@@ -35,8 +35,13 @@ final class Splits {
     }
   }
 
+  /** Whether Iceberg's splits can be looked into: then the window is planned once for all epochs. */
+  static boolean visible() {
+    return TASK_GROUP != null;
+  }
+
   static InputPartition[] inEpoch(InputPartition[] splits, Plan plan, long lower, long upper) {
-    if (TASK_GROUP == null || plan.rowGroups.isEmpty()) {
+    if (TASK_GROUP == null || (plan.rowGroups.isEmpty() && plan.files.isEmpty())) {
       return splits;
     }
     List<InputPartition> kept = new ArrayList<>(splits.length);
