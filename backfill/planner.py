@@ -250,17 +250,19 @@ def plan_table(
     splits = []
     for task in tasks:
         data_file = task.file
-        lower, upper, source = split_bounds(
-            data_file,
-            ts_field.field_id,
-            hour_positions.get(data_file.spec_id),
-            lambda path: _footer_bounds(table.io, path, INGESTION_TS_COLUMN),
-        )
-        if source != "manifest":
-            log.info("%s: bounds of %s from its %s", ref.identifier, data_file.file_path, source)
+        # Of a file with several row groups, each group's bounds (one footer read, also the fallback's).
         groups: tuple[RowGroup, ...] = ()
         if len(data_file.split_offsets or ()) > 1:
             groups = tuple(_row_groups(table.io, data_file.file_path, INGESTION_TS_COLUMN) or ())
+
+        def footer(path: str, groups: tuple[RowGroup, ...] = groups) -> tuple[Micros, Micros] | None:
+            return _span(groups) or _footer_bounds(table.io, path, INGESTION_TS_COLUMN)
+
+        lower, upper, source = split_bounds(
+            data_file, ts_field.field_id, hour_positions.get(data_file.spec_id), footer
+        )
+        if source != "manifest":
+            log.info("%s: bounds of %s from its %s", ref.identifier, data_file.file_path, source)
         splits.append(
             Split(ref.identifier, data_file.file_path, lower, upper, data_file.record_count,
                   data_file.file_size_in_bytes, source, groups)
@@ -311,7 +313,11 @@ def _hour_partition_positions(table: Table, field_id: int) -> dict[int, int]:
 
 def _footer_bounds(io: FileIO, path: str, column: str) -> tuple[Micros, Micros] | None:
     """The column's minimum and maximum over the file's row groups, from the Parquet footer."""
-    groups = _row_groups(io, path, column)
+    return _span(_row_groups(io, path, column))
+
+
+def _span(groups: Sequence[RowGroup] | None) -> tuple[Micros, Micros] | None:
+    """The bounds of a file's rows from those of its row groups."""
     if not groups:
         return None
     return min(lower for _, lower, _ in groups), max(upper for _, _, upper in groups)

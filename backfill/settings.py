@@ -20,6 +20,7 @@ from backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
@@ -101,13 +102,6 @@ class BackfillSettings(BaseModel):
         if self.regions is not None and not self.regions:
             raise ValueError("regions is empty: leave it out to read every region")
         return self
-
-
-class SparkSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    master: str = "local[*]"
-    conf: dict[str, str] = Field(default_factory=dict)
 
 
 class AppSettings(BaseModel):

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 
@@ -15,6 +17,17 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+
+
+class SparkSettings(BaseModel):
+    """The `spark:` block of a topic's or an application's settings file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str = DEFAULT_MASTER
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
 LOCAL_LOG_CONFIG = Path(__file__).parent / "spark-log4j2.properties"
 
 # A malformed Avro value can claim a string or an array of billions of elements; without these limits

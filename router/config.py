@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.spark import SparkSettings
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,6 @@ _SOURCE_OPTIONS = {
 }  # fmt: skip
 # What Spark's processing-time trigger accepts: a number, a space, a whole unit name.
 _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
-
-
-class SparkSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    master: str = "local[*]"
-    conf: dict[str, str] = Field(default_factory=dict)
 
 
 class MaintenanceSettings(BaseModel):
