@@ -77,6 +77,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "Records Kafka deleted before the router read them: lost to the archive. Should stay empty.",
     ),
     (
+        "Commits failing on the catalog or the warehouse",
+        "s",
+        [("{{topic}}", f"max by (topic) (bergstream_router_commit_outage_seconds{{{TOPIC}}})")],
+        "How long the router has been retrying its commits because the catalog's database or the "
+        "warehouse is unavailable (down, full, read-only); 0 while commits succeed.",
+    ),
+    (
         "Batch duration",
         "s",
         [

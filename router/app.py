@@ -8,13 +8,15 @@ committed to the consumer group `bergstream-router.<topic>`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -28,6 +30,7 @@ from router.counts import BatchCounts, count_batch, from_observation, observed_c
 from router.evolve import evolve_table
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, lag, parse_spark_offsets
+from router.retry import java_causes, transient_reason
 from router.table import ensure_tables
 from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
@@ -35,6 +38,7 @@ from schemas.archive import ENCODING_PROPERTY, SCHEMA_PROPERTY, TOPIC_PROPERTY, 
 from schemas.registry import load_event_schema
 
 log = logging.getLogger("bergstream.router")
+T = TypeVar("T")
 
 # Spark 4.1's Kafka source fails the progress report of a batch replayed from the offset log after a
 # crash (SPARK-55271, a null Option in KafkaMicroBatchStream.metrics) once the batch itself has run and
@@ -97,6 +101,9 @@ class Router:
         self._archived: dict[int, int] = {}
         self._committed: dict[int, int] = {}
         self._newest_ingestion: float | None = None
+        # When the catalog or the warehouse stopped taking commits; None while they take them.
+        self._outage_started: float | None = None
+        metrics.commit_outage.labels(config.topic).set_function(self._outage_seconds)
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
 
     def run(self, available_now: bool = False) -> RouterTotals:
@@ -129,6 +136,9 @@ class Router:
                             query.stop()
                     break
                 except StreamingQueryException as error:
+                    if self._stop_requested.is_set():
+                        log.warning("router for %s stopped: %s", config.topic, _first_line(error))
+                        break
                     if _REPLAY_PROGRESS_FAILURE not in str(error) or restart == _REPLAY_RESTARTS:
                         raise RouterStopped(
                             f"the router for {config.topic} stopped: {_first_line(error)}"
@@ -145,6 +155,10 @@ class Router:
             self._refresh_lag()
             self._kafka.close()
         return self.totals
+
+    def _outage_seconds(self) -> float:
+        started = self._outage_started
+        return 0.0 if started is None else time.time() - started
 
     def _handle_stop_signals(self) -> dict[int, Any]:
         """SIGINT and SIGTERM (Ctrl-C, Kubernetes) stop the query cleanly instead of killing the driver."""
@@ -208,28 +222,82 @@ class Router:
         appended: list[tuple[BatchTableWriter, Appended | None]] = []
         counts: BatchCounts | None = None
         try:
-            if batch_id > archive_writer.last_committed:
-                observation = self._observation(batch_id)
-                rows = self.stamper.archive_rows(stamped, observation, self._observed_columns(observed))
-                appended.append((archive_writer, self._append(archive_writer, rows, batch_id, phases)))
-                counts = from_observation(observation.get, observed)
-                # Records of partitions not counted: too many to count in the pass, or added since
-                # the metadata was read.
-                if counts.other_partitions:
-                    counts = count_batch(stamped)
+            archived = self._committing(archive_writer, batch_id, lambda: archive_writer.last_committed)
+            if batch_id > archived:
+
+                def archive() -> tuple[Appended | None, BatchCounts]:
+                    observation = self._observation(batch_id)
+                    rows = self.stamper.archive_rows(stamped, observation, self._observed_columns(observed))
+                    result = self._append(archive_writer, rows, batch_id, phases)
+                    if result is None:  # an earlier attempt committed it before its error: count apart
+                        return None, count_batch(stamped)
+                    # Records of partitions not counted: too many to count in the pass, or added since
+                    # the metadata was read.
+                    counted = from_observation(observation.get, observed)
+                    return result, count_batch(stamped) if counted.other_partitions else counted
+
+                result, counts = self._committing(archive_writer, batch_id, archive)
+                appended.append((archive_writer, result))
             # A replayed batch whose archive append is committed may still lack its dead letters.
             if counts is None or counts.dead_lettered:
-                observation = self._observation(batch_id)
-                rows = self.stamper.dead_letter_rows(stamped, observation)
-                result = self._append(dead_letter_writer, rows, batch_id, phases)
-                appended.append((dead_letter_writer, result))
-                if result is not None and counts is not None:
-                    self._check_dead_letters(batch_id, counts, observation)
+
+                def dead_letters(counts: BatchCounts | None = counts) -> Appended | None:
+                    observation = self._observation(batch_id)
+                    rows = self.stamper.dead_letter_rows(stamped, observation)
+                    result = self._append(dead_letter_writer, rows, batch_id, phases)
+                    if result is not None and counts is not None:
+                        self._check_dead_letters(batch_id, counts, observation)
+                    return result
+
+                appended.append(
+                    (dead_letter_writer, self._committing(dead_letter_writer, batch_id, dead_letters))
+                )
         finally:
             if cached:
                 stamped.unpersist()
         self._expect_dead_letters = counts is None or counts.dead_lettered > 0
         self._account(batch_id, counts, appended, time.monotonic() - started, phases)
+
+    def _committing(self, writer: BatchTableWriter, batch_id: int, attempt: Callable[[], T]) -> T:
+        """`attempt()`, tried again with backoff while the catalog or the warehouse is unavailable."""
+        topic, settings = self.config.topic, self.config.commit_retry
+        delays = settings.delays()
+        for number in itertools.count(1):
+            try:
+                result = attempt()
+            except Exception as error:
+                reason = transient_reason(java_causes(error))
+                if reason is None:
+                    raise
+                if self._outage_started is None:
+                    self._outage_started = time.time()
+                waited = time.time() - self._outage_started
+                if waited >= settings.give_up_after_seconds:
+                    raise RouterStopped(
+                        f"{topic} batch {batch_id}: {writer.identifier} could not be committed for "
+                        f"{waited:.0f}s ({reason}); gave up after {number} attempts (commit_retry)"
+                    ) from error
+                delay = next(delays)
+                self.metrics.commit_retries.labels(topic, writer.identifier).inc()
+                log.warning(
+                    "%s batch %d: committing to %s failed (attempt %d, %.0fs into the outage): %s; "
+                    "trying again in %.1fs",
+                    topic, batch_id, writer.identifier, number, waited, reason, delay,
+                )  # fmt: skip
+                if self._stop_requested.wait(delay):
+                    raise RouterStopped(
+                        f"{topic}: stopped while batch {batch_id} waited for {writer.identifier}; "
+                        "it is archived when the router starts again"
+                    ) from error
+                continue
+            if self._outage_started is not None:
+                log.warning(
+                    "%s batch %d: committed to %s after %d attempts, %.0fs after the outage began",
+                    topic, batch_id, writer.identifier, number, time.time() - self._outage_started,
+                )  # fmt: skip
+                self._outage_started = None
+            return result
+        raise AssertionError("unreachable")
 
     def _append(
         self, writer: BatchTableWriter, rows: DataFrame, batch_id: int, phases: dict[str, float]

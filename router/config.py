@@ -17,6 +17,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.settings_file import merge, problems, read_mapping
 from bergstream.spark import SparkSettings
+from router.retry import CommitRetrySettings
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class RouterConfig(BaseModel):
     metrics_host: str = "0.0.0.0"
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("kafka")

@@ -70,6 +70,18 @@ class RouterMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.commit_retries = Counter(
+            "bergstream_router_commit_retries",
+            "Appends tried again because the catalog or the warehouse was unavailable",
+            ["topic", "table"],
+            registry=r,
+        )
+        self.commit_outage = Gauge(
+            "bergstream_router_commit_outage_seconds",
+            "Seconds since commits began failing on an unavailable catalog or warehouse; 0 when they succeed",
+            ["topic"],
+            registry=r,
+        )
         self.last_batch = Gauge(
             "bergstream_router_last_committed_batch",
             "Id of the newest committed micro-batch",

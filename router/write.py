@@ -75,12 +75,18 @@ class BatchTableWriter:
         """Append `rows` as batch `batch_id`; None when that batch is already in the table."""
         if batch_id <= self.last_committed:
             return None
-        (
-            rows.writeTo(self.identifier)
-            .option(f"snapshot-property.{QUERY_ID}", self.query_id)
-            .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
-            .append()
-        )
+        try:
+            (
+                rows.writeTo(self.identifier)
+                .option(f"snapshot-property.{QUERY_ID}", self.query_id)
+                .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
+                .append()
+            )
+        except Exception:
+            # A commit can land and still report an error (the catalog went away before answering): the
+            # next attempt reads the table's snapshots again instead of trusting what it knew.
+            self._last_committed = None
+            raise
         self._last_committed = batch_id
         summary = self._appended_summary(batch_id)
         if summary is None:  # an empty append commits no snapshot

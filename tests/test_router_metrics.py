@@ -82,7 +82,7 @@ def test_alert_rules_and_scrape_config_are_valid() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 6 rules found" in done.stdout + done.stderr
 
 
 def test_the_dashboard_file_is_rendered_from_its_source() -> None:

@@ -24,10 +24,25 @@ class PostgresServer:
     host: str
     port: int
     database: str
+    home: Path
 
     @property
     def jdbc_uri(self) -> str:
         return f"jdbc:postgresql://{self.host}:{self.port}/{self.database}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.home} -c listen_addresses={self.host} -c fsync=off"
+        _run([_binary("pg_ctl"), "-D", str(self.data_dir), "-o", options, "-l", str(self.home / "server.log"),
+              "-w", "start"], f"starting PostgreSQL on {self.host}:{self.port}")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server; mode `immediate` ends it the way a crash would, without a checkpoint."""
+        _run([_binary("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
+             f"stopping PostgreSQL on {self.host}:{self.port}")  # fmt: skip
 
 
 def _binary(name: str) -> str:
@@ -61,23 +76,21 @@ def _run(command: list[str], what: str) -> None:
 @contextmanager
 def postgres_server(database: str = "iceberg", host: str = "127.0.0.1") -> Iterator[PostgresServer]:
     """Start a server that trusts user `bergstream`, yield it, then stop and delete it."""
-    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     home = Path(tempfile.mkdtemp(prefix="bergstream-postgres-"))
     if os.geteuid() == 0:
         postgres_account = pwd.getpwnam("postgres")
         os.chown(home, postgres_account.pw_uid, postgres_account.pw_gid)
-    data = home / "data"
-    port = free_port(host)
+    server = PostgresServer(host, free_port(host), database, home)
     try:
-        _run([initdb, "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8"], f"initdb in {data}")
-        options = f"-p {port} -k {home} -c listen_addresses={host} -c fsync=off"
-        _run([pg_ctl, "-D", str(data), "-o", options, "-l", str(home / "server.log"), "-w", "start"],
-             f"starting PostgreSQL on {host}:{port}")  # fmt: skip
+        _run([_binary("initdb"), "-D", str(server.data_dir), "-U", USER, "--auth=trust", "-E", "UTF8"],
+             f"initdb in {server.data_dir}")  # fmt: skip
+        server.start()
         try:
-            _run([_binary("createdb"), "-h", host, "-p", str(port), "-U", USER, database],
+            _run([_binary("createdb"), "-h", host, "-p", str(server.port), "-U", USER, database],
                  f"creating database {database}")  # fmt: skip
-            yield PostgresServer(host, port, database)
+            yield server
         finally:
-            _run([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], "stopping PostgreSQL")
+            if (server.data_dir / "postmaster.pid").exists():
+                server.stop()
     finally:
         shutil.rmtree(home, ignore_errors=True)

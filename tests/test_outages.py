@@ -1,0 +1,249 @@
+"""The catalog's database and the warehouse go away while the router runs: it waits, then goes on, and
+every offset is archived exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bergstream.catalog import CatalogConfig
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.postgres import USER, postgres_server
+from bergstream.local.processes import free_ports
+from router.retry import CommitRetrySettings, JavaCause, transient_reason
+from tests.routers import start_router, write_config
+from tests.services import Services
+
+OUTAGE_LINE = "failed (attempt "
+RECOVERY_LINE = "attempts, "
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the router's /metrics, summed over labels, by sample name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def archived_once(catalog: CatalogConfig, table: str) -> list[tuple[int, int]]:
+    """(partition, offset) of every row of the table and of its dead-letter table."""
+    loaded = catalog.load()
+    seen: list[tuple[int, int]] = []
+    for name in (table, f"{table}__dlq"):
+        rows = loaded.load_table(f"{catalog.namespace}.{name}").scan(selected_fields=("__metadata__",))
+        seen += [(m["partition"], m["offset"]) for m in rows.to_arrow().column("__metadata__").to_pylist()]
+    return seen
+
+
+def produced(report_offsets: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
+    return {(p, o) for p, (low, high) in report_offsets.items() for o in range(low, high + 1)}
+
+
+class RunningRouter:
+    """A router process with its metrics port, stopped with SIGTERM as Kubernetes would."""
+
+    def __init__(
+        self, stack: Services, topic: str, directory: Path, catalog: CatalogConfig, **settings: Any
+    ) -> None:
+        (self.port,) = free_ports(1)
+        self.log = directory / "router.log"
+        config = write_config(
+            stack, directory, topic,
+            catalog=catalog.model_dump(mode="json", exclude_none=True),
+            metrics_port=self.port, metrics_host="127.0.0.1", max_offsets_per_trigger=1000,
+            commit_retry={"initial_backoff_seconds": 0.5, "max_backoff_seconds": 4}, **settings,
+        )  # fmt: skip
+        self.process = start_router(topic, config, self.log)
+
+    def metric(self, name: str) -> float:
+        try:
+            return scrape(self.port).get(name, 0.0)
+        except OSError:  # not serving yet
+            return 0.0
+
+    def handled(self) -> float:
+        return self.metric("bergstream_router_records_archived_total") + self.metric(
+            "bergstream_router_records_dead_lettered_total"
+        )
+
+    def log_lines(self, text: str) -> list[str]:
+        return [line for line in self.log.read_text().splitlines() if text in line]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(120)
+        assert self.process.returncode == 0, self.log.read_text()[-3000:]
+
+
+@pytest.mark.integration
+def test_a_catalog_database_down_for_a_minute_loses_and_repeats_nothing(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    def batch(seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic_name, schema="playback", count=2000, bad_fraction=0.02,
+                                 partitions=2, seed=seed)  # fmt: skip
+        return produced(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+    with postgres_server() as postgres:
+        catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(tmp_path / "warehouse").as_uri(), user=USER)
+        offsets = batch(1)
+        router = RunningRouter(stack, topic_name, tmp_path, catalog)
+        try:
+            eventually(lambda: router.handled() == 2000, "the first 2,000 records archived")
+            postgres.stop(mode="immediate")  # as a crash would: no goodbye to the catalog's connections
+            stopped = time.monotonic()
+            offsets |= batch(2)
+            eventually(lambda: router.metric("bergstream_router_commit_retries_total") >= 2, "retries")
+            assert router.metric("bergstream_router_commit_outage_seconds") > 0
+            time.sleep(max(0.0, 60 - (time.monotonic() - stopped)))
+            assert router.handled() == 2000, "nothing can be committed while the catalog is down"
+            postgres.start()
+            eventually(lambda: router.handled() == 4000, "the 2,000 records of the outage archived")
+            assert router.metric("bergstream_router_commit_outage_seconds") == 0
+            offsets |= batch(3)
+            eventually(lambda: router.handled() == 6000, "2,000 more after the outage")
+            assert router.metric("bergstream_router_records_dead_lettered_total") < 0.05 * 6000
+        finally:
+            router.stop()
+        failures = router.log_lines(OUTAGE_LINE)
+        assert len(failures) >= 5, "one log line per attempt over a minute of backoff up to 4 s"
+        assert all("PSQLException" in line or "Connection" in line for line in failures), failures[0]
+        assert len(router.log_lines(RECOVERY_LINE)) == 1
+        seen = archived_once(catalog, topic_name)
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
+    assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
+
+
+@contextmanager
+def small_filesystem(path: Path, size_mb: int) -> Iterator[None]:
+    """A tmpfs of its own at `path`, which the test can fill up or make read-only."""
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount(path: Path, mode: str) -> None:
+    # A write in flight makes a read-only remount busy for a moment.
+    for _ in range(50):
+        if subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=False).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"could not remount {path} {mode}")
+
+
+def fill(path: Path) -> None:
+    with path.open("wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * (1 << 20))
+        except OSError:  # No space left on device
+            pass
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the warehouse needs root")
+def test_a_warehouse_read_only_then_full_loses_and_repeats_nothing(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    warehouse = tmp_path / "warehouse"
+    catalog = CatalogConfig.sqlite(tmp_path / "catalog.db", warehouse)
+
+    def batch(seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic_name, schema="impression", encoding="avro", count=1500,
+                                 bad_fraction=0.02, partitions=2, seed=seed)  # fmt: skip
+        return produced(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+    with small_filesystem(warehouse, size_mb=64):
+        offsets = batch(1)
+        router = RunningRouter(stack, topic_name, tmp_path, catalog, schema="impression", encoding="avro")
+        try:
+            eventually(lambda: router.handled() == 1500, "the first 1,500 records archived")
+
+            def outage(what: str, begin: Callable[[], None], end: Callable[[], None], seed: int) -> None:
+                retries = router.metric("bergstream_router_commit_retries_total")
+                begin()
+                offsets.update(batch(seed))
+                eventually(
+                    lambda: router.metric("bergstream_router_commit_retries_total") > retries + 1,
+                    f"retries while the warehouse is {what}",
+                )
+                assert router.metric("bergstream_router_commit_outage_seconds") > 0
+                time.sleep(5)
+                end()
+                eventually(lambda: router.handled() == 1500 * seed, f"the records of the {what} outage")
+
+            filler = warehouse / "filler"
+            outage("read-only", lambda: remount(warehouse, "ro"), lambda: remount(warehouse, "rw"), seed=2)
+            outage("full", lambda: fill(filler), filler.unlink, seed=3)
+            assert router.metric("bergstream_router_records_dead_lettered_total") < 0.05 * 4500
+        finally:
+            router.stop()
+        reasons = " ".join(router.log_lines(OUTAGE_LINE))
+        assert "Read-only file system" in reasons and "No space left on device" in reasons, reasons[-2000:]
+        seen = archived_once(catalog, topic_name)
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
+    assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    delays = CommitRetrySettings(initial_backoff_seconds=0.5, max_backoff_seconds=4).delays()
+    assert [next(delays) for _ in range(7)] == [0.5, 1, 2, 4, 4, 4, 4]
+
+
+def cause(*classes: str, message: str = "", sql_state: str | None = None) -> JavaCause:
+    return JavaCause(classes, message, sql_state)
+
+
+def test_outages_are_told_from_errors_no_wait_mends() -> None:
+    runtime = ("java.lang.RuntimeException", "java.lang.Exception")
+    database_down = [
+        cause("org.apache.iceberg.jdbc.UncheckedSQLException", *runtime, message="Failed to get table"),
+        cause(
+            "org.postgresql.util.PSQLException",
+            "java.sql.SQLException",
+            sql_state="08001",
+            message="Connection to 127.0.0.1:5432 refused.",
+        ),
+        cause("java.net.ConnectException", "java.io.IOException", message="Connection refused"),
+    ]
+    assert transient_reason(database_down) == "ConnectException: Connection refused"
+    read_only = [
+        cause("org.apache.spark.SparkException", *runtime, message="Job aborted due to stage failure"),
+        cause("java.io.UncheckedIOException", *runtime, message="Failed to create Parquet file"),
+        cause("java.io.FileNotFoundException", "java.io.IOException", message="/w/x (Read-only file system)"),
+    ]
+    assert transient_reason(read_only) == "FileNotFoundException: /w/x (Read-only file system)"
+    starting_up = [cause("org.postgresql.util.PSQLException", "java.sql.SQLException", sql_state="57P03",
+                         message="the database system is starting up")]  # fmt: skip
+    assert transient_reason(starting_up) == "PSQLException: the database system is starting up"
+    schema_refused = [
+        cause("org.apache.spark.sql.AnalysisException", "java.lang.Exception", message="Cannot write"),
+        cause("org.postgresql.util.PSQLException", "java.sql.SQLException", sql_state="42P01", message="x"),
+    ]
+    assert transient_reason(schema_refused) is None
+    assert transient_reason([]) is None
