@@ -4,8 +4,13 @@ same code."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,8 +19,11 @@ from pyiceberg import types as it
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.postgres import USER, postgres_server
+from bergstream.local.processes import free_ports
 from bergstream.local.spark_cluster import spark_cluster
+from tests.routers import archived_offsets, start_router, write_config
 from tests.services import Services
+from tests.test_router import wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +55,57 @@ def test_archive_on_a_standalone_cluster_into_a_postgres_catalog(
         table = catalog.load().load_table(f"archive.{topic_name}")
         assert isinstance(table.schema().find_type("__metadata__.kafka_ingestion_ts"), it.TimestamptzType)
         assert table.scan().to_arrow().num_rows == result["archived"]
+
+
+def running_tasks(ui_port: int) -> int:
+    """Tasks the driver's application runs now, from its REST API; 0 while it is not serving yet."""
+    base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+    try:
+        with urllib.request.urlopen(base, timeout=2) as answer:
+            (application,) = json.load(answer)
+        with urllib.request.urlopen(f"{base}/{application['id']}/stages?status=active", timeout=2) as answer:
+            return sum(stage["numActiveTasks"] for stage in json.load(answer))
+    except (OSError, ValueError):
+        return 0
+
+
+def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    request = ProduceRequest(
+        topic=topic_name, schema="playback", count=20_000, bad_fraction=0.02, partitions=2
+    )
+    report = produce(request, stack.bootstrap_servers, show_progress=False)
+    expected = {(p, o) for p, (low, high) in report.offsets.items() for o in range(low, high + 1)}
+    (ui_port,) = free_ports(1)
+    log = tmp_path / "router.log"
+    with spark_cluster(tmp_path / "spark") as cluster:
+        config = write_config(
+            stack, tmp_path, topic_name, max_offsets_per_trigger=4000,
+            spark={"master": cluster.master_url, "conf": {
+                "spark.ui.port": str(ui_port), "spark.executor.memory": "1g", "spark.cores.max": "1",
+                "spark.sql.shuffle.partitions": "2"}},
+        )  # fmt: skip
+        router = start_router(topic_name, config, log)
+        try:
+            wait_for_line(log, " batch 0: read ", count=1, timeout=180)
+            deadline = time.monotonic() + 120
+            while not (running_tasks(ui_port) and cluster.executor_pids()):
+                assert time.monotonic() < deadline, "no batch ran tasks on the executor"
+                time.sleep(0.05)
+            (executor,) = cluster.executor_pids()
+            os.kill(executor, signal.SIGKILL)  # in the middle of a batch's tasks
+            deadline = time.monotonic() + 240
+            while sum(int(n) for n in re.findall(r" batch \d+: read (\d+),", log.read_text())) < 20_000:
+                assert time.monotonic() < deadline, "the records after the executor's loss were not archived"
+                time.sleep(0.5)
+            assert cluster.executor_pids() not in ([], [executor]), "the worker started no new executor"
+        finally:
+            router.send_signal(signal.SIGTERM)
+            router.wait(120)
+    output = log.read_text()
+    assert router.returncode == 0, output[-3000:]
+    assert "Lost executor" in output or "ExecutorLostFailure" in output, "the kill did not hit a running task"
+    seen = archived_offsets(stack, topic_name)
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
+    assert set(seen) == expected, f"{len(expected - set(seen))} offsets lost"

@@ -33,16 +33,35 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
 @dataclass(frozen=True)
 class SparkCluster:
     master_url: str
     ui_url: str
+    work_dir: Path
 
     def state(self) -> dict[str, Any]:
         """The master's view of the cluster: workers, active and completed applications."""
         with urllib.request.urlopen(f"{self.ui_url}/json", timeout=5) as answer:
             state: dict[str, Any] = json.load(answer)
         return state
+
+    def executor_pids(self) -> list[int]:
+        """The executors this cluster's worker runs now: their working folders are under its work dir."""
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                command = (proc / "cmdline").read_bytes().split(b"\0")
+                folder = (proc / "cwd").resolve()
+            except OSError:  # ended meanwhile, or not ours to read
+                continue
+            if EXECUTOR_CLASS.encode() in command and folder.is_relative_to(self.work_dir):
+                pids.append(int(proc.name))
+        return sorted(pids)
 
     def alive_workers(self) -> int:
         try:
@@ -57,14 +76,18 @@ def spark_cluster(home: Path, worker_cores: int = 1, worker_memory: str = "1g") 
     """Yield the cluster once a worker has registered with the master; stop both after."""
     home.mkdir(parents=True, exist_ok=True)
     port, ui_port, worker_ui_port = processes.free_ports(3)
-    cluster = SparkCluster(master_url=f"spark://127.0.0.1:{port}", ui_url=f"http://127.0.0.1:{ui_port}")
+    cluster = SparkCluster(
+        master_url=f"spark://127.0.0.1:{port}",
+        ui_url=f"http://127.0.0.1:{ui_port}",
+        work_dir=(home / "work").resolve(),
+    )
     master_url = cluster.master_url
     started = [
         _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                 "--webui-port", str(ui_port)], home / "master.log"),
         _start(["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
                 "--cores", str(worker_cores), "--memory", worker_memory, "--webui-port", str(worker_ui_port),
-                "--work-dir", str(home / "work")], home / "worker.log"),
+                "--work-dir", str(cluster.work_dir)], home / "worker.log"),
     ]  # fmt: skip
     try:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
