@@ -23,8 +23,9 @@ from backfill.order import Epoch, OrderingPolicy, Window
 from backfill.planner import from_micros, plan, table_ref, to_micros
 from backfill.reader import TABLE_KEY, TableReader, epoch_batches
 from bergstream.catalog import CatalogConfig
+from bergstream.kafka_settings import ClientErrors, failure
 from bergstream.timeparse import format_instant
-from bergstream.topics import ensure_topic, send
+from bergstream.topics import ensure_topic, fatal_error, send, topic_partitions
 from schemas.archive import DEAD_LETTER_SUFFIX, ENCODING_PROPERTY, METADATA, SCHEMA_PROPERTY, TOPIC_PROPERTY
 from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
 
@@ -103,7 +104,7 @@ def replay(
     """Republish the archive of `table` (and its dead letters) into `to_topic`, epoch by epoch.
 
     `to_topic` is created when missing, with `partitions`, else as many as the source topic has."""
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaError, KafkaException, Producer
 
     ref = table_ref(table, catalog)
     tables = [ref.identifier]
@@ -119,19 +120,22 @@ def replay(
         for scan in backfill_plan.tables
         if scan.snapshot_id is not None
     ]  # fmt: skip
-    bootstrap = str(producer_config["bootstrap.servers"])
     source_topic = dict(archive.properties).get(TOPIC_PROPERTY, ref.name)
-    ensure_topic(bootstrap, to_topic, partitions or topic_partitions(bootstrap, source_topic) or 1)
+    ensure_topic(
+        producer_config, to_topic, partitions or topic_partitions(producer_config, source_topic) or 1
+    )
     report = ReplayReport(topic=to_topic, epochs=len(backfill_plan.epochs))
-    failures: list[str] = []
+    # Errors are kept as they come: librdkafka may call back while it raises a fatal error of its own.
+    failures: list[KafkaError] = []
 
     def delivered(error: Any, message: Any) -> None:
         if error is not None:
-            failures.append(str(error))
+            failures.append(error)
         else:
             partition = message.partition()
             report.per_partition[partition] = report.per_partition.get(partition, 0) + 1
 
+    errors = ClientErrors()
     producer = Producer(
         {
             # Java clients' key partitioning, so that Java consumers and producers agree on key placement.
@@ -141,25 +145,34 @@ def replay(
             **producer_config,
             "enable.idempotence": True,
             "acks": "all",
+            **errors.settings(),
         }
     )
     started = time.monotonic()
     dead_letter_table = f"{ref.identifier}{DEAD_LETTER_SUFFIX}"
     for epoch in backfill_plan.epochs:
-        for batch in epoch_batches(backfill_plan, readers, epoch):
-            dead = (batch.schema.metadata or {}).get(TABLE_KEY, b"").decode() == dead_letter_table
-            for key, value, headers, timestamp in _records(batch, encoder, dead):
-                send(producer, to_topic, key, value, headers, timestamp, delivered)
-            if dead:
-                report.dead_letters += batch.num_rows
-            else:
-                report.records += batch.num_rows
-            if failures:
-                break
-        remaining = producer.flush(120)
+        try:
+            for batch in epoch_batches(backfill_plan, readers, epoch):
+                dead = (batch.schema.metadata or {}).get(TABLE_KEY, b"").decode() == dead_letter_table
+                for key, value, headers, timestamp in _records(batch, encoder, dead):
+                    send(producer, to_topic, key, value, headers, timestamp, delivered)
+                if dead:
+                    report.dead_letters += batch.num_rows
+                else:
+                    report.records += batch.num_rows
+                if failures:
+                    break
+            remaining = producer.flush(120)
+        except (KafkaException, SystemError) as error:
+            fatal = fatal_error(error)
+            if fatal is None:
+                raise
+            report.seconds = time.monotonic() - started
+            raise BackfillError(_stopped(report, epoch, failure(fatal), table)) from error
         if failures or remaining:
             report.seconds = time.monotonic() - started
-            raise BackfillError(_stopped(report, epoch, failures, remaining, table))
+            undelivered = failures[0] if failures else f"{remaining} records still undelivered after 120s"
+            raise BackfillError(_stopped(report, epoch, errors.explain(producer, undelivered), table))
         report.epochs_done = epoch.index + 1
         report.watermark = format_instant(from_micros(epoch.upper))
         report.seconds = time.monotonic() - started
@@ -169,8 +182,7 @@ def replay(
     return report
 
 
-def _stopped(report: ReplayReport, epoch: Epoch, failures: list[str], remaining: int, table: str) -> str:
-    reason = failures[0] if failures else f"{remaining} records still undelivered after 120s"
+def _stopped(report: ReplayReport, epoch: Epoch, reason: str, table: str) -> str:
     where = (
         f"every record ingested before {report.watermark} was delivered ({report.epochs_done} epochs)"
         if report.watermark
@@ -204,12 +216,3 @@ def _records(
             yield row["raw_key"], row["raw_value"], headers, timestamp
         else:
             yield metadata["key"], encoder(row), headers, timestamp
-
-
-def topic_partitions(bootstrap_servers: str, topic: str) -> int | None:
-    """How many partitions `topic` has on the cluster; None when it is not there."""
-    from confluent_kafka.admin import AdminClient
-
-    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=10)
-    found = metadata.topics.get(topic)
-    return len(found.partitions) if found is not None and found.error is None else None

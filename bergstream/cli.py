@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from bergstream.errors import BergstreamError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from bergstream.local import LocalStack
     from router.config import RouterConfig
 
 DATA_DIR = click.option(
@@ -28,6 +30,13 @@ DATA_DIR = click.option(
 
 TABLE = click.option(
     "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
+)
+CLIENT_CONFIG = click.option(
+    "--client-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kafka client settings, Java client names (security.protocol, sasl.jaas.config, ...), as a "
+    "properties file (default: the local stack's producer).",
 )
 ROUTER_CONFIG = click.option(
     "--config",
@@ -60,7 +69,14 @@ def local() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to listen on.")
 @click.option("--kafka-port", type=int, default=9092, show_default=True)
 @click.option("--controller-port", type=int, default=9093, show_default=True)
-def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port: int) -> None:
+@click.option(
+    "--security",
+    type=click.Choice(["none", "sasl_ssl"]),
+    default="none",
+    show_default=True,
+    help="sasl_ssl: TLS, SCRAM-SHA-512 users and ACLs; client settings are written into the stack's folder.",
+)
+def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str) -> None:
     """Start the local stack."""
     import time
 
@@ -68,11 +84,32 @@ def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port:
 
     started = time.monotonic()
     config = StackConfig(
-        data_dir=_data_dir(data_dir), host=host, kafka_port=kafka_port, controller_port=controller_port
-    )
+        data_dir=_data_dir(data_dir), host=host, kafka_port=kafka_port, controller_port=controller_port,
+        security=security,  # type: ignore[arg-type]
+    )  # fmt: skip
     status = LocalStack(config).up()
     click.echo(f"local stack up in {time.monotonic() - started:.1f}s")
     _print_status(status.to_json())
+
+
+@local.command("router-user")
+@click.option("--topic", required=True, help="The topic whose router the user is for.")
+@DATA_DIR
+def local_router_user(topic: str, data_dir: Path | None) -> None:
+    """On a secured stack, the Kafka user of a topic's router: it may read the topic and commit group
+    bergstream-router.<topic>, nothing else. Made on first use; prints where its client settings are."""
+    from bergstream.errors import StackError
+    from bergstream.local import kafka_security
+
+    stack = _running_stack(data_dir)
+    security = stack.config.kafka_security
+    if security is None:
+        raise StackError(f"the local stack in {stack.config.data_dir} runs without security: it has no users")
+    stack.router_client(topic)
+    user = kafka_security.router_user(topic)
+    click.echo(f"user {user} may read topic {topic} and commit group {kafka_security.router_group(topic)}")
+    click.echo(f"its client settings (Java client names; as kafka.* in a router's settings): "
+               f"{security.client_file(user)}")  # fmt: skip
 
 
 @local.command("down")
@@ -103,8 +140,9 @@ def local_status(data_dir: Path | None, as_json: bool) -> None:
 
 
 def _print_status(status: dict[str, Any]) -> None:
-    width = max(len(key) for key in status)
-    for key, value in status.items():
+    shown = {key: value for key, value in status.items() if value is not None}
+    width = max(len(key) for key in shown)
+    for key, value in shown.items():
         click.echo(f"  {key:<{width}}  {value}")
 
 
@@ -133,6 +171,7 @@ def _print_status(status: dict[str, Any]) -> None:
     "--ingestion-span", default=None, help="Spread the records' ingestion times evenly over this long (24h)."
 )
 @click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@CLIENT_CONFIG
 @DATA_DIR
 def produce(
     topic: str,
@@ -147,6 +186,7 @@ def produce(
     ingestion_start: str | None,
     ingestion_span: str | None,
     bootstrap_servers: str | None,
+    client_config: Path | None,
     data_dir: Path | None,
 ) -> None:
     """Send realistic events, keyed by account id, into a Kafka topic."""
@@ -167,21 +207,47 @@ def produce(
         ingestion_start=parse_instant(ingestion_start, "--ingestion-start") if ingestion_start else None,
         ingestion_span=parse_duration(ingestion_span, "--ingestion-span") if ingestion_span else None,
     )
-    report = run(request, bootstrap_servers or _local_bootstrap(data_dir), show_progress=sys.stderr.isatty())
+    settings = _kafka_client(bootstrap_servers, client_config, data_dir)
+    bootstrap = settings.pop("bootstrap.servers")
+    report = run(request, bootstrap, producer_config=settings, show_progress=sys.stderr.isatty())
     click.echo(report.summary())
 
 
-def _local_bootstrap(data_dir: Path | None) -> str:
+def _running_stack(data_dir: Path | None) -> LocalStack:
     from bergstream.errors import StackError
     from bergstream.local import LocalStack
 
-    status = LocalStack.at(_data_dir(data_dir)).status()
-    if not status.running:
+    stack = LocalStack.at(_data_dir(data_dir))
+    if not stack.status().running:
         raise StackError(
-            f"no local stack runs in {status.data_dir}: start it with `bergstream local up` "
+            f"no local stack runs in {stack.config.data_dir}: start it with `bergstream local up` "
             "or name a broker with --bootstrap-servers"
         )
-    return status.bootstrap_servers
+    return stack
+
+
+def _kafka_client(
+    bootstrap_servers: str | None, client_config: Path | None, data_dir: Path | None
+) -> dict[str, str]:
+    """librdkafka settings of `produce` and replay: those of --client-config (Java client names), else the
+    local stack's producer; --bootstrap-servers over either."""
+    from bergstream.errors import ConfigError
+    from bergstream.kafka_settings import librdkafka_settings, read_properties
+
+    if client_config is not None:
+        java = read_properties(client_config)
+    elif bootstrap_servers is None:
+        java = _running_stack(data_dir).producer_client()
+    else:
+        java = {}
+    if bootstrap_servers is not None:
+        java["bootstrap.servers"] = bootstrap_servers
+    if "bootstrap.servers" not in java:
+        java["bootstrap.servers"] = _running_stack(data_dir).config.broker.bootstrap_servers
+    try:
+        return librdkafka_settings(java)
+    except ConfigError as error:
+        raise ConfigError(f"{client_config}: {error}" if client_config is not None else str(error)) from error
 
 
 @cli.group()
@@ -197,8 +263,10 @@ def _router_defaults(data_dir: Path | None, topic: str) -> dict[str, Any]:
     status = stack.status()
     if not status.running:
         return {}
+    # Secured, the router logs in as its topic's own user.
+    login = {f"kafka.{key}": value for key, value in stack.router_client(topic).items()}
     return {
-        "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers},
+        "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers, **login},
         "catalog": stack.config.catalog.model_dump(mode="json", exclude_none=True),
         "checkpoint_location": str(stack.config.data_dir / "checkpoints" / topic),
     }
@@ -243,6 +311,7 @@ def router_run(
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now)."""
     from router.app import Router
+    from router.commit import require_access
     from router.config import load_router_config
     from router.metrics import RouterMetrics
 
@@ -253,6 +322,8 @@ def router_run(
         defaults=_router_defaults(data_dir, topic),
         overrides={"schema": schema, "table": table, "metrics_port": metrics_port},
     )
+    # A refused login, an untrusted certificate or a missing ACL is told before Spark takes its time to start.
+    require_access(config.topic, config.consumer_group, config.kafka_client_config())
     metrics = RouterMetrics(topic)
     if config.metrics_port is not None:
         port = metrics.serve(config.metrics_port, config.metrics_host)
@@ -484,8 +555,9 @@ def backfill_run(
               help="Value encoding (default: the table's bergstream.encoding).")  # fmt: skip
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A settings file whose catalog to use (default: the local stack's).")  # fmt: skip
+@CLIENT_CONFIG
 @click.option("--producer-option", "producer_options", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka producer setting (security.protocol=SASL_SSL, ...), repeatable.")  # fmt: skip
+              help="librdkafka producer setting (linger.ms=50, ...), repeatable.")  # fmt: skip
 @DATA_DIR
 def backfill_replay(
     table: str,
@@ -501,6 +573,7 @@ def backfill_replay(
     schema: str | None,
     encoding: str | None,
     config_file: Path | None,
+    client_config: Path | None,
     producer_options: tuple[str, ...],
     data_dir: Path | None,
 ) -> None:
@@ -511,13 +584,12 @@ def backfill_replay(
     from bergstream.timeparse import parse_duration
 
     _configure_logging()
-    producer_config: dict[str, Any] = {}
+    producer_config: dict[str, Any] = _kafka_client(bootstrap_servers, client_config, data_dir)
     for option in producer_options:
         key, equals, value = option.partition("=")
         if not equals or not key:
             raise click.BadParameter(f"{option!r}: write KEY=VALUE", param_hint="--producer-option")
         producer_config[key] = value
-    producer_config["bootstrap.servers"] = bootstrap_servers or _local_bootstrap(data_dir)
     bound = parse_duration(max_misalignment, "--max-misalignment") if max_misalignment else None
     report = replay(
         _catalog(config_file, data_dir), table, window_of(start, end), ordering(bound, strict), to_topic,
@@ -633,6 +705,8 @@ def demo(data_dir: Path | None, count: int) -> None:
 
 
 def main() -> None:
+    # A crash inside a native library (librdkafka, the JVM bridge) prints the Python stacks, not nothing.
+    faulthandler.enable()
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:

@@ -88,6 +88,9 @@ def session_conf(
         # Offset, commit and state files through Hadoop's FileSystem API: the same write-then-rename as the
         # default FileContext manager, about 20 ms less per file; a backfill writes two per micro-batch.
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+        # Spark's default, and Kafka logins: kafka.sasl.jaas.config, set in the settings of a Kafka source or
+        # sink, stays off the UI's environment page, the event log and plans.
+        "spark.redaction.regex": "(?i)secret|password|token|access[.]?key|jaas",
         **catalog.spark_conf(),
     }
     extra = dict(conf or {})

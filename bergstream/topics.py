@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bergstream.errors import BergstreamError
+from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) -> None:
+    """Create `topic` unless it exists; `client_config` is librdkafka's, `bootstrap.servers` included."""
+    bootstrap_servers = client_config["bootstrap.servers"]
+    errors = ClientErrors()
+    admin = AdminClient({**client_config, **errors.settings()})
     try:
-        existing = admin.list_topics(timeout=10).topics
-    except KafkaException as error:
+        # All topics, not the one: asking for a missing topic may create it where auto-creation is on.
+        existing = cluster_metadata(admin, errors).topics
+    except KafkaUnreachable as error:
         raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
     if topic in existing:
         return
@@ -25,7 +31,29 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
         raise BergstreamError(f"creating topic {topic} on {bootstrap_servers} took over 30s") from error
     except KafkaException as error:
         if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BergstreamError(f"cannot create topic {topic} on {bootstrap_servers}: {error}") from error
+            raise BergstreamError(
+                f"cannot create topic {topic} on {bootstrap_servers}: {failure(error.args[0])}"
+            ) from error
+
+
+def topic_partitions(client_config: Mapping[str, Any], topic: str) -> int | None:
+    """How many partitions `topic` has on the cluster; None when it is not there."""
+    bootstrap_servers = client_config["bootstrap.servers"]
+    errors = ClientErrors()
+    admin = AdminClient({**client_config, **errors.settings()})
+    try:
+        found = cluster_metadata(admin, errors).topics.get(topic)
+    except KafkaUnreachable as error:
+        raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
+    return len(found.partitions) if found is not None and found.error is None else None
+
+
+def fatal_error(error: BaseException) -> KafkaError | None:
+    """The producer's fatal error that `error` reports, if it is one: a user that may write no topic cannot
+    even start an idempotent producer. confluent-kafka raises it from flush() and poll(), or, when a delivery
+    callback runs after it was raised, as the cause of a SystemError."""
+    cause = error.__cause__ if isinstance(error, SystemError) else error
+    return cause.args[0] if isinstance(cause, KafkaException) else None
 
 
 def send(

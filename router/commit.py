@@ -3,36 +3,45 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bergstream.errors import ConfigError
+from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
 
 log = logging.getLogger(__name__)
+GROUP_TIMEOUT_SECONDS = 30.0
+_COORDINATOR_BUSY = (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                     KafkaError.NOT_COORDINATOR, KafkaError._TIMED_OUT, KafkaError._TRANSPORT)  # fmt: skip
 
 
 class GroupCommitter:
     """Commits to `bergstream-router.<topic>` so that kafka-consumer-groups, Burrow and lag exporters see the
-    router. Spark's Kafka source tracks its own position in the checkpoint; this group is for the world."""
+    router. Spark's Kafka source tracks its own position in the checkpoint; this group is for the world.
+
+    `client_config` is librdkafka's: RouterConfig.kafka_client_config() translates the Java client's names."""
 
     def __init__(self, topic: str, group: str, client_config: dict[str, str]) -> None:
         self.topic = topic
         self.group = group
+        self._errors = ClientErrors()
+        settings = {**client_config, **self._errors.settings()}
         try:
             self._consumer = Consumer(
                 {
-                    **client_config,
+                    **settings,
                     "group.id": group,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                 }
             )
+            self._admin = AdminClient(settings)
         except KafkaException as error:
             raise ConfigError(
                 f"the kafka.* settings of {topic} do not suit the router's own Kafka client, which commits "
-                f"its consumer group (librdkafka): {error.args[0].str()}. Settings that only the Java "
-                "client knows, such as kafka.sasl.jaas.config, need their librdkafka equivalents "
-                "(kafka.sasl.username, kafka.sasl.password, ...)"
+                f"its consumer group (librdkafka): {error.args[0].str()}"
             ) from error
 
     def commit(self, offsets: dict[int, int]) -> bool:
@@ -56,15 +65,45 @@ class GroupCommitter:
         return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
 
     def require_topic(self) -> None:
-        """Refuse to start when Kafka cannot be reached or has no such topic."""
+        """Refuse to start when Kafka cannot be reached, has no such topic, or does not let the router's
+        user read the topic and commit its group."""
         try:
-            topics = self._consumer.list_topics(timeout=15).topics
-        except KafkaException as error:
-            raise ConfigError(f"cannot reach Kafka for topic {self.topic}: {error.args[0].str()}") from error
-        if self.topic not in topics:
+            metadata = cluster_metadata(self._consumer, self._errors, self.topic)
+        except KafkaUnreachable as error:
+            raise ConfigError(f"cannot reach Kafka for topic {self.topic}: {error}") from error
+        found = metadata.topics.get(self.topic)
+        if found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
             raise ConfigError(
                 f"Kafka has no topic {self.topic!r}; create it, or check kafka.bootstrap.servers"
             )
+        if found.error is not None:
+            raise ConfigError(
+                f"Kafka refuses topic {self.topic} to the router: {failure(found.error)}; "
+                f"its user needs READ on topic {self.topic}"
+            )
+        self._require_group()
+
+    def _require_group(self) -> None:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(self.topic, 0)])
+        deadline = time.monotonic() + GROUP_TIMEOUT_SECONDS
+        while True:
+            try:
+                self._admin.list_consumer_group_offsets([request])[self.group].result(timeout=15)
+                return
+            except KafkaException as error:
+                # The group's coordinator may still be loading: offsets topic of a new cluster, a failover.
+                if error.args[0].code() in _COORDINATOR_BUSY and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                reason = self._errors.explain(self._admin, error.args[0])
+                raise ConfigError(
+                    f"Kafka refuses the router's consumer group {self.group}: {reason}; "
+                    f"its user needs READ on group {self.group}"
+                ) from error
 
     def partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
@@ -84,3 +123,12 @@ class GroupCommitter:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def require_access(topic: str, group: str, client_config: dict[str, str]) -> None:
+    """Refuse to start unless the router's user may read `topic` and commit `group` (GroupCommitter)."""
+    committer = GroupCommitter(topic, group, client_config)
+    try:
+        committer.require_topic()
+    finally:
+        committer.close()

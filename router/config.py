@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
+from bergstream.kafka_settings import librdkafka_settings
 from bergstream.settings_file import merge, problems, read_mapping
 from bergstream.spark import SparkSettings
 from router.retry import CommitRetrySettings
@@ -82,7 +83,8 @@ class RouterConfig(BaseModel):
     encoding: Encoding
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
-    kafka: dict[str, str]
+    # Never printed: kafka.sasl.jaas.config holds a password.
+    kafka: dict[str, str] = Field(repr=False)
     trigger_interval: str = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
@@ -111,6 +113,10 @@ class RouterConfig(BaseModel):
                 )
         if BOOTSTRAP not in options:
             raise ValueError(f"{BOOTSTRAP} is missing")
+        try:
+            librdkafka_settings(options, prefix="kafka.")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
         return options
 
     @field_validator("trigger_interval")
@@ -133,10 +139,8 @@ class RouterConfig(BaseModel):
         return f"bergstream-router.{self.topic}"
 
     def kafka_client_config(self) -> dict[str, str]:
-        """The `kafka.*` options under librdkafka's names, for the router's own Kafka clients."""
-        return {
-            key.removeprefix("kafka."): value for key, value in self.kafka.items() if key.startswith("kafka.")
-        }
+        """The connection settings among the `kafka.*` options, for the router's own (librdkafka) clients."""
+        return librdkafka_settings(self.kafka, prefix="kafka.")
 
 
 def topic_file(topic: str, directory: Path = TOPICS_DIR) -> Path:

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bergstream.errors import BergstreamError, ConfigError
+from bergstream.kafka_settings import ClientErrors, failure
 from bergstream.loadgen.events import TOPICS, EventModel
 from bergstream.loadgen.malformed import malform
-from bergstream.topics import ensure_topic, send
+from bergstream.topics import ensure_topic, fatal_error, send
 from schemas.registry import ENCODINGS, Encoding, load_event_schema
 
 
@@ -117,7 +118,10 @@ def produce(
     producer_config: dict[str, Any] | None = None,
     show_progress: bool = True,
 ) -> ProduceReport:
-    ensure_topic(bootstrap_servers, request.topic, request.partitions)
+    """Send the records of `request`; `producer_config` (librdkafka's names) adds to and overrides the
+    producer's defaults: the login and TLS of a secured cluster, tuning."""
+    client_config = {**(producer_config or {}), "bootstrap.servers": bootstrap_servers}
+    ensure_topic(client_config, request.topic, request.partitions)
     schema = load_event_schema(request.event_kind)
     now: list[datetime] = [request.ingestion_start or datetime.now(UTC)]
     clock = (lambda: now[0]) if request.ingestion_start is not None else (lambda: datetime.now(UTC))
@@ -126,11 +130,12 @@ def produce(
     report = ProduceReport(
         topic=request.topic, bootstrap_servers=bootstrap_servers, encoding=request.encoding
     )
-    failures: list[str] = []
+    # Errors are kept as they come: librdkafka may call back while it raises a fatal error of its own.
+    failures: list[KafkaError] = []
 
     def delivered(error: KafkaError | None, message: Message) -> None:
         if error is not None:
-            failures.append(str(error))
+            failures.append(error)
             return
         partition, offset = message.partition(), message.offset()
         assert partition is not None and offset is not None, "a delivered record has a partition and offset"
@@ -138,58 +143,63 @@ def produce(
         low, high = report.offsets.get(partition, (offset, offset))
         report.offsets[partition] = (min(low, offset), max(high, offset))
 
+    errors = ClientErrors()
     producer = Producer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "linger.ms": 20,
-            "compression.type": "lz4",
-            "enable.idempotence": True,
-            **(producer_config or {}),
-        }
-    )
+        {"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True, **client_config,
+         **errors.settings()}
+    )  # fmt: skip
     headers = [("producer", b"bergstream-loadgen"), ("encoding", request.encoding.encode())]
     started = time.monotonic()
     events = model.events(request.event_kind)
-    with Progress(
-        TextColumn(f"[bold]{request.topic}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:>9,.0f} rec/s"),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("produce", total=request.count, rate=0.0)
-        for index in range(request.count):
-            ingested = request.ingestion_time(index)
-            if ingested is not None:
-                now[0] = ingested
-            generated = next(events)
-            value: bytes | None
-            if request.bad_fraction and rng.random() < request.bad_fraction:
-                bad = malform(generated.event, schema, request.encoding, rng)
-                value = bad.value
-                report.malformed[bad.kind] += 1
-            else:
-                value = schema.encode(generated.event, request.encoding)
-                report.late += generated.late
-            timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
-            send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
-            report.sent += 1
-            report.value_bytes += len(value or b"")
-            if request.rate is not None:
-                ahead = (index + 1) / request.rate - (time.monotonic() - started)
-                if ahead > 0:
-                    time.sleep(ahead)
-            if index % 2000 == 0 or index == request.count - 1:
-                producer.poll(0)
-                elapsed = time.monotonic() - started
-                progress.update(task, completed=index + 1, rate=(index + 1) / elapsed if elapsed else 0.0)
-        remaining = producer.flush(60)
+    try:
+        with Progress(
+            TextColumn(f"[bold]{request.topic}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>9,.0f} rec/s"),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("produce", total=request.count, rate=0.0)
+            for index in range(request.count):
+                ingested = request.ingestion_time(index)
+                if ingested is not None:
+                    now[0] = ingested
+                generated = next(events)
+                value: bytes | None
+                if request.bad_fraction and rng.random() < request.bad_fraction:
+                    bad = malform(generated.event, schema, request.encoding, rng)
+                    value = bad.value
+                    report.malformed[bad.kind] += 1
+                else:
+                    value = schema.encode(generated.event, request.encoding)
+                    report.late += generated.late
+                timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
+                send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
+                report.sent += 1
+                report.value_bytes += len(value or b"")
+                if request.rate is not None:
+                    ahead = (index + 1) / request.rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+                if index % 2000 == 0 or index == request.count - 1:
+                    producer.poll(0)
+                    elapsed = time.monotonic() - started
+                    progress.update(task, completed=index + 1, rate=(index + 1) / elapsed if elapsed else 0.0)
+            remaining = producer.flush(60)
+    except (KafkaException, SystemError) as error:
+        fatal = fatal_error(error)
+        if fatal is None:
+            raise
+        raise BergstreamError(
+            f"sending to {request.topic} on {bootstrap_servers} failed: {failure(fatal)}"
+        ) from error
     report.seconds = time.monotonic() - started
     if remaining or failures:
+        reason = errors.explain(producer, failures[0] if failures else "flush timed out")
         raise BergstreamError(
             f"{len(failures) + remaining} of {request.count} records were not delivered to {request.topic} "
-            f"on {bootstrap_servers}: {failures[0] if failures else 'flush timed out'}"
+            f"on {bootstrap_servers}: {reason}"
         )
     return report

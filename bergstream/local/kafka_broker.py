@@ -1,4 +1,8 @@
-"""A single-node Apache Kafka broker in KRaft mode, run from the jars pinned in jvm/pom.xml."""
+"""A single-node Apache Kafka broker in KRaft mode, run from the jars pinned in jvm/pom.xml.
+
+Without security it listens in plain text; secured, clients log in with SASL/SCRAM-SHA-512 over TLS and
+ACLs say what each may do (kafka_security.py).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 from bergstream import jars
 from bergstream.errors import StackError
 from bergstream.local import processes
+from bergstream.local.kafka_security import BrokerSecurity
 
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -28,11 +33,18 @@ class BrokerConfig:
     controller_port: int
     partitions: int = 4
     heap: str = "1g"
+    security: BrokerSecurity | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    def admin_config(self) -> dict[str, str]:
+        """librdkafka settings of a client that may do anything: the admin's login when secured."""
+        if self.security is None:
+            return {"bootstrap.servers": self.bootstrap_servers}
+        return self.security.admin_config(self.bootstrap_servers)
 
     @property
     def log_dir(self) -> Path:
@@ -75,6 +87,8 @@ def server_properties(config: BrokerConfig) -> str:
         # A short check interval lets small per-topic retention settings take effect quickly.
         "log.retention.check.interval.ms": "10000",
     }
+    if config.security is not None:
+        settings.update(config.security.server_properties(host, config.port, config.controller_port))
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -94,23 +108,38 @@ def new_cluster_id() -> str:
 
 
 def format_storage(config: BrokerConfig, cluster_id: str) -> None:
-    """Write the KRaft metadata of a new single-node cluster into the broker's log directory."""
-    done = subprocess.run(
-        [_java(), f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", _classpath(), STORAGE_TOOL,
-         # `=` keeps an id that starts with "-" (base64 does that) from reading as an option.
-         "format", f"--cluster-id={cluster_id}", f"--config={config.properties_file}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    """Write the KRaft metadata of a new single-node cluster into the broker's log directory; secured, with
+    the admin's SCRAM credential, which the broker logs in with between brokers."""
+    arguments = [
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", _classpath(), STORAGE_TOOL,
+        # `=` keeps an id that starts with "-" (base64 does that) from reading as an option.
+        "format", f"--cluster-id={cluster_id}", f"--config={config.properties_file}",
+        *(config.security.format_arguments() if config.security is not None else []),
+    ]  # fmt: skip
+    # The arguments go in a file of the owner's (java @file): a password on a command line is visible to
+    # every user of the machine.
+    argument_file = config.home / "format.args"
+    with os.fdopen(os.open(argument_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write("".join(_quoted(argument) + "\n" for argument in arguments))
+    try:
+        done = subprocess.run([_java(), f"@{argument_file}"], capture_output=True, text=True, check=False)
+    finally:
+        argument_file.unlink()
     if done.returncode != 0:
         output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         reason = next((line for line in reversed(output) if "error" in line.lower()), "no reason given")
         raise StackError(f"formatting the Kafka log directory {config.log_dir} failed: {reason}")
 
 
+def _quoted(argument: str) -> str:
+    """One argument of a java @file."""
+    return '"' + argument.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers, "log_level": 0})
+    admin = AdminClient({**config.admin_config(), "log_level": 0})
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -135,6 +164,11 @@ def start(config: BrokerConfig) -> int:
     java = _java()
     classpath = _classpath()
     config.home.mkdir(parents=True, exist_ok=True)
+    if config.security is not None:
+        config.security.prepare()
+    # Secured, the broker's settings hold its key store's password and the admin's.
+    config.properties_file.touch(mode=0o600, exist_ok=True)
+    config.properties_file.chmod(0o600)
     config.properties_file.write_text(server_properties(config))
     if not (config.log_dir / "meta.properties").exists():
         format_storage(config, new_cluster_id())

@@ -6,17 +6,19 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError, StackError
-from bergstream.local import kafka_broker, processes
+from bergstream.local import kafka_broker, kafka_security, processes
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 LOOPBACK = ("127.0.0.1", "::1")
+# none: plain text, anyone may do anything. sasl_ssl: TLS, SCRAM-SHA-512 logins, ACLs (kafka_security.py).
+Security = Literal["none", "sasl_ssl"]
 
 
 def default_data_dir() -> Path:
@@ -29,6 +31,7 @@ class StackConfig:
     host: str = DEFAULT_HOST
     kafka_port: int = DEFAULT_KAFKA_PORT
     controller_port: int = DEFAULT_CONTROLLER_PORT
+    security: Security = "none"
 
     def __post_init__(self) -> None:
         # The catalog's warehouse is a file URI: a stack's folder is always absolute.
@@ -42,6 +45,8 @@ class StackConfig:
                 raise ConfigError(f"{name} {port} is not a TCP port (1-65535)")
         if self.kafka_port == self.controller_port:
             raise ConfigError(f"the kafka port and the controller port are both {self.kafka_port}; pick two")
+        if self.security not in get_args(Security):
+            raise ConfigError(f"security {self.security!r}: use one of {', '.join(get_args(Security))}")
 
     @property
     def broker(self) -> kafka_broker.BrokerConfig:
@@ -50,7 +55,14 @@ class StackConfig:
             host=self.host,
             port=self.kafka_port,
             controller_port=self.controller_port,
+            security=self.kafka_security,
         )
+
+    @property
+    def kafka_security(self) -> kafka_security.BrokerSecurity | None:
+        if self.security == "none":
+            return None
+        return kafka_security.BrokerSecurity(self.data_dir / "security")
 
     @property
     def catalog(self) -> CatalogConfig:
@@ -72,6 +84,12 @@ class StackStatus:
     catalog_sqlalchemy_uri: str
     catalog_namespace: str
     warehouse: str
+    security: str = "none"
+    # Secured: the authority's certificate that clients trust, and the client settings (Java client names,
+    # passwords included) of the admin and of the producer that `produce` and replay use.
+    ca_file: str | None = None
+    admin_config: str | None = None
+    producer_config: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +117,7 @@ class LocalStack:
                 host=saved["host"],
                 kafka_port=saved["kafka_port"],
                 controller_port=saved["controller_port"],
+                security=saved.get("security", "none"),
             )
         )
 
@@ -123,6 +142,7 @@ class LocalStack:
                 raise StackError(
                     f"port {port} on {config.host} is already in use; choose another with {name}"
                 )
+        self._refuse_other_security()
         jars.resolve_all()
         (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
         (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
@@ -133,10 +153,53 @@ class LocalStack:
                     "host": config.host,
                     "kafka_port": config.kafka_port,
                     "controller_port": config.controller_port,
+                    "security": config.security,
                 }
             )
         )
+        security = config.kafka_security
+        if security is not None:
+            bootstrap = config.broker.bootstrap_servers
+            security.write_client_files(bootstrap)
+            if security.password(kafka_security.PRODUCER) is None:
+                security.add_user(
+                    kafka_security.PRODUCER, bootstrap, kafka_security.producer_acls(kafka_security.PRODUCER)
+                )
         return self.status()
+
+    def _refuse_other_security(self) -> None:
+        """A broker's log directory is formatted for its security: plain text, or with the admin's login."""
+        config = self.config
+        if not (config.broker.log_dir / "meta.properties").exists() or not config.state_file.exists():
+            return
+        before = LocalStack.at(config.data_dir).config.security
+        if before != config.security:
+            raise StackError(
+                f"the local stack in {config.data_dir} was made with --security {before}: start it so again, "
+                "or remove the folder for a new stack"
+            )
+
+    def router_client(self, topic: str) -> dict[str, str]:
+        """The Java client settings of the user of `topic`'s router, made on first use: it may read the
+        topic and commit group bergstream-router.<topic>, nothing else. Empty on a stack without security."""
+        security = self.config.kafka_security
+        if security is None:
+            return {}
+        user = kafka_security.router_user(topic)
+        bootstrap = self.config.broker.bootstrap_servers
+        if security.password(user) is None:
+            with processes.locked(self.config.data_dir / "stack.lock"):
+                if security.password(user) is None:
+                    security.add_user(user, bootstrap, kafka_security.router_acls(user, topic))
+        return security.client_settings(user, bootstrap)
+
+    def producer_client(self) -> dict[str, str]:
+        """The Java client settings that `produce` and replay use: the producer's, when secured."""
+        security = self.config.kafka_security
+        bootstrap = self.config.broker.bootstrap_servers
+        if security is None:
+            return {"bootstrap.servers": bootstrap}
+        return security.client_settings(kafka_security.PRODUCER, bootstrap)
 
     def down(self) -> None:
         with processes.locked(self.config.data_dir / "stack.lock"):
@@ -159,4 +222,16 @@ class LocalStack:
             catalog_sqlalchemy_uri=catalog.sqlalchemy_uri(),
             catalog_namespace=catalog.namespace,
             warehouse=catalog.warehouse,
+            **self._security_status(),
         )
+
+    def _security_status(self) -> dict[str, Any]:
+        security = self.config.kafka_security
+        if security is None:
+            return {}
+        return {
+            "security": self.config.security,
+            "ca_file": str(security.ca_file),
+            "admin_config": str(security.client_file(kafka_security.ADMIN)),
+            "producer_config": str(security.client_file(kafka_security.PRODUCER)),
+        }
