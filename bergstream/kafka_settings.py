@@ -249,26 +249,21 @@ class KafkaUnreachable(BergstreamError):
     """Kafka did not answer, or refused the client; the message says why."""
 
 
-class _DebugLog:
-    """librdkafka's log lines, at debug level: each error among them also reaches ClientErrors, which
-    bergstream reports in its own words, once."""
-
-    def log(self, level: int, message: str, *args: object) -> None:
-        log.debug(message, *args)
-
-
 class ClientErrors:
-    """librdkafka's error callback for one client: keeps the error that explains why its requests fail (a
-    refused login, an untrusted certificate), which the requests themselves report only as a timeout.
+    """librdkafka's error callback and logger for one client: keeps what explains why its requests fail (a
+    refused login, an untrusted certificate, a dropped connection), which the requests themselves report
+    only as a timeout or a transport failure. bergstream says it in its own words, once; librdkafka's log
+    lines go to the debug log.
 
-    librdkafka hands errors over when the client is polled."""
+    librdkafka hands errors and log lines over when the client is polled."""
 
     def __init__(self) -> None:
         self.fatal: KafkaError | None = None
         self.last: KafkaError | None = None
+        self.dropped: str | None = None
 
     def settings(self) -> dict[str, Any]:
-        return {"error_cb": self._on_error, "logger": _DebugLog()}
+        return {"error_cb": self._on_error, "logger": self}
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in _FATAL:
@@ -276,6 +271,12 @@ class ClientErrors:
         # "1/1 brokers are down" says less than the error that took them down.
         elif error.code() != KafkaError._ALL_BROKERS_DOWN:
             self.last = error
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        """librdkafka's log line: (facility, client name, text) for `message`."""
+        log.debug(message, *args)
+        if len(args) == 3 and args[0] == "FAIL":
+            self.dropped = str(args[2]).split("]: ", 1)[-1]
 
     def explain(self, client: Any, fallback: KafkaError | str) -> str:
         """Why a request of `client` failed: its connection's own error when it had one, else `fallback`."""
@@ -286,6 +287,11 @@ class ClientErrors:
             return failure(fallback)
         if self.last is not None:
             return failure(self.last)
+        if self.dropped is not None:
+            # A broker that hangs up before the first request is likely one that speaks TLS to a client that
+            # does not.
+            hint = "; check security.protocol" if "APIVERSION_QUERY" in self.dropped else ""
+            return f"{self.dropped}{hint}"
         return failure(fallback) if isinstance(fallback, KafkaError) else fallback
 
 

@@ -113,6 +113,9 @@ class GroupCommitter:
 
     def watermarks(self, partitions: list[int] | None = None) -> dict[int, tuple[int, int]]:
         """{partition: (oldest offset Kafka still has, next offset to be written)}."""
+        # librdkafka's errors and log lines wait to be served by a poll; the lag is read every few seconds.
+        self._consumer.poll(0)
+        self._admin.poll(0)
         result = {}
         for partition in partitions if partitions is not None else self.partitions():
             low, high = self._consumer.get_watermark_offsets(

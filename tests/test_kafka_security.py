@@ -105,7 +105,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
 
 @pytest.fixture(scope="module")
 def topic(secured: Secured) -> str:
+    """The topic, and its router's user."""
     ensure_topic(secured.client(ADMIN), TOPIC, 4)
+    LocalStack.at(secured.data_dir).router_client(TOPIC)
     return TOPIC
 
 
@@ -280,7 +282,6 @@ def test_the_kubernetes_secret_alone_holds_the_password(secured: Secured, archiv
 
 
 def test_the_router_user_may_do_nothing_else(secured: Secured, topic: str, tmp_path: Path) -> None:
-    LocalStack.at(secured.data_dir).router_client(TOPIC)
     admin = AdminClient(secured.client(ADMIN))
     admin.create_topics([NewTopic(f"{TOPIC}_other", 1, 1)])[f"{TOPIC}_other"].result(30)
     of_the_router = AclBindingFilter(
@@ -364,3 +365,17 @@ def test_a_missing_acl_is_named_with_the_topic_or_group(secured: Secured, topic:
     error = refused_router(secured, tmp_path, as_router(secured, "no-topic"))
     assert f"Kafka refuses topic {TOPIC} to the router: not authorized: Broker: Topic authorization" in error
     assert f"its user needs READ on topic {TOPIC}" in error
+
+
+def test_a_secured_stack_restarts_with_its_users_and_only_secured(secured: Secured, topic: str) -> None:
+    stack = LocalStack.at(secured.data_dir).config
+    data = ["--data-dir", str(secured.data_dir)]
+    ports = ["--kafka-port", str(stack.kafka_port), "--controller-port", str(stack.controller_port)]
+    assert bergstream("local", "down", *data).returncode == 0
+    plain = bergstream("local", "up", *data, *ports)
+    assert "was made with --security sasl_ssl" in error_line(plain)
+    again = bergstream("local", "up", *data, *ports, "--security", "sasl_ssl")
+    assert again.returncode == 0, again.stderr
+    sent = bergstream("produce", *data, "--topic", TOPIC, "--schema", "playback", "--count", "10")
+    assert sent.returncode == 0, sent.stderr
+    secured.security.wait_for_login(ROUTER_USER, secured.bootstrap_servers)
