@@ -61,7 +61,8 @@ def cli() -> None:
 
 @cli.group()
 def local() -> None:
-    """The embedded stack on 127.0.0.1: a Kafka broker, a SQLite Iceberg catalog, a warehouse folder."""
+    """The embedded stack on 127.0.0.1: Kafka (one broker or three), a SQLite Iceberg catalog, a warehouse
+    folder."""
 
 
 @local.command("up")
@@ -76,7 +77,17 @@ def local() -> None:
     show_default=True,
     help="sasl_ssl: TLS, SCRAM-SHA-512 users and ACLs; client settings are written into the stack's folder.",
 )
-def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str) -> None:
+@click.option(
+    "--brokers",
+    type=click.Choice(["1", "3"]),
+    default="1",
+    show_default=True,
+    help="3: a KRaft cluster of three nodes (replication factor 3, min.insync.replicas 2), the others on "
+    "the ports two and four up from --kafka-port and --controller-port.",
+)
+def local_up(
+    data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str, brokers: str
+) -> None:
     """Start the local stack."""
     import time
 
@@ -85,7 +96,7 @@ def local_up(data_dir: Path | None, host: str, kafka_port: int, controller_port:
     started = time.monotonic()
     config = StackConfig(
         data_dir=_data_dir(data_dir), host=host, kafka_port=kafka_port, controller_port=controller_port,
-        security=security,  # type: ignore[arg-type]
+        security=security, brokers=int(brokers),  # type: ignore[arg-type]
     )  # fmt: skip
     status = LocalStack(config).up()
     click.echo(f"local stack up in {time.monotonic() - started:.1f}s")
@@ -243,7 +254,7 @@ def _kafka_client(
     if bootstrap_servers is not None:
         java["bootstrap.servers"] = bootstrap_servers
     if "bootstrap.servers" not in java:
-        java["bootstrap.servers"] = _running_stack(data_dir).config.broker.bootstrap_servers
+        java["bootstrap.servers"] = _running_stack(data_dir).config.bootstrap_servers
     try:
         return librdkafka_settings(java)
     except ConfigError as error:

@@ -24,7 +24,8 @@ def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) 
         raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
     if topic in existing:
         return
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    # -1: as many copies as the cluster's default.replication.factor says.
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
     try:
         future.result(timeout=30)
     except TimeoutError as error:

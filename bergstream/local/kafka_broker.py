@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka broker in KRaft mode, run from the jars pinned in jvm/pom.xml.
+"""Apache Kafka brokers in KRaft mode, run from the jars pinned in jvm/pom.xml: one node, or a cluster of
+several on one machine, each node both broker and controller.
 
 Without security it listens in plain text; secured, clients log in with SASL/SCRAM-SHA-512 over TLS and
 ACLs say what each may do (kafka_security.py).
@@ -34,6 +35,13 @@ class BrokerConfig:
     partitions: int = 4
     heap: str = "1g"
     security: BrokerSecurity | None = None
+    node_id: int = 1
+    # (node id, controller port) of every node of the cluster; empty for a node alone.
+    voters: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def cluster_size(self) -> int:
+        return max(1, len(self.voters))
 
     @property
     def bootstrap_servers(self) -> str:
@@ -65,10 +73,15 @@ class BrokerConfig:
 
 def server_properties(config: BrokerConfig) -> str:
     host = f"[{config.host}]" if ":" in config.host else config.host
+    voters = config.voters or ((config.node_id, config.controller_port),)
+    # Three copies, of which two must have a write, where there are three nodes: a node may go down without
+    # losing an acknowledged record or refusing writes.
+    replicas = min(3, config.cluster_size)
+    in_sync = 2 if replicas >= 3 else 1
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{config.controller_port}",
+        "node.id": str(config.node_id),
+        "controller.quorum.voters": ",".join(f"{node}@{host}:{port}" for node, port in voters),
         "listeners": f"PLAINTEXT://{host}:{config.port},CONTROLLER://{host}:{config.controller_port}",
         "advertised.listeners": f"PLAINTEXT://{host}:{config.port}",
         "controller.listener.names": "CONTROLLER",
@@ -76,12 +89,14 @@ def server_properties(config: BrokerConfig) -> str:
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(config.log_dir),
         "num.partitions": str(config.partitions),
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": str(in_sync),
+        "offsets.topic.replication.factor": str(replicas),
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": str(in_sync),
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": str(in_sync),
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
         # A short check interval lets small per-topic retention settings take effect quickly.
@@ -108,8 +123,8 @@ def new_cluster_id() -> str:
 
 
 def format_storage(config: BrokerConfig, cluster_id: str) -> None:
-    """Write the KRaft metadata of a new single-node cluster into the broker's log directory; secured, with
-    the admin's SCRAM credential, which the broker logs in with between brokers."""
+    """Write the KRaft metadata of a new cluster into the node's log directory; secured, with the admin's
+    SCRAM credential, which the brokers log in with between them."""
     arguments = [
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", _classpath(), STORAGE_TOOL,
         # `=` keeps an id that starts with "-" (base64 does that) from reading as an option.
@@ -159,8 +174,8 @@ def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen[bytes]) ->
     )
 
 
-def start(config: BrokerConfig) -> int:
-    """Start the broker in the background and return its pid once it answers metadata requests."""
+def launch(config: BrokerConfig, cluster_id: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the node in the background, formatting its log directory first when new."""
     java = _java()
     classpath = _classpath()
     config.home.mkdir(parents=True, exist_ok=True)
@@ -171,7 +186,7 @@ def start(config: BrokerConfig) -> int:
     config.properties_file.chmod(0o600)
     config.properties_file.write_text(server_properties(config))
     if not (config.log_dir / "meta.properties").exists():
-        format_storage(config, new_cluster_id())
+        format_storage(config, cluster_id or new_cluster_id())
     command = [
         java, f"-Xmx{config.heap}", "-Xms256m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", f"-Dkafka.logs.dir={config.home}",
@@ -181,16 +196,38 @@ def start(config: BrokerConfig) -> int:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
+    config.pid_file.write_text(str(process.pid))
+    return process
+
+
+def _abandon(config: BrokerConfig, process: subprocess.Popen[bytes]) -> None:
+    processes.stop(process.pid, grace_seconds=5)
+    process.wait()
+    if processes.read_pid(config.pid_file) == process.pid:
+        config.pid_file.unlink()
+
+
+def start(config: BrokerConfig) -> int:
+    """Start the node and return its pid once it answers metadata requests: a node alone, or one node of
+    a cluster whose other nodes run (a restart)."""
+    return start_cluster([config])[0]
+
+
+def start_cluster(nodes: list[BrokerConfig]) -> list[int]:
+    """Start every node, then wait for each to answer: a quorum of controllers elects a leader only once
+    a majority of them runs. New nodes are formatted with one cluster id."""
+    cluster_id = new_cluster_id()
+    started: list[tuple[BrokerConfig, subprocess.Popen[bytes]]] = []
     try:
-        config.pid_file.write_text(str(process.pid))
-        _wait_until_ready(config, process)
+        for node in nodes:
+            started.append((node, launch(node, cluster_id)))
+        for node, process in started:
+            _wait_until_ready(node, process)
     except BaseException:
-        processes.stop(process.pid, grace_seconds=5)
-        process.wait()
-        if processes.read_pid(config.pid_file) == process.pid:
-            config.pid_file.unlink()
+        for node, process in started:
+            _abandon(node, process)
         raise
-    return process.pid
+    return [process.pid for _, process in started]
 
 
 def running_pid(config: BrokerConfig) -> int | None:

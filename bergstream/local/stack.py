@@ -32,6 +32,9 @@ class StackConfig:
     kafka_port: int = DEFAULT_KAFKA_PORT
     controller_port: int = DEFAULT_CONTROLLER_PORT
     security: Security = "none"
+    brokers: int = 1
+    # (kafka port, controller port) of the nodes after the first; by default two up from the previous node's.
+    other_ports: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # The catalog's warehouse is a file URI: a stack's folder is always absolute.
@@ -40,23 +43,59 @@ class StackConfig:
             raise ConfigError(
                 f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)"
             )
-        for name, port in (("kafka port", self.kafka_port), ("controller port", self.controller_port)):
+        if self.brokers not in (1, 3):
+            raise ConfigError(f"--brokers {self.brokers}: the local stack runs 1 broker, or a cluster of 3")
+        object.__setattr__(self, "other_ports", tuple(tuple(pair) for pair in self.other_ports))
+        if self.other_ports and len(self.other_ports) != self.brokers - 1:
+            raise ConfigError(f"{self.brokers} brokers need {self.brokers - 1} more pairs of ports")
+        ports = [port for pair in self.ports for port in pair]
+        for port in ports:
             if not 1 <= port <= 65535:
-                raise ConfigError(f"{name} {port} is not a TCP port (1-65535)")
-        if self.kafka_port == self.controller_port:
-            raise ConfigError(f"the kafka port and the controller port are both {self.kafka_port}; pick two")
+                raise ConfigError(f"port {port} is not a TCP port (1-65535)")
+        if len(set(ports)) != len(ports):
+            raise ConfigError(
+                f"the brokers' kafka and controller ports {ports} repeat a port; pick --kafka-port and "
+                "--controller-port further apart"
+            )
         if self.security not in get_args(Security):
             raise ConfigError(f"security {self.security!r}: use one of {', '.join(get_args(Security))}")
 
     @property
-    def broker(self) -> kafka_broker.BrokerConfig:
-        return kafka_broker.BrokerConfig(
-            home=self.data_dir / "kafka",
-            host=self.host,
-            port=self.kafka_port,
-            controller_port=self.controller_port,
-            security=self.kafka_security,
+    def ports(self) -> list[tuple[int, int]]:
+        """(kafka port, controller port) of each node."""
+        others = self.other_ports or tuple(
+            (self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(1, self.brokers)
         )
+        return [(self.kafka_port, self.controller_port), *others]
+
+    @property
+    def nodes(self) -> list[kafka_broker.BrokerConfig]:
+        """The Kafka nodes: node 1 in kafka/, the others of a cluster in kafka-2/, kafka-3/."""
+        ports = self.ports
+        voters = (
+            tuple((i + 1, controller) for i, (_, controller) in enumerate(ports)) if len(ports) > 1 else ()
+        )
+        return [
+            kafka_broker.BrokerConfig(
+                home=self.data_dir / ("kafka" if i == 0 else f"kafka-{i + 1}"),
+                host=self.host,
+                port=port,
+                controller_port=controller,
+                security=self.kafka_security,
+                node_id=i + 1,
+                voters=voters,
+            )
+            for i, (port, controller) in enumerate(ports)
+        ]
+
+    @property
+    def broker(self) -> kafka_broker.BrokerConfig:
+        """The first node."""
+        return self.nodes[0]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
 
     @property
     def kafka_security(self) -> kafka_security.BrokerSecurity | None:
@@ -85,6 +124,7 @@ class StackStatus:
     catalog_namespace: str
     warehouse: str
     security: str = "none"
+    broker_pids: list[int | None] | None = None  # of each node of a cluster
     # Secured: the authority's certificate that clients trust, and the client settings (Java client names,
     # passwords included) of the admin and of the producer that `produce` and replay use.
     ca_file: str | None = None
@@ -118,6 +158,8 @@ class LocalStack:
                 kafka_port=saved["kafka_port"],
                 controller_port=saved["controller_port"],
                 security=saved.get("security", "none"),
+                brokers=saved.get("brokers", 1),
+                other_ports=tuple(tuple(pair) for pair in saved.get("other_ports", ())),
             )
         )
 
@@ -127,26 +169,24 @@ class LocalStack:
 
     def _up(self) -> StackStatus:
         config = self.config
-        pid = kafka_broker.running_pid(config.broker)
+        pid = next(filter(None, (kafka_broker.running_pid(node) for node in config.nodes)), None)
         if pid is not None:
             running = LocalStack.at(config.data_dir).status()
             raise StackError(
                 f"the local stack in {config.data_dir} is already running (broker pid {pid}, "
                 f"{running.bootstrap_servers}); stop it with `bergstream local down`"
             )
-        for name, port in (
-            ("--kafka-port", config.kafka_port),
-            ("--controller-port", config.controller_port),
-        ):
-            if processes.port_in_use(config.host, port):
-                raise StackError(
-                    f"port {port} on {config.host} is already in use; choose another with {name}"
-                )
+        for kafka_port, controller_port in config.ports:
+            for name, port in (("--kafka-port", kafka_port), ("--controller-port", controller_port)):
+                if processes.port_in_use(config.host, port):
+                    raise StackError(
+                        f"port {port} on {config.host} is already in use; choose another with {name}"
+                    )
         self._refuse_other_security()
         jars.resolve_all()
         (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
         (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
-        kafka_broker.start(config.broker)
+        kafka_broker.start_cluster(config.nodes)
         config.state_file.write_text(
             json.dumps(
                 {
@@ -154,12 +194,14 @@ class LocalStack:
                     "kafka_port": config.kafka_port,
                     "controller_port": config.controller_port,
                     "security": config.security,
+                    "brokers": config.brokers,
+                    "other_ports": config.other_ports,
                 }
             )
         )
         security = config.kafka_security
         if security is not None:
-            bootstrap = config.broker.bootstrap_servers
+            bootstrap = config.bootstrap_servers
             security.write_client_files(bootstrap)
             if security.password(kafka_security.PRODUCER) is None:
                 security.add_user(
@@ -186,7 +228,7 @@ class LocalStack:
         if security is None:
             return {}
         user = kafka_security.router_user(topic)
-        bootstrap = self.config.broker.bootstrap_servers
+        bootstrap = self.config.bootstrap_servers
         if security.password(user) is None:
             with processes.locked(self.config.data_dir / "stack.lock"):
                 if security.password(user) is None:
@@ -196,14 +238,15 @@ class LocalStack:
     def producer_client(self) -> dict[str, str]:
         """The Java client settings that `produce` and replay use: the producer's, when secured."""
         security = self.config.kafka_security
-        bootstrap = self.config.broker.bootstrap_servers
+        bootstrap = self.config.bootstrap_servers
         if security is None:
             return {"bootstrap.servers": bootstrap}
         return security.client_settings(kafka_security.PRODUCER, bootstrap)
 
     def down(self) -> None:
         with processes.locked(self.config.data_dir / "stack.lock"):
-            if not kafka_broker.stop(self.config.broker):
+            stopped = [kafka_broker.stop(node) for node in self.config.nodes]
+            if not any(stopped):
                 raise StackError(
                     f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
                 )
@@ -211,12 +254,13 @@ class LocalStack:
     def status(self) -> StackStatus:
         config = self.config
         catalog = config.catalog
-        pid = kafka_broker.running_pid(config.broker)
+        pids = [kafka_broker.running_pid(node) for node in config.nodes]
         return StackStatus(
-            running=pid is not None,
+            running=any(pid is not None for pid in pids),
             data_dir=str(config.data_dir),
-            bootstrap_servers=config.broker.bootstrap_servers,
-            broker_pid=pid,
+            bootstrap_servers=config.bootstrap_servers,
+            broker_pid=pids[0],
+            broker_pids=pids if config.brokers > 1 else None,
             catalog_name=catalog.name,
             catalog_uri=catalog.uri,
             catalog_sqlalchemy_uri=catalog.sqlalchemy_uri(),

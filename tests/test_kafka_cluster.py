@@ -1,0 +1,152 @@
+"""A three-broker Kafka cluster loses the leader of a partition to SIGKILL while the router archives and
+while a backfill replays: every record lands exactly once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from backfill.batches import window_of
+from backfill.order import BoundedOrder
+from backfill.replay import ReplayReport, replay
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, StackConfig, kafka_broker
+from bergstream.local.processes import free_ports
+from tests.routers import archived_offsets, run_router, start_router, write_config
+from tests.services import Services
+from tests.test_router import produced_offsets
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    ports = free_ports(6)
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("cluster"), kafka_port=ports[0], controller_port=ports[1],
+        brokers=3, other_ports=((ports[2], ports[3]), (ports[4], ports[5])),
+    )  # fmt: skip
+    stack = LocalStack(config)
+    stack.up()
+    try:
+        yield stack
+    finally:
+        stack.down()
+
+
+def services(stack: LocalStack) -> Services:
+    return Services(stack.config.bootstrap_servers, stack.config.catalog, None)
+
+
+def leader_of(stack: LocalStack, topic: str, partition: int) -> kafka_broker.BrokerConfig:
+    metadata = AdminClient({"bootstrap.servers": stack.config.bootstrap_servers}).list_topics(
+        topic, timeout=10
+    )
+    leader = metadata.topics[topic].partitions[partition].leader
+    return next(node for node in stack.config.nodes if node.node_id == leader)
+
+
+def kill(node: kafka_broker.BrokerConfig) -> None:
+    pid = kafka_broker.running_pid(node)
+    assert pid is not None, f"broker {node.node_id} is not running"
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while kafka_broker.running_pid(node) is not None:
+        assert time.monotonic() < deadline, f"broker {node.node_id} outlived SIGKILL"
+        time.sleep(0.1)
+
+
+def test_the_leader_killed_while_the_router_archives_loses_and_repeats_nothing(
+    cluster: LocalStack, topic_name: str, tmp_path: Path
+) -> None:
+    kafka = services(cluster)
+
+    def batch(seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic_name, schema="playback", count=3000, bad_fraction=0.02,
+                                 partitions=3, seed=seed)  # fmt: skip
+        return produced_offsets(produce(request, kafka.bootstrap_servers, show_progress=False).offsets)
+
+    offsets = batch(1)
+    config = write_config(kafka, tmp_path, topic_name, max_offsets_per_trigger=1000)
+    log = tmp_path / "router.log"
+    router = start_router(topic_name, config, log)
+    try:
+        deadline = time.monotonic() + 180
+        while " batch 0: read " not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and router.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        leader = leader_of(cluster, topic_name, 0)
+        kill(leader)  # while the router is in the middle of the backlog
+        offsets |= batch(2)  # written to the two brokers left: min.insync.replicas is 2
+        time.sleep(10)
+        kafka_broker.start(leader)
+        offsets |= batch(3)
+        while sum(int(n) for n in _reads(log)) < len(offsets):
+            assert time.monotonic() < deadline + 240 and router.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        router.send_signal(signal.SIGTERM)
+        router.wait(120)
+    assert router.returncode == 0, log.read_text()[-3000:]
+    seen = archived_offsets(kafka, topic_name)
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
+    assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
+
+
+def _reads(log: Path) -> list[str]:
+    return re.findall(r" batch \d+: read (\d+),", log.read_text())
+
+
+def test_the_leader_killed_during_a_replay_loses_and_repeats_nothing(
+    cluster: LocalStack, topic_name: str, tmp_path: Path
+) -> None:
+    kafka = services(cluster)
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=4)
+    request = ProduceRequest(topic=topic_name, schema="playback", count=6000, partitions=3, seed=3,
+                             ingestion_start=start, ingestion_span=timedelta(hours=2))  # fmt: skip
+    produce(request, kafka.bootstrap_servers, show_progress=False)
+    archived = run_router(topic_name, write_config(kafka, tmp_path, topic_name), "--available-now")
+    assert archived.returncode == 0, archived.stderr[-3000:]
+
+    target = f"{topic_name}_replayed"
+    killed: list[kafka_broker.BrokerConfig] = []
+
+    def on_epoch(report: ReplayReport) -> None:
+        if report.epochs_done == 2:
+            killed.append(leader_of(cluster, target, 0))
+            kill(killed[0])
+        elif report.epochs_done == 6:
+            kafka_broker.start(killed[0])
+
+    window = window_of(start, start + timedelta(hours=2))
+    report = replay(
+        kafka.catalog, topic_name, window, BoundedOrder(timedelta(minutes=10)), target,
+        {"bootstrap.servers": kafka.bootstrap_servers}, on_epoch=on_epoch,
+    )  # fmt: skip
+    assert killed and report.epochs_done == report.epochs == 12
+    expected = set(archived_offsets(kafka, topic_name))
+    assert report.records == len(expected) == 6000
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"check-{target}"})
+    partitions = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(target, timeout=10)
+    consumer.assign([TopicPartition(target, p, 0) for p in partitions.topics[target].partitions])
+    seen = []
+    while len(seen) < report.records:
+        message = consumer.poll(10)
+        if message is None:
+            break
+        assert message.error() is None, message.error()
+        headers = dict(message.headers() or [])
+        seen.append((int(headers["bergstream.source.partition"]), int(headers["bergstream.source.offset"])))
+    assert consumer.poll(3) is None, "more records in the replayed topic than were replayed"
+    consumer.close()
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records replayed more than once"
+    assert set(seen) == expected, f"{len(expected - set(seen))} records lost by the replay"
