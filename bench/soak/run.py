@@ -4,14 +4,14 @@ One router archives a topic fed at a steady rate into a PostgreSQL catalog. Ever
 default) one fault, chosen at random:
   driver   SIGKILL of the router's process group (its Python driver and Spark JVM); restarted 5 s later,
            as Kubernetes would restart the pod
-  broker   SIGKILL of a Kafka broker (with several brokers, the leader of partition 0); restarted 10 to
-           30 s later
+  broker   SIGKILL of the Kafka broker that leads partition 0 (of three by default, --brokers 3);
+           restarted 10 to 30 s later
   catalog  PostgreSQL stopped as a crash would stop it, for 30 to 60 s
 After each fault the soak waits for the router to catch up again (lag under two triggers of traffic) and
 records how long that took. At the end the producer stops, the router drains, and every offset Kafka
 holds is looked up in the archive and dead-letter tables: each must be there exactly once.
 
-    .venv/bin/python -m bench.soak.run [--minutes 30] [--rate 2000] [--brokers 1] [--seed 1]
+    .venv/bin/python -m bench.soak.run [--minutes 30] [--rate 2000] [--brokers 3] [--seed 1]
 
 Prints progress and the report, writes bench/out/soak/soak.json, soak.png and the router's log.
 """
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
@@ -185,10 +186,13 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.work = work
         self.postgres = postgres
-        kafka_port, controller_port = free_ports(2)
+        ports = free_ports(2 * args.brokers)
         self.stack = LocalStack(
-            StackConfig(work / "stack", kafka_port=kafka_port, controller_port=controller_port)
-        )
+            StackConfig(
+                work / "stack", kafka_port=ports[0], controller_port=ports[1], brokers=args.brokers,
+                other_ports=tuple((ports[i], ports[i + 1]) for i in range(2, len(ports), 2)),
+            )
+        )  # fmt: skip
         self.catalog = CatalogConfig(
             uri=postgres.jdbc_uri, warehouse=(work / "warehouse").as_uri(), user=USER
         )
@@ -268,13 +272,21 @@ class Soak:
             time.sleep(1)
         return None
 
+    def leader_of_partition_0(self) -> kafka_broker.BrokerConfig:
+        nodes = self.stack.config.nodes
+        if len(nodes) == 1:
+            return nodes[0]
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        leader = admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions[0].leader
+        return next(node for node in nodes if node.node_id == leader)
+
     def fault(self, kind: str, router: Supervisor) -> FaultRecord:
         began = time.monotonic()
         if kind == "driver":
             router.kill()
             time.sleep(5)  # the supervisor restarts it
         elif kind == "broker":
-            broker = self.stack.config.broker
+            broker = self.leader_of_partition_0()
             pid = kafka_broker.running_pid(broker)
             assert pid is not None, "the broker is not running"
             os.kill(pid, signal.SIGKILL)
@@ -387,7 +399,7 @@ def main() -> None:
     )
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--rate", type=int, default=2000, help="events per second")
-    parser.add_argument("--brokers", type=int, default=1, choices=(1,))
+    parser.add_argument("--brokers", type=int, default=3, choices=(1, 3))
     parser.add_argument("--fault-min", type=float, default=120, help="seconds between faults, at least")
     parser.add_argument("--fault-max", type=float, default=180, help="seconds between faults, at most")
     parser.add_argument("--faults", nargs="+", default=["driver", "broker", "catalog"],
