@@ -236,6 +236,10 @@ def failure(error: KafkaError) -> str:
     return reason
 
 
+def not_authorized(error: KafkaError) -> bool:
+    return error.code() in _AUTHORIZATION
+
+
 _AUTHORIZATION = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
                   KafkaError.CLUSTER_AUTHORIZATION_FAILED)  # fmt: skip
 # Errors that retrying does not mend: a refused login, a certificate that is not trusted.

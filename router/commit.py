@@ -6,15 +6,18 @@ import logging
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from bergstream.errors import ConfigError
-from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
+from bergstream.kafka_settings import (
+    ClientErrors,
+    KafkaUnreachable,
+    cluster_metadata,
+    failure,
+    not_authorized,
+)
 
 log = logging.getLogger(__name__)
 GROUP_TIMEOUT_SECONDS = 30.0
-_COORDINATOR_BUSY = (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                     KafkaError.NOT_COORDINATOR, KafkaError._TIMED_OUT, KafkaError._TRANSPORT)  # fmt: skip
 
 
 class GroupCommitter:
@@ -37,7 +40,6 @@ class GroupCommitter:
                     "enable.auto.offset.store": False,
                 }
             )
-            self._admin = AdminClient(settings)
         except KafkaException as error:
             raise ConfigError(
                 f"the kafka.* settings of {topic} do not suit the router's own Kafka client, which commits "
@@ -86,24 +88,28 @@ class GroupCommitter:
         self._require_group()
 
     def _require_group(self) -> None:
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
-        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(self.topic, 0)])
+        """The group's committed offsets can be read. A group the user may not use makes the request time
+        out; why comes as an error on the consumer's queue. (The AdminClient's ListConsumerGroupOffsets
+        would say it at once, but librdkafka 2.16 crashes when the coordinator answers it with an error,
+        as a new cluster's does while it loads its offsets topic.)"""
         deadline = time.monotonic() + GROUP_TIMEOUT_SECONDS
         while True:
             try:
-                self._admin.list_consumer_group_offsets([request])[self.group].result(timeout=15)
+                self._consumer.committed([TopicPartition(self.topic, 0)], timeout=2)
                 return
             except KafkaException as error:
-                # The group's coordinator may still be loading: offsets topic of a new cluster, a failover.
-                if error.args[0].code() in _COORDINATOR_BUSY and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                    continue
-                reason = self._errors.explain(self._admin, error.args[0])
-                raise ConfigError(
-                    f"Kafka refuses the router's consumer group {self.group}: {reason}; "
-                    f"its user needs READ on group {self.group}"
-                ) from error
+                queued = self._consumer.poll(0)
+                refused = queued.error() if queued is not None else None
+                if refused is not None and not_authorized(refused):
+                    raise ConfigError(
+                        f"Kafka refuses the router's consumer group {self.group}: {failure(refused)}; "
+                        f"its user needs READ on group {self.group}"
+                    ) from error
+                if time.monotonic() >= deadline:
+                    raise ConfigError(
+                        f"cannot read the offsets of consumer group {self.group}: "
+                        f"{self._errors.explain(self._consumer, error.args[0])}"
+                    ) from error
 
     def partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
@@ -115,7 +121,6 @@ class GroupCommitter:
         """{partition: (oldest offset Kafka still has, next offset to be written)}."""
         # librdkafka's errors and log lines wait to be served by a poll; the lag is read every few seconds.
         self._consumer.poll(0)
-        self._admin.poll(0)
         result = {}
         for partition in partitions if partitions is not None else self.partitions():
             low, high = self._consumer.get_watermark_offsets(
