@@ -200,6 +200,8 @@ def archived(secured: Secured, topic: str, tmp_path_factory: pytest.TempPathFact
         spark={"master": "local[2]", "conf": {
             "spark.ui.enabled": "true", "spark.ui.port": str(ui_port), "spark.sql.shuffle.partitions": "2",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}",
+            # A login set where Spark shows its settings: the UI must redact it.
+            "spark.bergstream.test.sasl.jaas.config": login["sasl.jaas.config"],
         }},
     )  # fmt: skip
     router_log = tmp / "router.log"
@@ -264,13 +266,21 @@ def test_passwords_appear_in_no_output(secured: Secured, archived: Archived) -> 
     outputs = archived.outputs
     # Kafka's clients and Spark's Kafka source did log their settings, passwords hidden.
     assert "sasl.jaas.config = [hidden]" in outputs["router log"]
-    assert "sparkProperties" in outputs["Spark UI environment"]
+    environment = json.loads(outputs["Spark UI environment"])
+    shown = dict(environment["sparkProperties"])
+    assert shown["spark.bergstream.test.sasl.jaas.config"] == "*********(redacted)"
     for where, text in outputs.items():
         secured.assert_no_secret(text, where)
 
 
-def test_the_kubernetes_secret_alone_holds_the_password(secured: Secured, archived: Archived) -> None:
-    rendered = bergstream("deploy", "kubernetes", "--topic", TOPIC, "--config", str(archived.config))
+def test_the_kubernetes_secret_alone_holds_the_password(
+    secured: Secured, archived: Archived, tmp_path: Path
+) -> None:
+    settings = yaml.safe_load(archived.config.read_text())
+    del settings["spark"]["conf"]["spark.bergstream.test.sasl.jaas.config"]  # planted for the UI test
+    config = tmp_path / f"{TOPIC}.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    rendered = bergstream("deploy", "kubernetes", "--topic", TOPIC, "--config", str(config))
     assert rendered.returncode == 0, rendered.stderr
     password = secured.secrets()[ROUTER_USER]
     manifests = list(yaml.safe_load_all(rendered.stdout))
@@ -279,7 +289,7 @@ def test_the_kubernetes_secret_alone_holds_the_password(secured: Secured, archiv
     for manifest in manifests:
         if manifest is not secret:
             assert password not in yaml.safe_dump(manifest), manifest["kind"]
-    submit = bergstream("deploy", "spark-submit", "--topic", TOPIC, "--config", str(archived.config))
+    submit = bergstream("deploy", "spark-submit", "--topic", TOPIC, "--config", str(config))
     assert submit.returncode == 0, submit.stderr
     secured.assert_no_secret(submit.stdout + submit.stderr + rendered.stderr, "deploy spark-submit")
 
