@@ -22,10 +22,7 @@ from bergstream.errors import BergstreamError, ConfigError
 
 log = logging.getLogger("bergstream.kafka")
 
-HIDDEN = "[hidden]"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-# Settings whose values are secrets, wherever they appear: Kafka's PASSWORD-typed settings, and librdkafka's.
-_SECRET = re.compile(r"password|jaas\.config|ssl\.keystore\.key$|ssl\.key\.pem$|secret", re.IGNORECASE)
 _SAME_NAME = {
     "bootstrap.servers", "client.dns.lookup", "sasl.mechanism", "sasl.kerberos.service.name",
     "sasl.kerberos.kinit.cmd", "sasl.kerberos.min.time.before.relogin",
@@ -39,24 +36,15 @@ _TRUSTSTORE = ("ssl.truststore.type", "ssl.truststore.location", "ssl.truststore
                "ssl.truststore.password")  # fmt: skip
 _KEYSTORE = ("ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.key",
              "ssl.keystore.certificate.chain", "ssl.key.password")  # fmt: skip
-_LOGIN_MODULES = {
-    "org.apache.kafka.common.security.scram.ScramLoginModule": "SCRAM",
-    "org.apache.kafka.common.security.plain.PlainLoginModule": "PLAIN",
-}
+_LOGIN_MODULES = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "org.apache.kafka.common.security.plain.PlainLoginModule",
+)
 _JAAS_ENTRY = re.compile(r"^\s*([\w.$]+)\s+(required|requisite|sufficient|optional)\b(.*?);?\s*$", re.DOTALL)
 _JAAS_OPTION = re.compile(r'\s*([\w.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s";]+))')
 
 
-def is_secret(key: str) -> bool:
-    return _SECRET.search(key) is not None
-
-
-def redacted(settings: Mapping[str, object]) -> dict[str, object]:
-    """`settings` fit to print: the values of secret settings replaced, as Kafka's clients log them."""
-    return {key: HIDDEN if is_secret(key) else value for key, value in settings.items()}
-
-
-def is_connection_setting(key: str) -> bool:
+def _is_connection_setting(key: str) -> bool:
     return key in ("bootstrap.servers", "client.dns.lookup", "security.protocol") or key.startswith(
         ("sasl.", "ssl.")
     )
@@ -69,7 +57,7 @@ def librdkafka_settings(java: Mapping[str, str], prefix: str = "") -> dict[str, 
     options = {key.removeprefix(prefix): value for key, value in java.items() if key.startswith(prefix)}
     settings: dict[str, str] = {}
     for key, value in options.items():
-        if not is_connection_setting(key) or key in _JSSE_ONLY or key in _TRUSTSTORE or key in _KEYSTORE:
+        if not _is_connection_setting(key) or key in _JSSE_ONLY or key in _TRUSTSTORE or key in _KEYSTORE:
             continue
         if key in _SAME_NAME:
             settings[key] = value
@@ -153,7 +141,7 @@ def _keystore(options: Mapping[str, str], prefix: str) -> dict[str, str]:
         # A Java PEM key store is one file holding the private key and the certificate chain.
         settings["ssl.certificate.location"] = options["ssl.keystore.location"]
         settings["ssl.key.location"] = options["ssl.keystore.location"]
-    elif kind == "PEM" and "ssl.keystore.certificate.chain" in options:
+    elif kind == "PEM" and "ssl.keystore.key" in options and "ssl.keystore.certificate.chain" in options:
         settings["ssl.key.pem"] = options["ssl.keystore.key"]
         settings["ssl.certificate.pem"] = options["ssl.keystore.certificate.chain"]
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bergstream.errors import ConfigError
-from bergstream.kafka_settings import librdkafka_settings, read_properties, redacted, write_properties
+from bergstream.kafka_settings import librdkafka_settings, read_properties, write_properties
 
 PASSWORD = 'p4ss "quoted" \\ word'
 JAAS = (
@@ -92,16 +92,6 @@ def test_what_librdkafka_cannot_follow_is_refused_by_name_never_by_value(
         librdkafka_settings({**SECURED, **setting}, prefix="kafka.")
     assert message in str(refused.value)
     assert "p4ss" not in str(refused.value)
-
-
-def test_secrets_are_redacted_for_printing() -> None:
-    shown = redacted(SECURED)
-    assert shown["kafka.sasl.jaas.config"] == "[hidden]"
-    assert shown["kafka.bootstrap.servers"] == "127.0.0.1:9093"
-    assert redacted({"ssl.keystore.password": "k", "sasl.password": "p"}) == {
-        "ssl.keystore.password": "[hidden]",
-        "sasl.password": "[hidden]",
-    }
 
 
 def test_properties_files_round_trip_and_stay_private(tmp_path: Path) -> None:
