@@ -1,7 +1,7 @@
 """bench/soak: the router under steady traffic, with a fault every few minutes, then the exactly-once proof.
 
 One router archives a topic fed at a steady rate into a PostgreSQL catalog. Every 2 to 3 minutes (by
-default) one fault, chosen at random:
+default) one fault, chosen at random, each kind once in every round of three:
   driver   SIGKILL of the router's process group (its Python driver and Spark JVM); restarted 5 s later,
            as Kubernetes would restart the pod
   broker   SIGKILL of the Kafka broker that leads partition 0 (of three by default, --brokers 3);
@@ -201,6 +201,7 @@ class Soak:
         )
         self.bootstrap = ""
         self._lag_client: Consumer | None = None
+        self._bag: list[str] = []
         self.started = time.monotonic()
 
     def elapsed(self) -> float:
@@ -272,6 +273,13 @@ class Soak:
             time.sleep(1)
         return None
 
+    def next_fault(self) -> str:
+        """At random, each kind once in every round of as many faults as there are kinds."""
+        if not self._bag:
+            self._bag = list(self.args.faults)
+            self.rng.shuffle(self._bag)
+        return self._bag.pop()
+
     def leader_of_partition_0(self) -> kafka_broker.BrokerConfig:
         nodes = self.stack.config.nodes
         if len(nodes) == 1:
@@ -327,7 +335,7 @@ class Soak:
                 if time.monotonic() + wait > end:
                     break
                 self.watch(wait)
-                kind = self.rng.choice(self.args.faults)
+                kind = self.next_fault()
                 log.info("%6.0fs: fault %s", self.elapsed(), kind)
                 record = self.fault(kind, router)
                 self.report.faults.append(record)
