@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -39,8 +39,17 @@ class CatalogConfig(BaseModel):
             raise ValueError(
                 f"catalog uri {self.uri!r}: a jdbc catalog needs jdbc:sqlite:<file> or jdbc:postgresql://host/db"
             )
+        if self.uri.startswith("jdbc:sqlite:") and not self.uri.removeprefix("jdbc:sqlite:").startswith("/"):
+            raise ValueError(f"catalog uri {self.uri!r}: the SQLite file must be an absolute path")
         if self.type == "rest" and not self.uri.startswith(("http://", "https://")):
             raise ValueError(f"catalog uri {self.uri!r}: a rest catalog needs an http:// or https:// URI")
+        # A REST catalog's warehouse may be the name the catalog knows it by; a jdbc catalog's is where
+        # table files go, the same place whichever folder a router or a backfill starts in.
+        if self.type == "jdbc" and not _absolute(self.warehouse):
+            raise ValueError(
+                f"catalog warehouse {self.warehouse!r} is relative: give an absolute path or a URI such as "
+                "file:///data/warehouse or s3://bucket/warehouse"
+            )
         return self
 
     @classmethod
@@ -91,3 +100,11 @@ class CatalogConfig(BaseModel):
         if self.type == "rest":
             return RestCatalog(self.name, uri=self.uri, warehouse=self.warehouse, **self.properties)
         return SqlCatalog(self.name, uri=self.sqlalchemy_uri(), warehouse=self.warehouse, **self.properties)
+
+
+def _absolute(location: str) -> bool:
+    """An absolute path, or a URI with an authority (s3://bucket/...) or an absolute path (file:/...)."""
+    parsed = urlparse(location)
+    if parsed.scheme:
+        return bool(parsed.netloc) or parsed.path.startswith("/")
+    return location.startswith("/")

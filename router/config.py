@@ -19,6 +19,7 @@ from bergstream.kafka_settings import librdkafka_settings
 from bergstream.settings_file import merge, problems, read_mapping
 from bergstream.spark import SparkSettings
 from router.retry import CommitRetrySettings
+from schemas.archive import DEAD_LETTER_SUFFIX
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ _SOURCE_OPTIONS = {
 }  # fmt: skip
 # What Spark's processing-time trigger accepts: a number, a space, a whole unit name.
 _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
+# Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class MaintenanceSettings(BaseModel):
@@ -77,10 +80,12 @@ class DeploySettings(BaseModel):
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
-    schema_name: str = Field(alias="schema")
+    topic: str
+    # A file name in `schema_dir`, never a path out of it.
+    schema_name: str = Field(alias="schema", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     schema_dir: Path = AVRO_DIR
     encoding: Encoding
+    # One plain name inside the catalog's namespace: no dots, quotes or backquotes.
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
     # Never printed: kafka.sasl.jaas.config holds a password.
@@ -99,6 +104,19 @@ class RouterConfig(BaseModel):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        check_topic_name(topic)
+        return topic
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, table: str) -> str:
+        if table.endswith(DEAD_LETTER_SUFFIX):
+            raise ValueError(f"{table!r} ends in {DEAD_LETTER_SUFFIX}, which names the dead-letter tables")
+        return table
 
     @field_validator("kafka")
     @classmethod
@@ -143,6 +161,13 @@ class RouterConfig(BaseModel):
         return librdkafka_settings(self.kafka, prefix="kafka.")
 
 
+def check_topic_name(topic: str) -> None:
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(
+            f"{topic!r} is not a Kafka topic name: 1 to 249 of A-Z a-z 0-9 . _ -, and neither '.' nor '..'"
+        )
+
+
 def topic_file(topic: str, directory: Path = TOPICS_DIR) -> Path:
     return directory / f"{topic}.yaml"
 
@@ -151,6 +176,10 @@ def load_router_config(
     topic: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
 ) -> RouterConfig:
     """Merge, from weakest to strongest: `defaults`, the topic's YAML file, `overrides` (the flags)."""
+    try:
+        check_topic_name(topic)  # before it names a file to read
+    except ValueError as error:
+        raise ConfigError(f"topic: {error}") from error
     path = config_file if config_file is not None else topic_file(topic)
     from_file: dict[str, Any] = {}
     if config_file is not None and not path.exists():

@@ -40,12 +40,24 @@ def test_rest_catalog_passes_properties_through() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"uri": "sqlite:/x.db", "warehouse": "w"}, "a jdbc catalog needs"),
-        ({"type": "rest", "uri": "jdbc:sqlite:/x", "warehouse": "w"}, "a rest catalog needs"),
-        ({"uri": "jdbc:sqlite:/x", "warehouse": "w", "name": "bad-name"}, "name"),
-        ({"uri": "jdbc:sqlite:/x", "warehouse": "w", "colour": "red"}, "colour"),
+        ({"uri": "sqlite:/x.db", "warehouse": "/w"}, "a jdbc catalog needs"),
+        ({"type": "rest", "uri": "jdbc:sqlite:/x", "warehouse": "/w"}, "a rest catalog needs"),
+        ({"uri": "jdbc:sqlite:/x", "warehouse": "/w", "name": "bad-name"}, "name"),
+        ({"uri": "jdbc:sqlite:/x", "warehouse": "/w", "colour": "red"}, "colour"),
+        ({"type": "hive", "uri": "thrift://h:9083", "warehouse": "/w"}, "type"),
+        ({"uri": "jdbc:sqlite:/x", "warehouse": "warehouse"}, "catalog warehouse 'warehouse' is relative"),
+        ({"uri": "jdbc:sqlite:/x", "warehouse": "../w"}, "catalog warehouse '../w' is relative"),
+        ({"uri": "jdbc:sqlite:/x", "warehouse": "file:w"}, "catalog warehouse 'file:w' is relative"),
+        ({"uri": "jdbc:sqlite:catalog.db", "warehouse": "/w"}, "the SQLite file must be an absolute path"),
     ],
 )
 def test_bad_catalog_configuration_is_refused(kwargs: dict[str, str], message: str) -> None:
     with pytest.raises((ValidationError, ValueError), match=message):
         CatalogConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "warehouse", ["/data/w", "file:///data/w", "file:/data/w", "s3://bucket/w", "s3a://bucket"]
+)
+def test_absolute_warehouses_are_taken(warehouse: str) -> None:
+    assert CatalogConfig(uri="jdbc:sqlite:/x.db", warehouse=warehouse).warehouse == warehouse

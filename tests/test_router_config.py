@@ -1,0 +1,73 @@
+"""Settings that would take a router outside its topic, its files or its namespace: refused at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from bergstream.errors import ConfigError
+from router.config import RouterConfig, load_router_config
+
+CATALOG = {"uri": "jdbc:sqlite:/data/catalog.db", "warehouse": "file:///data/warehouse"}
+SETTINGS: dict[str, Any] = {
+    "topic": "playback",
+    "schema": "playback",
+    "encoding": "json",
+    "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
+    "checkpoint_location": "/data/checkpoints/playback",
+    "catalog": CATALOG,
+}
+
+
+def settings_file(directory: Path, topic: str, **changes: Any) -> Path:
+    path = directory / "router.yaml"
+    path.write_text(yaml.safe_dump({**SETTINGS, "topic": topic, **changes}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"catalog": {**CATALOG, "type": "glue"}}, "catalog.type: Input should be 'jdbc' or 'rest'"),
+        ({"catalog": {**CATALOG, "warehouse": "w"}}, "catalog: Value error, catalog warehouse 'w' is"),
+        ({"catalog": {**CATALOG, "warehouse": "./w"}}, "catalog: Value error, catalog warehouse './w' is"),
+        ({"table": "other.playback"}, "table: String should match pattern"),
+        ({"table": "../playback"}, "table: String should match pattern"),
+        ({"table": "`archive`.`x`"}, "table: String should match pattern"),
+        ({"table": "playback__dlq"}, "table: Value error, 'playback__dlq' ends in __dlq"),
+        ({"schema": "../../tmp/evil"}, "schema: String should match pattern"),
+    ],
+)  # fmt: skip
+def test_hostile_settings_are_refused_naming_the_file_and_key(
+    tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    path = settings_file(tmp_path, "playback", **changes)
+    with pytest.raises(ConfigError) as refused:
+        load_router_config("playback", path, defaults={}, overrides={})
+    assert str(refused.value).startswith(f"{path}: ")
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("topic", ["..", ".", "a/b", "../../etc/passwd", "a\\b", "x" * 250, "", "a\n"])
+def test_a_topic_that_is_not_a_kafka_name_is_refused_before_any_file_is_read(
+    tmp_path: Path, topic: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"^topic: .* is not a Kafka topic name"):
+        load_router_config(topic, None, defaults={}, overrides={})
+
+
+@pytest.mark.parametrize("topic", ["..", "."])
+def test_settings_built_in_code_are_held_to_the_same_rules(topic: str) -> None:
+    with pytest.raises(ValidationError, match=r"topic\n  Value error, .* is not a Kafka topic name"):
+        RouterConfig.model_validate({**SETTINGS, "topic": topic, "table": "t"})
+
+
+def test_the_table_flag_is_held_to_the_same_rules(tmp_path: Path) -> None:
+    path = settings_file(tmp_path, "playback")
+    with pytest.raises(ConfigError, match="table: String should match pattern"):
+        load_router_config("playback", path, defaults={}, overrides={"table": "archive.other"})
+    assert load_router_config("playback", path, defaults={}, overrides={}).table == "playback"
