@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +98,16 @@ def archived_offsets(stack: Services, table: str) -> list[tuple[int, int]]:
         metadata = rows.to_arrow().column("__metadata__").to_pylist()
         seen += [(m["partition"], m["offset"]) for m in metadata]
     return seen
+
+
+def produced_offsets(report_offsets: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
+    """Every (partition, offset) of a produce report's {partition: (first, last)}."""
+    return {(p, o) for p, (low, high) in report_offsets.items() for o in range(low, high + 1)}
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 180, every: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)

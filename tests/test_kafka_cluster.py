@@ -21,9 +21,8 @@ from backfill.replay import ReplayReport, replay
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig, kafka_broker
 from bergstream.local.processes import free_ports
-from tests.routers import archived_offsets, run_router, start_router, write_config
+from tests.routers import archived_offsets, produced_offsets, run_router, start_router, write_config
 from tests.services import Services
-from tests.test_router import produced_offsets
 
 pytestmark = pytest.mark.integration
 

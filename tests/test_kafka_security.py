@@ -8,9 +8,8 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +32,7 @@ from bergstream.local import LocalStack, certificates, kafka_security
 from bergstream.local.kafka_security import ADMIN, PRODUCER, BrokerSecurity, jaas_login
 from bergstream.local.processes import free_ports
 from bergstream.topics import ensure_topic
-from tests.routers import ROOT, archived_offsets, run_router, start_router, write_config
+from tests.routers import ROOT, archived_offsets, eventually, run_router, start_router, write_config
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -138,14 +137,6 @@ class Archived:
     outputs: dict[str, str]
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(1)
-
-
 def fetch(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return str(answer.read().decode())
@@ -217,10 +208,14 @@ def archived(secured: Secured, topic: str, tmp_path_factory: pytest.TempPathFact
             except Exception:  # the tables are not there yet
                 return False
 
-        eventually(all_archived, "every record archived")
-        eventually(lambda: group_offsets(secured, f"bergstream-router.{TOPIC}") == ends, "the group commit")
+        eventually(all_archived, "every record archived", timeout=240)
+        eventually(
+            lambda: group_offsets(secured, f"bergstream-router.{TOPIC}") == ends,
+            "the group commit",
+            timeout=240,
+        )
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        eventually(lambda: "bergstream_router_lag_offsets" in fetch(metrics_url), "lag metrics")
+        eventually(lambda: "bergstream_router_lag_offsets" in fetch(metrics_url), "lag metrics", timeout=240)
         outputs["metrics"] = fetch(metrics_url)
         ui = f"http://127.0.0.1:{ui_port}/api/v1/applications"
         application = json.loads(fetch(ui))[0]["id"]

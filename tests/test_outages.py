@@ -21,7 +21,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.postgres import USER, postgres_server
 from bergstream.local.processes import free_ports
 from router.retry import CommitRetrySettings, JavaCause, transient_reason
-from tests.routers import start_router, write_config
+from tests.routers import archived_offsets, eventually, produced_offsets, start_router, write_config
 from tests.services import Services
 
 OUTAGE_LINE = "failed (attempt "
@@ -37,28 +37,6 @@ def scrape(port: int) -> dict[str, float]:
         for sample in family.samples:
             totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
-def archived_once(catalog: CatalogConfig, table: str) -> list[tuple[int, int]]:
-    """(partition, offset) of every row of the table and of its dead-letter table."""
-    loaded = catalog.load()
-    seen: list[tuple[int, int]] = []
-    for name in (table, f"{table}__dlq"):
-        rows = loaded.load_table(f"{catalog.namespace}.{name}").scan(selected_fields=("__metadata__",))
-        seen += [(m["partition"], m["offset"]) for m in rows.to_arrow().column("__metadata__").to_pylist()]
-    return seen
-
-
-def produced(report_offsets: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
-    return {(p, o) for p, (low, high) in report_offsets.items() for o in range(low, high + 1)}
 
 
 class RunningRouter:
@@ -104,7 +82,7 @@ def test_a_catalog_database_down_for_a_minute_loses_and_repeats_nothing(
     def batch(seed: int) -> set[tuple[int, int]]:
         request = ProduceRequest(topic=topic_name, schema="playback", count=2000, bad_fraction=0.02,
                                  partitions=2, seed=seed)  # fmt: skip
-        return produced(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
 
     with postgres_server() as postgres:
         catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(tmp_path / "warehouse").as_uri(), user=USER)
@@ -131,7 +109,7 @@ def test_a_catalog_database_down_for_a_minute_loses_and_repeats_nothing(
         assert len(failures) >= 5, "one log line per attempt over a minute of backoff up to 4 s"
         assert all("PSQLException" in line or "Connection" in line for line in failures), failures[0]
         assert len(router.log_lines(RECOVERY_LINE)) == 1
-        seen = archived_once(catalog, topic_name)
+        seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), topic_name)
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
     assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
 
@@ -176,7 +154,7 @@ def test_a_warehouse_read_only_then_full_loses_and_repeats_nothing(
     def batch(seed: int) -> set[tuple[int, int]]:
         request = ProduceRequest(topic=topic_name, schema="impression", encoding="avro", count=1500,
                                  bad_fraction=0.02, partitions=2, seed=seed)  # fmt: skip
-        return produced(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
 
     with small_filesystem(warehouse, size_mb=64):
         offsets = batch(1)
@@ -205,7 +183,7 @@ def test_a_warehouse_read_only_then_full_loses_and_repeats_nothing(
             router.stop()
         reasons = " ".join(router.log_lines(OUTAGE_LINE))
         assert "Read-only file system" in reasons and "No space left on device" in reasons, reasons[-2000:]
-        seen = archived_once(catalog, topic_name)
+        seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), topic_name)
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
     assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
 

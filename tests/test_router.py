@@ -12,7 +12,14 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from tests.routers import archived_offsets, committed_offsets, run_router, start_router, write_config
+from tests.routers import (
+    archived_offsets,
+    committed_offsets,
+    produced_offsets,
+    run_router,
+    start_router,
+    write_config,
+)
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -25,10 +32,6 @@ def wait_for_line(log: Path, text: str, count: int, timeout: float = 120) -> Non
             return
         time.sleep(0.2)
     raise AssertionError(f"{text!r} did not appear {count} times in {log}")
-
-
-def produced_offsets(report_offsets: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
-    return {(p, o) for p, (low, high) in report_offsets.items() for o in range(low, high + 1)}
 
 
 def test_available_now_archives_each_offset_once_and_commits_the_group(

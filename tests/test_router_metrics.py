@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,10 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.local.prometheus import prometheus_server
 from deploy import grafana
-from tests.routers import ROOT, start_router, write_config
+from tests.routers import ROOT, eventually, start_router, write_config
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(1)
 
 
 def test_prometheus_sees_reads_archives_dead_letters_and_lag(
