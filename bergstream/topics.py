@@ -12,16 +12,23 @@ from bergstream.errors import BergstreamError
 from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
 
 
-def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) -> None:
-    """Create `topic` unless it exists; `client_config` is librdkafka's, `bootstrap.servers` included."""
-    bootstrap_servers = client_config["bootstrap.servers"]
+def _admin_and_topics(client_config: Mapping[str, Any]) -> tuple[AdminClient, dict[str, Any]]:
+    """An admin client and the cluster's topics. All topics, not one: asking for a missing topic may create
+    it where auto-creation is on."""
     errors = ClientErrors()
     admin = AdminClient({**client_config, **errors.settings()})
     try:
-        # All topics, not the one: asking for a missing topic may create it where auto-creation is on.
-        existing = cluster_metadata(admin, errors).topics
+        return admin, cluster_metadata(admin, errors).topics
     except KafkaUnreachable as error:
-        raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
+        raise BergstreamError(
+            f"cannot reach Kafka at {client_config['bootstrap.servers']}: {error}"
+        ) from error
+
+
+def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) -> None:
+    """Create `topic` unless it exists; `client_config` is librdkafka's, `bootstrap.servers` included."""
+    bootstrap_servers = client_config["bootstrap.servers"]
+    admin, existing = _admin_and_topics(client_config)
     if topic in existing:
         return
     # -1: as many copies as the cluster's default.replication.factor says.
@@ -39,13 +46,7 @@ def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) 
 
 def topic_partitions(client_config: Mapping[str, Any], topic: str) -> int | None:
     """How many partitions `topic` has on the cluster; None when it is not there."""
-    bootstrap_servers = client_config["bootstrap.servers"]
-    errors = ClientErrors()
-    admin = AdminClient({**client_config, **errors.settings()})
-    try:
-        found = cluster_metadata(admin, errors).topics.get(topic)
-    except KafkaUnreachable as error:
-        raise BergstreamError(f"cannot reach Kafka at {bootstrap_servers}: {error}") from error
+    found = _admin_and_topics(client_config)[1].get(topic)
     return len(found.partitions) if found is not None and found.error is None else None
 
 

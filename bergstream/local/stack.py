@@ -159,7 +159,7 @@ class LocalStack:
                 controller_port=saved["controller_port"],
                 security=saved.get("security", "none"),
                 brokers=saved.get("brokers", 1),
-                other_ports=tuple(tuple(pair) for pair in saved.get("other_ports", ())),
+                other_ports=saved.get("other_ports", ()),
             )
         )
 
