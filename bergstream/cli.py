@@ -267,9 +267,14 @@ def router() -> None:
 
 
 def _router_defaults(data_dir: Path | None, topic: str) -> dict[str, Any]:
-    """Endpoints from the local stack, when it runs: weaker than the topic's file and the flags."""
+    """Endpoints from the site settings (BERGSTREAM_SITE), else from the local stack when it runs: weaker
+    than the topic's file and the flags."""
     from bergstream.local import LocalStack
+    from bergstream.site import router_defaults, site_file
 
+    site = site_file()
+    if site is not None:
+        return router_defaults(site, topic)
     stack = LocalStack.at(_data_dir(data_dir))
     status = stack.status()
     if not status.running:
@@ -408,9 +413,13 @@ def _catalog(config_file: Path | None, data_dir: Path | None) -> Any:
     from backfill.settings import catalog_from_file
     from bergstream.errors import StackError
     from bergstream.local import LocalStack
+    from bergstream.site import site_catalog, site_file
 
     if config_file is not None:
         return catalog_from_file(config_file)
+    site = site_file()
+    if site is not None and (catalog := site_catalog(site)) is not None:
+        return catalog
     stack = LocalStack.at(_data_dir(data_dir))
     if not stack.status().running and not stack.config.catalog.uri.startswith("jdbc:sqlite:"):
         raise StackError(f"no local stack in {stack.config.data_dir}: name a settings file with --config")
@@ -466,9 +475,14 @@ def backfill_plan(
 
 
 def _app_defaults(data_dir: Path | None, app: str) -> dict[str, Any]:
-    """Endpoints from the local stack, when it runs: weaker than the app's file and the flags."""
+    """Endpoints from the site settings (BERGSTREAM_SITE), else from the local stack when it runs: weaker
+    than the app's file and the flags."""
     from bergstream.local import LocalStack
+    from bergstream.site import app_defaults, site_file
 
+    site = site_file()
+    if site is not None:
+        return app_defaults(site, app)
     stack = LocalStack.at(_data_dir(data_dir))
     defaults: dict[str, Any] = {"checkpoint_location": str(stack.config.data_dir / "apps" / app)}
     status = stack.status()
