@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs what bergstream needs from Debian's packages when it is missing: Python 3.11 with venv, a JDK
 # (17 or newer) and Maven for the JVM side; PostgreSQL and Prometheus for the tests of a PostgreSQL JDBC
-# catalog and of the router's metrics.
+# catalog and of the router's metrics; docker-compose (Compose 1, Python) to check docker-compose.yml.
 set -eu
 missing=""
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
@@ -16,6 +16,7 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] || ! command 
 fi
 command -v mvn >/dev/null 2>&1 || missing="$missing maven"
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+command -v docker-compose >/dev/null 2>&1 || missing="$missing docker-compose"
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -1,0 +1,41 @@
+# bergstream's image: the routers, the backfill, and the Spark master and worker of docker-compose.yml all
+# run from it. It holds bergstream with its Python dependencies and the jars pinned in
+# bergstream/jvm/pom.xml, resolved at build time; nothing is fetched when a container starts.
+#
+#   docker build -t bergstream:latest .
+#   docker run --rm bergstream:latest bergstream jars versions
+#
+# Where the engine cannot pull debian:bookworm-slim, make a base image from Debian's packages first:
+#   sh deploy/docker/base-image.sh && docker build --build-arg BASE_IMAGE=bergstream/debian:bookworm -t bergstream .
+ARG BASE_IMAGE=debian:bookworm-slim
+
+FROM ${BASE_IMAGE} AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv openjdk-17-jdk-headless maven \
+    && rm -rf /var/lib/apt/lists/*
+ENV BERGSTREAM_CACHE=/opt/bergstream/cache \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY . .
+RUN python3 -m venv /opt/bergstream/venv \
+    && /opt/bergstream/venv/bin/pip install -q --upgrade pip \
+    && if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
+    && /opt/bergstream/venv/bin/pip install -q "$@" '.[postgres]'
+RUN /opt/bergstream/venv/bin/bergstream jars resolve
+
+FROM ${BASE_IMAGE}
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3 openjdk-17-jre-headless procps tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --create-home --home-dir /home/bergstream bergstream \
+    && install -d -o bergstream -g bergstream /var/lib/bergstream
+COPY --from=build /opt/bergstream /opt/bergstream
+ENV PATH=/opt/bergstream/venv/bin:$PATH \
+    BERGSTREAM_CACHE=/opt/bergstream/cache \
+    PYTHONUNBUFFERED=1
+USER bergstream
+WORKDIR /var/lib/bergstream
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["bergstream", "--help"]
