@@ -64,9 +64,9 @@ def test_images_match_the_versions_bergstream_pins(compose: dict[str, Any]) -> N
     assert _image_tag(services["create-topics"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", pinned.iceberg)
     for name, service in services.items():
-        assert ":" in service["image"] and not service["image"].endswith(":latest") or service["image"] == (
-            "bergstream:latest"
-        ), f"{name}: pin the image's version"
+        image = service["image"]
+        pinned_tag = ":" in image and not image.endswith(":latest")
+        assert pinned_tag or image == "bergstream:latest", f"{name}: pin the image's version"
 
 
 def test_every_port_is_published_on_loopback_only(compose: dict[str, Any]) -> None:
@@ -115,11 +115,14 @@ def test_service_names_in_site_settings_are_services_with_those_ports(compose: d
     site = read_site(SITE)
     kafka_host, kafka_port = site["kafka"]["kafka.bootstrap.servers"].split(":")
     assert kafka_host in services
-    assert f"DOCKER://{kafka_host}:{kafka_port}" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"DOCKER://{kafka_host}:{kafka_port}" in advertised
     endpoints = [site["catalog"]["uri"], site["catalog"]["properties"]["s3.endpoint"]]
     for endpoint in endpoints:
         host, port = endpoint.removeprefix("http://").split(":")
         assert host in services, f"{endpoint}: no service {host}"
+        published = [mapping.rsplit(":", 1)[-1] for mapping in services[host].get("ports", [])]
+        assert port in published, f"{endpoint}: {host} serves {published}"
     master = site["spark"]["master"].removeprefix("spark://").split(":")[0]
     assert master in services
 
@@ -144,7 +147,10 @@ def test_grafana_provisions_the_prometheus_source_and_the_router_dashboard(compo
     provisioning = _host_path(grafana, "/etc/grafana/provisioning")
     sources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
     assert sources[0]["type"] == "prometheus"
-    assert sources[0]["url"] == f"http://prometheus:{_services(compose)['prometheus']['ports'][0].split(':')[-1]}"
+    assert (
+        sources[0]["url"]
+        == f"http://prometheus:{_services(compose)['prometheus']['ports'][0].split(':')[-1]}"
+    )
     providers = yaml.safe_load((provisioning / "dashboards" / "bergstream.yml").read_text())["providers"]
     dashboards = _host_path(grafana, providers[0]["options"]["path"])
     assert (dashboards / "bergstream-router.json").is_file()
