@@ -1,7 +1,8 @@
 """Real services for the tests: a Kafka broker and an Iceberg catalog, started once per run.
 
-Where a Docker engine answers (and BERGSTREAM_TEST_SERVICES is not `local`), the broker runs in a
-container through testcontainers; otherwise the local stack starts it as a process on 127.0.0.1.
+Where a Docker engine answers and has the apache/kafka image of the pinned version, or can pull it (and
+BERGSTREAM_TEST_SERVICES is not `local`), the broker runs in a container through testcontainers; otherwise
+the local stack starts it as a process on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -25,13 +26,26 @@ class Services:
     kafka_log_dir: Path | None  # where the broker keeps its log segments, when it runs here
 
 
+def kafka_image() -> str:
+    return f"apache/kafka:{jars.pinned_versions().kafka}"
+
+
 def docker_engine_reachable() -> bool:
+    """An engine answers, and it has the broker's image or can pull it."""
     try:
         import docker
 
-        docker.from_env(timeout=3).ping()
+        client = docker.from_env(timeout=3)
+        client.ping()
     except Exception:  # no client library, no socket, or no engine behind it
         return False
+    try:
+        client.images.get(kafka_image())
+    except Exception:
+        try:
+            client.images.pull(kafka_image())
+        except Exception:  # an engine with no registry of images to pull from
+            return False
     return True
 
 
@@ -61,7 +75,7 @@ def container_services(data_dir: Path) -> Iterator[Services]:
 
     (port,) = free_ports(1)
     kafka = (
-        DockerContainer(f"apache/kafka:{jars.pinned_versions().kafka}")
+        DockerContainer(kafka_image())
         .with_bind_ports(9092, ("127.0.0.1", port))
         .with_env("KAFKA_NODE_ID", "1")
         .with_env("KAFKA_PROCESS_ROLES", "broker,controller")
