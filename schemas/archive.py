@@ -39,6 +39,11 @@ METADATA_TYPE = T.StructType(
     ]
 )
 
+# Set on a dead letter once `bergstream router redrive` has put its record into the archive table; null
+# while it waits. The router leaves them out of its appends; a redrive adds them to an older table.
+REDRIVEN_AT = "redriven_at"
+REDRIVE_ID = "redrive_id"
+
 DEAD_LETTER_TYPE = T.StructType(
     [
         T.StructField("raw_key", T.BinaryType()),
@@ -46,6 +51,8 @@ DEAD_LETTER_TYPE = T.StructType(
         T.StructField("error", T.StringType()),
         T.StructField("schema_name", T.StringType()),
         T.StructField(METADATA, METADATA_TYPE),
+        T.StructField(REDRIVEN_AT, T.TimestampType()),
+        T.StructField(REDRIVE_ID, T.StringType()),
     ]
 )
 
