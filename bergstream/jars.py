@@ -23,8 +23,8 @@ POM = Path(__file__).parent / "jvm" / "pom.xml"
 # The backfill's Spark source, compiled into the jar below and handed to every SparkSession.
 JAVA_SOURCES = Path(__file__).resolve().parent.parent / "backfill" / "jvm" / "src" / "main"
 BACKFILL_JAR = "bergstream-backfill-source.jar"
-JarSet = Literal["spark", "kafka"]
-JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka")
+JarSet = Literal["spark", "kafka", "rest-catalog"]
+JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka", "rest-catalog")
 _COMPLETE = ".complete"
 
 
@@ -34,6 +34,7 @@ class PinnedVersions:
     iceberg: str
     kafka: str
     scala_binary: str
+    iceberg_rest: str  # Iceberg's REST catalog server (`local up --catalog rest`)
 
 
 def pinned_versions(pom: Path = POM) -> PinnedVersions:
@@ -52,6 +53,7 @@ def pinned_versions(pom: Path = POM) -> PinnedVersions:
         iceberg=prop("iceberg.version"),
         kafka=prop("kafka.version"),
         scala_binary=prop("scala.binary.version"),
+        iceberg_rest=prop("iceberg-rest.version"),
     )
 
 
@@ -199,3 +201,7 @@ def backfill_source_jar(
 
 def kafka_classpath(pom: Path = POM) -> list[Path]:
     return resolved_jars("kafka", pom)
+
+
+def rest_catalog_classpath(pom: Path = POM) -> list[Path]:
+    return resolved_jars("rest-catalog", pom)
