@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
     from pyiceberg.catalog import Catalog
 
 CatalogType = Literal["jdbc", "rest"]
+# Properties whose values are secrets (s3.secret-access-key, s3.session-token, ...): never shown.
+SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential")
 
 
 class CatalogConfig(BaseModel):
@@ -19,7 +24,8 @@ class CatalogConfig(BaseModel):
 
     `jdbc` takes a JDBC URI (`jdbc:sqlite:/path/catalog.db`, `jdbc:postgresql://host:5432/db`); `rest`
     takes the REST catalog's HTTP URI. `properties` pass through to Iceberg under its own names
-    (`io-impl`, `s3.endpoint`, ...).
+    (`io-impl`, `s3.endpoint`, `s3.path-style-access`, `s3.access-key-id`, `s3.secret-access-key`,
+    `client.region`, ...); pyiceberg gets them translated where its names differ.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -97,9 +103,40 @@ class CatalogConfig(BaseModel):
         from pyiceberg.catalog.rest import RestCatalog
         from pyiceberg.catalog.sql import SqlCatalog
 
+        properties = pyiceberg_properties(self.properties)
         if self.type == "rest":
-            return RestCatalog(self.name, uri=self.uri, warehouse=self.warehouse, **self.properties)
-        return SqlCatalog(self.name, uri=self.sqlalchemy_uri(), warehouse=self.warehouse, **self.properties)
+            return RestCatalog(self.name, uri=self.uri, warehouse=self.warehouse, **properties)
+        return SqlCatalog(self.name, uri=self.sqlalchemy_uri(), warehouse=self.warehouse, **properties)
+
+    def filesystem(self) -> FileSystem:
+        """pyarrow's file system of the warehouse (S3FileSystem for s3://, else the local one), reached the
+        way pyiceberg reaches the table files."""
+        from pyiceberg.io.pyarrow import PyArrowFileIO
+
+        location = urlparse(self.warehouse)
+        file_io = PyArrowFileIO(pyiceberg_properties(self.properties))
+        return file_io.fs_by_scheme(location.scheme or "file", location.netloc or None)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, (redacted(value) if name == "properties" else value)
+
+
+def pyiceberg_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """Iceberg's catalog properties under pyiceberg's names: it shares `s3.endpoint`, `s3.access-key-id`,
+    `s3.secret-access-key` and `client.region` with the Java side, and says path-style access the other
+    way round (`s3.force-virtual-addressing`)."""
+    translated = dict(properties)
+    path_style = translated.get("s3.path-style-access")
+    if path_style is not None:
+        virtual = path_style.strip().lower() != "true"
+        translated.setdefault("s3.force-virtual-addressing", "true" if virtual else "false")
+    return translated
+
+
+def redacted(properties: Mapping[str, str]) -> dict[str, str]:
+    """The properties with every secret's value hidden, to show or log."""
+    return {key: "*********" if SECRET_PROPERTY.search(key) else value for key, value in properties.items()}
 
 
 def _absolute(location: str) -> bool:

@@ -61,8 +61,8 @@ def cli() -> None:
 
 @cli.group()
 def local() -> None:
-    """The embedded stack on 127.0.0.1: Kafka (one broker or three), a SQLite Iceberg catalog, a warehouse
-    folder."""
+    """The embedded stack on 127.0.0.1: Kafka (one broker or three), an Iceberg catalog (SQLite JDBC, or
+    Iceberg's REST server), a warehouse folder or an S3 object store."""
 
 
 @local.command("up")
@@ -85,22 +85,58 @@ def local() -> None:
     help="3: a KRaft cluster of three nodes (replication factor 3, min.insync.replicas 2), the others on "
     "the ports two and four up from --kafka-port and --controller-port.",
 )
+@click.option(
+    "--object-store",
+    type=click.Choice(["none", "s3"]),
+    default="none",
+    show_default=True,
+    help="s3: the warehouse is s3://bergstream/warehouse on an S3 object store (versitygw), not a folder.",
+)
+@click.option("--object-store-port", type=int, default=7070, show_default=True)
+@click.option(
+    "--catalog",
+    "catalog_kind",
+    type=click.Choice(["jdbc", "rest"]),
+    default="jdbc",
+    show_default=True,
+    help="rest: Iceberg's REST catalog server (over its own SQLite file) instead of a SQLite JDBC catalog.",
+)
+@click.option("--rest-port", type=int, default=8181, show_default=True)
 def local_up(
-    data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str, brokers: str
-) -> None:
+    data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str, brokers: str,
+    object_store: str, object_store_port: int, catalog_kind: str, rest_port: int,
+) -> None:  # fmt: skip
     """Start the local stack."""
     import time
 
     from bergstream.local import LocalStack, StackConfig
+    from bergstream.local import object_store as store_server
 
     started = time.monotonic()
     config = StackConfig(
         data_dir=_data_dir(data_dir), host=host, kafka_port=kafka_port, controller_port=controller_port,
         security=security, brokers=int(brokers),  # type: ignore[arg-type]
+        object_store=object_store, catalog_kind=catalog_kind,  # type: ignore[arg-type]
+        object_store_port=object_store_port, rest_port=rest_port,
     )  # fmt: skip
+    if config.object_store == "s3" and not store_server.installed():
+        click.echo(f"building versitygw {store_server.VERSITYGW_VERSION} with go install (once)", err=True)
     status = LocalStack(config).up()
     click.echo(f"local stack up in {time.monotonic() - started:.1f}s")
     _print_status(status.to_json())
+
+
+@local.command("install")
+def local_install() -> None:
+    """Build and resolve what `local up` runs, once: the pinned jars (Kafka, Spark, the REST catalog) and the
+    S3 object store versitygw (with `go install`)."""
+    from bergstream import jars
+    from bergstream.local import object_store as store_server
+
+    jars.resolve_all()
+    if not store_server.installed():
+        click.echo(f"building versitygw {store_server.VERSITYGW_VERSION} with go install (once)", err=True)
+    click.echo(f"versitygw {store_server.VERSITYGW_VERSION}: {store_server.install()}")
 
 
 @local.command("router-user")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -11,7 +12,8 @@ from typing import Any, Literal, get_args
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError, StackError
-from bergstream.local import kafka_broker, kafka_security, processes
+from bergstream.local import kafka_broker, kafka_security, processes, rest_catalog
+from bergstream.local import object_store as store_server
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 9092
@@ -19,6 +21,10 @@ DEFAULT_CONTROLLER_PORT = 9093
 LOOPBACK = ("127.0.0.1", "::1")
 # none: plain text, anyone may do anything. sasl_ssl: TLS, SCRAM-SHA-512 logins, ACLs (kafka_security.py).
 Security = Literal["none", "sasl_ssl"]
+# Where table files go: none, the stack's warehouse folder; s3, a bucket of an S3 object store (versitygw).
+ObjectStore = Literal["none", "s3"]
+# The Iceberg catalog: jdbc, on a SQLite file; rest, Iceberg's REST catalog server over its own SQLite file.
+CatalogKind = Literal["jdbc", "rest"]
 
 
 def default_data_dir() -> Path:
@@ -35,6 +41,10 @@ class StackConfig:
     brokers: int = 1
     # (kafka port, controller port) of the nodes after the first; by default two up from the previous node's.
     other_ports: tuple[tuple[int, int], ...] = ()
+    object_store: ObjectStore = "none"
+    catalog_kind: CatalogKind = "jdbc"
+    object_store_port: int = store_server.DEFAULT_PORT
+    rest_port: int = rest_catalog.DEFAULT_PORT
 
     def __post_init__(self) -> None:
         # The catalog's warehouse is a file URI: a stack's folder is always absolute.
@@ -48,17 +58,30 @@ class StackConfig:
         object.__setattr__(self, "other_ports", tuple(tuple(pair) for pair in self.other_ports))
         if self.other_ports and len(self.other_ports) != self.brokers - 1:
             raise ConfigError(f"{self.brokers} brokers need {self.brokers - 1} more pairs of ports")
-        ports = [port for pair in self.ports for port in pair]
+        ports = [port for pair in self.ports for port in pair] + self.service_ports
         for port in ports:
             if not 1 <= port <= 65535:
                 raise ConfigError(f"port {port} is not a TCP port (1-65535)")
         if len(set(ports)) != len(ports):
             raise ConfigError(
-                f"the brokers' kafka and controller ports {ports} repeat a port; pick --kafka-port and "
-                "--controller-port further apart"
+                f"the stack's ports {ports} repeat a port; pick --kafka-port, --controller-port, "
+                "--object-store-port and --rest-port further apart"
             )
         if self.security not in get_args(Security):
             raise ConfigError(f"security {self.security!r}: use one of {', '.join(get_args(Security))}")
+        if self.object_store not in get_args(ObjectStore):
+            raise ConfigError(
+                f"--object-store {self.object_store!r}: use one of {', '.join(get_args(ObjectStore))}"
+            )
+        if self.catalog_kind not in get_args(CatalogKind):
+            kinds = ", ".join(get_args(CatalogKind))
+            raise ConfigError(f"--catalog {self.catalog_kind!r}: use one of {kinds}")
+
+    @property
+    def service_ports(self) -> list[int]:
+        """The ports of the object store and the REST catalog, where the stack runs them."""
+        return [port for port, used in ((self.object_store_port, self.object_store == "s3"),
+                                        (self.rest_port, self.catalog_kind == "rest")) if used]  # fmt: skip
 
     @property
     def ports(self) -> list[tuple[int, int]]:
@@ -104,8 +127,36 @@ class StackConfig:
         return kafka_security.BrokerSecurity(self.data_dir / "security")
 
     @property
+    def object_store_config(self) -> store_server.ObjectStoreConfig | None:
+        if self.object_store == "none":
+            return None
+        home = self.data_dir / "object-store"
+        return store_server.ObjectStoreConfig(home, self.host, self.object_store_port)
+
+    @property
+    def rest_catalog_config(self) -> rest_catalog.RestCatalogConfig | None:
+        if self.catalog_kind != "rest":
+            return None
+        warehouse, properties = self._warehouse()
+        return rest_catalog.RestCatalogConfig(
+            self.data_dir / "rest-catalog", warehouse, self.host, self.rest_port, properties
+        )
+
+    def _warehouse(self) -> tuple[str, dict[str, str]]:
+        """Where table files go, and the catalog properties that reach it."""
+        store = self.object_store_config
+        if store is None:
+            return (self.data_dir / "warehouse").as_uri(), {}
+        return store.warehouse, store.catalog_properties()
+
+    @property
     def catalog(self) -> CatalogConfig:
-        return CatalogConfig.sqlite(self.data_dir / "catalog" / "catalog.db", self.data_dir / "warehouse")
+        warehouse, properties = self._warehouse()
+        rest = self.rest_catalog_config
+        if rest is not None:
+            return CatalogConfig(type="rest", uri=rest.uri, warehouse=warehouse, properties=properties)
+        sqlite = self.data_dir / "catalog" / "catalog.db"
+        return CatalogConfig(uri=f"jdbc:sqlite:{sqlite}", warehouse=warehouse, properties=properties)
 
     @property
     def state_file(self) -> Path:
@@ -120,9 +171,17 @@ class StackStatus:
     broker_pid: int | None
     catalog_name: str
     catalog_uri: str
-    catalog_sqlalchemy_uri: str
+    catalog_sqlalchemy_uri: str | None  # of a jdbc catalog
     catalog_namespace: str
     warehouse: str
+    catalog_type: str = "jdbc"
+    rest_catalog_pid: int | None = None
+    # With --object-store s3: its endpoint, bucket and server pid, and the file of its keys (never the keys).
+    object_store: str = "none"
+    object_store_endpoint: str | None = None
+    object_store_bucket: str | None = None
+    object_store_credentials: str | None = None
+    object_store_pid: int | None = None
     security: str = "none"
     broker_pids: list[int | None] | None = None  # of each node of a cluster
     # Secured: the authority's certificate that clients trust, and the client settings (Java client names,
@@ -160,6 +219,10 @@ class LocalStack:
                 security=saved.get("security", "none"),
                 brokers=saved.get("brokers", 1),
                 other_ports=saved.get("other_ports", ()),
+                object_store=saved.get("object_store", "none"),
+                catalog_kind=saved.get("catalog", "jdbc"),
+                object_store_port=saved.get("object_store_port", store_server.DEFAULT_PORT),
+                rest_port=saved.get("rest_port", rest_catalog.DEFAULT_PORT),
             )
         )
 
@@ -170,6 +233,7 @@ class LocalStack:
     def _up(self) -> StackStatus:
         config = self.config
         pid = next(filter(None, (kafka_broker.running_pid(node) for node in config.nodes)), None)
+        pid = pid or self._service_pid()
         if pid is not None:
             running = LocalStack.at(config.data_dir).status()
             raise StackError(
@@ -182,11 +246,12 @@ class LocalStack:
                     raise StackError(
                         f"port {port} on {config.host} is already in use; choose another with {name}"
                     )
-        self._refuse_other_security()
+        self._refuse_other_layout()
         jars.resolve_all()
         (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
-        (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
-        kafka_broker.start_cluster(config.nodes)
+        if config.object_store_config is None:
+            (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
+        self._start_services_and(lambda: kafka_broker.start_cluster(config.nodes))
         config.state_file.write_text(
             json.dumps(
                 {
@@ -196,6 +261,10 @@ class LocalStack:
                     "security": config.security,
                     "brokers": config.brokers,
                     "other_ports": config.other_ports,
+                    "object_store": config.object_store,
+                    "catalog": config.catalog_kind,
+                    "object_store_port": config.object_store_port,
+                    "rest_port": config.rest_port,
                 }
             )
         )
@@ -209,17 +278,49 @@ class LocalStack:
                 )
         return self.status()
 
-    def _refuse_other_security(self) -> None:
-        """A broker's log directory is formatted for its security: plain text, or with the admin's login."""
+    def _start_services_and(self, start_kafka: Callable[[], object]) -> None:
+        """Start the object store, then the REST catalog, then Kafka; stop what started if one fails."""
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        try:
+            if store is not None:
+                store_server.start(store)
+            if rest is not None:
+                rest_catalog.start(rest)
+            start_kafka()
+        except BaseException:
+            if rest is not None:
+                rest_catalog.stop(rest)
+            if store is not None:
+                store_server.stop(store)
+            raise
+
+    def _service_pid(self) -> int | None:
+        """The pid of the stack's object store or REST catalog, when one runs."""
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        pids = (
+            store_server.running_pid(store) if store is not None else None,
+            rest_catalog.running_pid(rest) if rest is not None else None,
+        )
+        return next(filter(None, pids), None)
+
+    def _refuse_other_layout(self) -> None:
+        """A broker's log directory is formatted for its security: plain text, or with the admin's login. A
+        catalog's tables keep the warehouse they were made in, and each kind of catalog has its own tables."""
         config = self.config
-        if not (config.broker.log_dir / "meta.properties").exists() or not config.state_file.exists():
+        if not config.state_file.exists():
             return
-        before = LocalStack.at(config.data_dir).config.security
-        if before != config.security:
-            raise StackError(
-                f"the local stack in {config.data_dir} was made with --security {before}: start it so again, "
-                "or remove the folder for a new stack"
-            )
+        before = LocalStack.at(config.data_dir).config
+        formatted = (config.broker.log_dir / "meta.properties").exists()
+        for flag, old, new in (
+            ("--security", before.security if formatted else config.security, config.security),
+            ("--object-store", before.object_store, config.object_store),
+            ("--catalog", before.catalog_kind, config.catalog_kind),
+        ):
+            if old != new:
+                raise StackError(
+                    f"the local stack in {config.data_dir} was made with {flag} {old}: start it so again, "
+                    "or remove the folder for a new stack"
+                )
 
     def router_client(self, topic: str) -> dict[str, str]:
         """The Java client settings of the user of `topic`'s router, made on first use: it may read the
@@ -246,6 +347,11 @@ class LocalStack:
     def down(self) -> None:
         with processes.locked(self.config.data_dir / "stack.lock"):
             stopped = [kafka_broker.stop(node) for node in self.config.nodes]
+            store, rest = self.config.object_store_config, self.config.rest_catalog_config
+            if rest is not None:
+                stopped.append(rest_catalog.stop(rest))
+            if store is not None:
+                stopped.append(store_server.stop(store))
             if not any(stopped):
                 raise StackError(
                     f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
@@ -263,11 +369,27 @@ class LocalStack:
             broker_pids=pids if config.brokers > 1 else None,
             catalog_name=catalog.name,
             catalog_uri=catalog.uri,
-            catalog_sqlalchemy_uri=catalog.sqlalchemy_uri(),
+            catalog_sqlalchemy_uri=catalog.sqlalchemy_uri() if catalog.type == "jdbc" else None,
             catalog_namespace=catalog.namespace,
             warehouse=catalog.warehouse,
             **self._security_status(),
+            **self._services_status(),
         )
+
+    def _services_status(self) -> dict[str, Any]:
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        status: dict[str, Any] = {}
+        if rest is not None:
+            status.update(catalog_type="rest", rest_catalog_pid=rest_catalog.running_pid(rest))
+        if store is not None:
+            status.update(
+                object_store=self.config.object_store,
+                object_store_endpoint=store.endpoint,
+                object_store_bucket=store.bucket,
+                object_store_credentials=str(store.credentials_file),
+                object_store_pid=store_server.running_pid(store),
+            )
+        return status
 
     def _security_status(self) -> dict[str, Any]:
         security = self.config.kafka_security
