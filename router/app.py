@@ -28,8 +28,9 @@ from router.commit import GroupCommitter
 from router.config import RouterConfig
 from router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from router.evolve import evolve_table
+from router.lag import LagReporter
 from router.metrics import RouterMetrics
-from router.offsets import expired_ranges, lag, parse_spark_offsets
+from router.offsets import expired_ranges, parse_spark_offsets
 from router.retry import java_causes, transient_reason
 from router.table import ensure_tables
 from router.transform import DEAD_LETTERED, Stamper
@@ -105,6 +106,8 @@ class Router:
         self._outage_started: float | None = None
         metrics.commit_outage.labels(config.topic).set_function(self._outage_seconds)
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
+        self._lag = LagReporter(config.topic, self._kafka, metrics)
+        self._lag_lock = threading.Lock()
 
     def run(self, available_now: bool = False) -> RouterTotals:
         config = self.config
@@ -432,23 +435,10 @@ class Router:
             self._refresh_lag()
 
     def _refresh_lag(self) -> None:
-        self._commit_group()
-        try:
-            watermarks = self._kafka.watermarks()
-        except Exception as error:  # Kafka unreachable for a moment: keep the last values
-            log.debug("refreshing the lag of %s failed: %s", self.config.topic, error)
-            return
-        lags = lag(
-            self._archived,
-            {p: low for p, (low, _) in watermarks.items()},
-            {p: high for p, (_, high) in watermarks.items()},
-        )
-        for partition, behind in lags.items():
-            self.metrics.lag_offsets.labels(self.config.topic, str(partition)).set(behind)
-        if self._newest_ingestion is not None:
-            self.metrics.lag_seconds.labels(self.config.topic).set(
-                max(0.0, time.time() - self._newest_ingestion)
-            )
+        # From the lag thread and from Spark's listener: one at a time, since reading lag moves the client.
+        with self._lag_lock:
+            self._commit_group()
+            self._lag.refresh(self._archived, self._newest_ingestion)
 
 
 def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:

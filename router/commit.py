@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bergstream.errors import ConfigError
 from bergstream.kafka_settings import (
@@ -38,6 +38,8 @@ class GroupCommitter:
                     "group.id": group,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
+                    # It reads one record now and then, for its timestamp: no need to prefetch more.
+                    "queued.max.messages.kbytes": 1024,
                 }
             )
         except KafkaException as error:
@@ -128,6 +130,25 @@ class GroupCommitter:
             )
             result[partition] = (low, high)
         return result
+
+    def record_timestamps(self, positions: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
+        """{partition: Kafka timestamp in seconds} of the record at each {partition: offset} (or the first
+        one after it); a partition whose record does not come within `timeout` is left out."""
+        found: dict[int, float] = {}
+        if not positions:
+            return found
+        self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in positions.items()])
+        deadline = time.monotonic() + timeout
+        try:
+            while len(found) < len(positions) and (left := deadline - time.monotonic()) > 0:
+                for message in self._consumer.consume(num_messages=100, timeout=min(left, 1.0)):
+                    kind, milliseconds = message.timestamp()
+                    partition = message.partition()
+                    if message.error() is None and partition is not None and kind != TIMESTAMP_NOT_AVAILABLE:
+                        found.setdefault(partition, milliseconds / 1000)
+        finally:
+            self._consumer.unassign()
+        return found
 
     def close(self) -> None:
         self._consumer.close()

@@ -54,13 +54,20 @@ class RouterMetrics:
         )
         self.lag_seconds = Gauge(
             "bergstream_router_lag_seconds",
-            "Now minus the newest committed ingestion time",
-            ["topic"],
+            "How long the first record not yet archived has waited since it was produced; 0 when all is "
+            "archived",
+            ["topic", "partition"],
             registry=r,
         )
         self.newest_ingestion = Gauge(
             "bergstream_router_newest_ingestion_timestamp_seconds",
             "Newest Kafka record timestamp committed to the archive",
+            ["topic"],
+            registry=r,
+        )
+        self.newest_archived_age = Gauge(
+            "bergstream_router_newest_archived_age_seconds",
+            "Now minus the newest Kafka record timestamp committed to the archive; grows on a quiet topic",
             ["topic"],
             registry=r,
         )
