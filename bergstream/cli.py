@@ -410,6 +410,47 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
         spark.stop()
 
 
+@router.command("redrive")
+@click.option("--topic", required=True, help="The topic whose dead letters to parse again.")
+@click.option("--reason", default=None, help="Only the dead letters whose reason contains this text.")
+@click.option("--dry-run", is_flag=True, help="Parse and report what would happen; write nothing.")
+@click.option(
+    "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
+)
+@TABLE
+@ROUTER_CONFIG
+@DATA_DIR
+def router_redrive(
+    topic: str,
+    reason: str | None,
+    dry_run: bool,
+    schema: str | None,
+    table: str | None,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Parse a topic's dead letters again: archive those that parse now, exactly once, and mark them."""
+    from router.config import load_router_config
+    from router.redrive import redrive
+
+    if reason is not None and not reason.strip():
+        raise click.BadParameter("give some text of the reason", param_hint="--reason")
+    _configure_logging()
+    config = load_router_config(
+        topic,
+        config_file,
+        defaults=_router_defaults(data_dir, topic),
+        overrides={"schema": schema, "table": table},
+    )
+    spark = _router_spark(config, f"bergstream-redrive-{topic}")
+    try:
+        report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
+    finally:
+        spark.stop()
+    for line in report.lines():
+        click.echo(line)
+
+
 @cli.group()
 def backfill() -> None:
     """Read archive tables back in lateness-bounded order: plan a window, run an application over it."""
