@@ -16,6 +16,7 @@ $(INSTALLED): pyproject.toml
 
 setup: $(INSTALLED)
 	$(BIN)/bergstream jars resolve
+	$(BIN)/bergstream local install
 
 demo: setup
 	$(BIN)/bergstream demo

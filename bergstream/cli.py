@@ -102,9 +102,17 @@ def local() -> None:
     help="rest: Iceberg's REST catalog server (over its own SQLite file) instead of a SQLite JDBC catalog.",
 )
 @click.option("--rest-port", type=int, default=8181, show_default=True)
+@click.option(
+    "--schema-registry",
+    "with_registry",
+    is_flag=True,
+    help="Also run a schema registry (Confluent's REST API; schemas kept in memory until `down`).",
+)
+@click.option("--schema-registry-port", type=int, default=8081, show_default=True)
 def local_up(
     data_dir: Path | None, host: str, kafka_port: int, controller_port: int, security: str, brokers: str,
-    object_store: str, object_store_port: int, catalog_kind: str, rest_port: int,
+    object_store: str, object_store_port: int, catalog_kind: str, rest_port: int, with_registry: bool,
+    schema_registry_port: int,
 ) -> None:  # fmt: skip
     """Start the local stack."""
     import time
@@ -118,9 +126,11 @@ def local_up(
         security=security, brokers=int(brokers),  # type: ignore[arg-type]
         object_store=object_store, catalog_kind=catalog_kind,  # type: ignore[arg-type]
         object_store_port=object_store_port, rest_port=rest_port,
+        schema_registry_port=schema_registry_port if with_registry else None,
     )  # fmt: skip
     if config.object_store == "s3" and not store_server.installed():
         click.echo(f"building versitygw {store_server.VERSITYGW_VERSION} with go install (once)", err=True)
+    _announce_registry_build(with_registry)
     status = LocalStack(config).up()
     click.echo(f"local stack up in {time.monotonic() - started:.1f}s")
     _print_status(status.to_json())
@@ -128,15 +138,26 @@ def local_up(
 
 @local.command("install")
 def local_install() -> None:
-    """Build and resolve what `local up` runs, once: the pinned jars (Kafka, Spark, the REST catalog) and the
-    S3 object store versitygw (with `go install`)."""
+    """Build and resolve what `local up` runs, once: the pinned jars (Kafka, Spark, the REST catalog), the
+    S3 object store versitygw (with `go install`) and the schema registry (with `go build`)."""
     from bergstream import jars
     from bergstream.local import object_store as store_server
+    from bergstream.local import schema_registry
 
     jars.resolve_all()
     if not store_server.installed():
         click.echo(f"building versitygw {store_server.VERSITYGW_VERSION} with go install (once)", err=True)
     click.echo(f"versitygw {store_server.VERSITYGW_VERSION}: {store_server.install()}")
+    _announce_registry_build(True)
+    click.echo(f"schema registry {schema_registry.pinned_version()}: {schema_registry.build()}")
+
+
+def _announce_registry_build(wanted: bool) -> None:
+    from bergstream.local import schema_registry
+
+    if wanted and not schema_registry.binary_path().exists():
+        click.echo(f"building the schema registry {schema_registry.pinned_version()} with go build (once, "
+                   "about two minutes)", err=True)  # fmt: skip
 
 
 @local.command("router-user")

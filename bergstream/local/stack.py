@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError, StackError
-from bergstream.local import kafka_broker, kafka_security, processes, rest_catalog
+from bergstream.local import kafka_broker, kafka_security, processes, rest_catalog, schema_registry
 from bergstream.local import object_store as store_server
 
 DEFAULT_HOST = "127.0.0.1"
@@ -45,6 +45,8 @@ class StackConfig:
     catalog_kind: CatalogKind = "jdbc"
     object_store_port: int = store_server.DEFAULT_PORT
     rest_port: int = rest_catalog.DEFAULT_PORT
+    # A schema registry (Confluent's REST API) on this port; None: the stack runs none.
+    schema_registry_port: int | None = None
 
     def __post_init__(self) -> None:
         # The catalog's warehouse is a file URI: a stack's folder is always absolute.
@@ -80,8 +82,10 @@ class StackConfig:
     @property
     def service_ports(self) -> list[int]:
         """The ports of the object store and the REST catalog, where the stack runs them."""
+        registry = self.schema_registry_port
         return [port for port, used in ((self.object_store_port, self.object_store == "s3"),
-                                        (self.rest_port, self.catalog_kind == "rest")) if used]  # fmt: skip
+                                        (self.rest_port, self.catalog_kind == "rest"),
+                                        (registry or 0, registry is not None)) if used]  # fmt: skip
 
     @property
     def ports(self) -> list[tuple[int, int]]:
@@ -134,6 +138,13 @@ class StackConfig:
         return store_server.ObjectStoreConfig(home, self.host, self.object_store_port)
 
     @property
+    def schema_registry_config(self) -> schema_registry.SchemaRegistryConfig | None:
+        if self.schema_registry_port is None:
+            return None
+        return schema_registry.SchemaRegistryConfig(self.data_dir / "schema-registry", self.host,
+                                                    self.schema_registry_port)  # fmt: skip
+
+    @property
     def rest_catalog_config(self) -> rest_catalog.RestCatalogConfig | None:
         if self.catalog_kind != "rest":
             return None
@@ -182,6 +193,9 @@ class StackStatus:
     object_store_bucket: str | None = None
     object_store_credentials: str | None = None
     object_store_pid: int | None = None
+    # With --schema-registry: where it answers. It keeps schemas in memory: `down` forgets them.
+    schema_registry_url: str | None = None
+    schema_registry_pid: int | None = None
     security: str = "none"
     broker_pids: list[int | None] | None = None  # of each node of a cluster
     # Secured: the authority's certificate that clients trust, and the client settings (Java client names,
@@ -223,6 +237,7 @@ class LocalStack:
                 catalog_kind=saved.get("catalog", "jdbc"),
                 object_store_port=saved.get("object_store_port", store_server.DEFAULT_PORT),
                 rest_port=saved.get("rest_port", rest_catalog.DEFAULT_PORT),
+                schema_registry_port=saved.get("schema_registry_port"),
             )
         )
 
@@ -265,6 +280,7 @@ class LocalStack:
                     "catalog": config.catalog_kind,
                     "object_store_port": config.object_store_port,
                     "rest_port": config.rest_port,
+                    "schema_registry_port": config.schema_registry_port,
                 }
             )
         )
@@ -279,15 +295,21 @@ class LocalStack:
         return self.status()
 
     def _start_services_and(self, start_kafka: Callable[[], object]) -> None:
-        """Start the object store, then the REST catalog, then Kafka; stop what started if one fails."""
+        """Start the object store, the REST catalog, the schema registry, then Kafka; stop what started if
+        one fails."""
         store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        registry = self.config.schema_registry_config
         try:
             if store is not None:
                 store_server.start(store)
             if rest is not None:
                 rest_catalog.start(rest)
+            if registry is not None:
+                schema_registry.start(registry)
             start_kafka()
         except BaseException:
+            if registry is not None:
+                schema_registry.stop(registry)
             if rest is not None:
                 rest_catalog.stop(rest)
             if store is not None:
@@ -297,9 +319,11 @@ class LocalStack:
     def _service_pid(self) -> int | None:
         """The pid of the stack's object store or REST catalog, when one runs."""
         store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        registry = self.config.schema_registry_config
         pids = (
             store_server.running_pid(store) if store is not None else None,
             rest_catalog.running_pid(rest) if rest is not None else None,
+            schema_registry.running_pid(registry) if registry is not None else None,
         )
         return next(filter(None, pids), None)
 
@@ -352,6 +376,9 @@ class LocalStack:
                 stopped.append(rest_catalog.stop(rest))
             if store is not None:
                 stopped.append(store_server.stop(store))
+            registry = self.config.schema_registry_config
+            if registry is not None:
+                stopped.append(schema_registry.stop(registry))
             if not any(stopped):
                 raise StackError(
                     f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
@@ -379,6 +406,11 @@ class LocalStack:
     def _services_status(self) -> dict[str, Any]:
         store, rest = self.config.object_store_config, self.config.rest_catalog_config
         status: dict[str, Any] = {}
+        registry = self.config.schema_registry_config
+        if registry is not None:
+            status.update(
+                schema_registry_url=registry.url, schema_registry_pid=schema_registry.running_pid(registry)
+            )
         if rest is not None:
             status.update(catalog_type="rest", rest_catalog_pid=rest_catalog.running_pid(rest))
         if store is not None:
