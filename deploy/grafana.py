@@ -2,7 +2,7 @@
 
     python -m deploy.grafana     # rewrites the JSON after a change here
 
-One row of panels per concern an operator has: is the archive fresh, is the router keeping up, is
+One row of panels per concern an operator has: is the router keeping up, is the archive fresh, is
 anything lost or refused, what do batches and commits cost, what lands in storage. Every query uses the
 `topic` variable; `$__rate_interval` is Grafana's own.
 """
@@ -28,10 +28,11 @@ def _increase(metric: str, by: str, window: str) -> str:
 # (title, unit, [(legend, PromQL)], description)
 PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     (
-        "Age of the newest archived record",
+        "Time lag",
         "s",
         [("{{topic}}", f"max by (topic) (bergstream_router_lag_seconds{{{TOPIC}}})")],
-        "Now minus the newest Kafka timestamp committed to the archive table.",
+        "How long the first record not yet archived has waited since it was produced, in the partition "
+        "furthest behind; 0 when the router has archived everything, however quiet the topic.",
     ),
     (
         "Lag in records, per partition",
@@ -43,6 +44,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
             )
         ],
         "Records in Kafka that the router has not archived yet.",
+    ),
+    (
+        "Age of the newest archived record",
+        "s",
+        [("{{topic}}", f"max by (topic) (bergstream_router_newest_archived_age_seconds{{{TOPIC}}})")],
+        "Now minus the newest Kafka timestamp committed to the archive table: how fresh the archive is. "
+        "It grows on a quiet topic with nothing to archive; the time lag says whether the router is behind.",
     ),
     (
         "Records per second",

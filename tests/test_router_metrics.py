@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
@@ -45,7 +50,9 @@ def test_prometheus_sees_reads_archives_dead_letters_and_lag(
             assert total("bytes_written_total") > 0
             assert total("batch_duration_seconds_count") >= 1
             assert total("commit_latency_seconds_count") >= 1
-            assert prometheus.value(f"bergstream_router_lag_seconds{{{topic}}}") is not None
+            caught_up = f"max(bergstream_router_lag_seconds{{{topic}}})"
+            eventually(lambda: prometheus.value(caught_up) == 0, "no time lag once all is archived")
+            assert (prometheus.value(f"bergstream_router_newest_archived_age_seconds{{{topic}}}") or 0) > 0
 
             more = ProduceRequest(topic=topic_name, schema="playback", count=500, seed=9)
             produce(more, stack.bootstrap_servers, show_progress=False)
@@ -66,6 +73,88 @@ def test_prometheus_sees_reads_archives_dead_letters_and_lag(
     assert router.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
 
 
+def router_metrics(port: int, name: str) -> dict[str, float]:
+    """{partition or "": value} of one metric, read from the router's own endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        sample.labels.get("partition", ""): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def spark_jvm(router: subprocess.Popen[bytes]) -> int:
+    """The pid of the router's JVM, the child that runs Spark's driver."""
+    children = Path(f"/proc/{router.pid}/task/{router.pid}/children").read_text().split()
+    for child in map(int, children):
+        if b"java" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return child
+    raise AssertionError(f"router {router.pid} has no JVM among its children {children}")
+
+
+def test_time_lag_dates_a_backlog_reads_zero_caught_up_and_grows_while_the_router_is_stuck(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    (port,) = free_ports(1)
+    config = write_config(
+        stack, tmp_path, topic_name, metrics_port=port, metrics_host="127.0.0.1", lag_refresh_seconds=1,
+        max_offsets_per_trigger=500,
+    )  # fmt: skip
+    backlog = ProduceRequest(topic=topic_name, schema="playback", count=1000, partitions=2)
+    produce(backlog, stack.bootstrap_servers, show_progress=False)
+    produced_by = time.time()
+    time.sleep(3)
+
+    def behind() -> tuple[float, float]:
+        """(records, seconds) behind, over all partitions."""
+        records = sum(router_metrics(port, "bergstream_router_lag_offsets").values())
+        return records, max(router_metrics(port, "bergstream_router_lag_seconds").values(), default=-1.0)
+
+    router = start_router(topic_name, config, tmp_path / "router.log")
+    try:
+        # A backlog older than the router: dated by its records' timestamps, not by when the router came.
+        readings: list[tuple[float, float, float]] = []
+
+        def backlog_seen() -> bool:
+            try:
+                readings.append((time.time(), *behind()))
+            except OSError:  # not serving yet
+                return False
+            return readings[-1][1] > 0 and readings[-1][2] >= 0
+
+        eventually(backlog_seen, "a backlog in the lag metrics", every=0.3)
+        at, records, seconds = readings[-1]
+        assert records > 0
+        assert seconds >= at - produced_by - 2, readings[-5:]
+
+        # Caught up and quiet: nothing waits, however old the newest archived record is.
+        eventually(lambda: behind() == (0, 0.0), "no lag, in records and in seconds", every=0.3)
+        time.sleep(3)
+        assert behind() == (0, 0.0)
+        assert router_metrics(port, "bergstream_router_newest_archived_age_seconds")[""] >= 3
+
+        # Stuck: the JVM stops, the driver's Python side goes on reading Kafka and serving metrics.
+        jvm = spark_jvm(router)
+        os.kill(jvm, signal.SIGSTOP)
+        try:
+            more = ProduceRequest(topic=topic_name, schema="playback", count=300, partitions=2, seed=3)
+            produce(more, stack.bootstrap_servers, show_progress=False)
+            eventually(lambda: behind()[0] == 300, "300 records behind", every=0.3)
+            first = behind()[1]
+            time.sleep(4)
+            later = behind()[1]
+            assert later >= first + 3, (first, later)
+        finally:
+            os.kill(jvm, signal.SIGCONT)
+        eventually(lambda: behind() == (0, 0.0), "the lag back to zero once the JVM runs again", every=0.3)
+    finally:
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
+    assert router.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
+
+
 def test_alert_rules_and_scrape_config_are_valid() -> None:
     done = subprocess.run(
         ["promtool", "check", "config", str(ROOT / "deploy" / "prometheus" / "prometheus.yml")],
@@ -73,6 +162,35 @@ def test_alert_rules_and_scrape_config_are_valid() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 6 rules found" in done.stdout + done.stderr
+
+
+def test_every_alert_fires_and_stays_quiet_in_its_unit_tests() -> None:
+    """promtool runs deploy/prometheus/alerts.test.yml: a stuck router alerts, a quiet topic all archived
+    does not, and so on for every alert of alerts.yml, each with a case that fires and one that does not."""
+    folder = ROOT / "deploy" / "prometheus"
+    done = subprocess.run(
+        ["promtool", "test", "rules", "alerts.test.yml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+    alerts = {
+        rule["alert"]
+        for group in yaml.safe_load((folder / "alerts.yml").read_text())["groups"]
+        for rule in group["rules"]
+    }
+    cases = [
+        case
+        for test in yaml.safe_load((folder / "alerts.test.yml").read_text())["tests"]
+        for case in test["alert_rule_test"]
+    ]
+    fired = {case["alertname"] for case in cases if case["exp_alerts"]}
+    quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
+    assert alerts - fired == set(), "alerts never shown firing"
+    assert alerts - quiet == set(), "alerts never shown quiet"
 
 
 def test_the_dashboard_file_is_rendered_from_its_source() -> None:
