@@ -191,6 +191,33 @@ def local_down(data_dir: Path | None) -> None:
     click.echo(f"local stack in {stack.config.data_dir} stopped")
 
 
+@local.command("burrow")
+@DATA_DIR
+@click.option("--http-port", type=int, default=8000, show_default=True, help="Port of Burrow's HTTP API.")
+def local_burrow(data_dir: Path | None, http_port: int) -> None:
+    """Run Burrow (1.9.5 or newer; $BERGSTREAM_BURROW or the PATH) against the running local stack until
+    Ctrl-C. Its settings are written to <data dir>/burrow/burrow.toml."""
+    import time
+
+    from bergstream.errors import StackError
+    from bergstream.local.burrow import BurrowSettings, burrow_server
+
+    stack = _running_stack(data_dir)
+    if stack.config.security != "none":
+        raise StackError(
+            "`local burrow` watches a plain-text stack; a secured one needs Burrow's TLS and SASL settings"
+        )
+    settings = BurrowSettings(stack.config.bootstrap_servers, http_port)
+    with burrow_server(settings, stack.config.data_dir / "burrow") as server:
+        lag = f"{server.url}/v3/kafka/{settings.cluster}/consumer/bergstream-router.<topic>/lag"
+        click.echo(f"Burrow watches {settings.bootstrap_servers}: {lag}; Ctrl-C stops it")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
 @local.command("status")
 @DATA_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts and tests.")
