@@ -1,17 +1,41 @@
 # Everything a fresh machine needs is installed on first use: a virtualenv with bergstream and its Python
-# dependencies, and the JVM jars pinned in bergstream/jvm/pom.xml (resolved once with Maven).
+# dependencies at the versions of constraints.txt, and the JVM jars pinned in bergstream/jvm/pom.xml
+# (resolved once with Maven).
+#
+# PYTHON picks the interpreter, 3.11 to 3.13: python3.11 (the default) lives in .venv, any other in
+# .venv-<version>, so `make test PYTHON=python3.13` builds and uses .venv-3.13.
 PYTHON ?= python3.11
-VENV := .venv
+ifeq ($(PYTHON),python3.11)
+VENV ?= .venv
+else
+VENV ?= .venv-$(patsubst python%,%,$(notdir $(PYTHON)))
+endif
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# The newer Pythons that `make test-pythons` checks, and the end-to-end tests it runs on each.
+OTHER_PYTHONS := python3.12 python3.13
+END_TO_END := tests/test_router.py::test_available_now_archives_each_offset_once_and_commits_the_group \
+	tests/test_backfill_spark.py::test_two_sources_emit_each_row_of_the_window_once_epoch_by_epoch_aligned
 
-.PHONY: setup demo test test-unit lint clean
+# Prints the interpreter's own path: PYTHON's when it runs; otherwise, under pyenv, that of the newest installed
+# version that has it (pyenv's python3.13 shim refuses to run while pyenv has another version selected).
+find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
+	|| PYENV_VERSION=$$(pyenv whence $(PYTHON) 2>/dev/null | sort -V | tail -n 1) \
+	$(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null
 
-$(INSTALLED): pyproject.toml
-	sh deploy/install-system-packages.sh
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,postgres]'
+.PHONY: setup demo test test-unit test-short test-pythons lint lock lock-upgrade clean
+
+# uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
+$(BIN)/uv:
+	sh deploy/install-system-packages.sh "$$($(find_python) || echo $(PYTHON))"
+	@python="$$($(find_python))" || { echo "$(PYTHON) not found: install it, or pick another with" \
+		"make PYTHON=python3.12 (bergstream runs on Python 3.11 to 3.13)" >&2; exit 1; }; \
+		echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt uv
+
+$(INSTALLED): pyproject.toml constraints.txt $(BIN)/uv
+	sh deploy/install-system-packages.sh "$(abspath $(BIN)/python)"
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev,postgres]'
 	@touch $@
 
 setup: $(INSTALLED)
@@ -27,10 +51,32 @@ test: setup
 test-unit: setup
 	$(BIN)/pytest -m "not integration"
 
+# The unit tests and one end-to-end test each of the router and the backfill, on PYTHON.
+test-short: test-unit
+	$(BIN)/pytest $(END_TO_END)
+
+test-pythons:
+	@for python in $(OTHER_PYTHONS); do \
+		echo "== $$python: the unit tests and the end-to-end router and backfill tests, in .venv-$${python#python}"; \
+		$(MAKE) --no-print-directory PYTHON=$$python test-short || exit 1; \
+	done
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# constraints.txt pins every Python package, for every Python bergstream supports: one resolution whose
+# markers split a package only where a version drops a Python. `make lock` keeps the pins that still satisfy
+# pyproject.toml and adds what it gained; `make lock-upgrade` moves every pin to the newest version.
+LOCK := $(BIN)/uv pip compile -q --universal --python-version 3.11 --all-extras \
+	--custom-compile-command "make lock" pyproject.toml -o constraints.txt
+
+lock: $(BIN)/uv
+	$(LOCK)
+
+lock-upgrade: $(BIN)/uv
+	$(LOCK) --upgrade
+
 clean:
-	rm -rf $(VENV) .bergstream .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .venv .venv-3.* .bergstream .mypy_cache .ruff_cache .pytest_cache

@@ -1,14 +1,16 @@
 #!/bin/sh
-# Installs what bergstream needs from Debian's packages when it is missing: Python 3.11 with venv, a JDK
-# (17 or newer) and Maven for the JVM side; PostgreSQL and Prometheus for the tests of a PostgreSQL JDBC
-# catalog and of the router's metrics; docker-compose (Compose 1, Python) to check docker-compose.yml.
+# Installs what bergstream needs from Debian's packages when it is missing: the Python interpreter given as
+# the first argument (python3.11 by default) with venv, a JDK (17 or newer) and Maven for the JVM side;
+# PostgreSQL and Prometheus for the tests of a PostgreSQL JDBC catalog and of the router's metrics;
+# docker-compose (Compose 1, Python) to check docker-compose.yml.
 set -eu
+python="${1:-python3.11}"
 missing=""
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
-if ! command -v python3.11 >/dev/null 2>&1; then
-  missing="$missing python3.11 python3.11-venv"
-elif ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then  # Debian splits venv's pip out
-  missing="$missing python3.11-venv"
+if ! "$python" -c '' >/dev/null 2>&1; then
+  missing="$missing $(basename "$python") $(basename "$python")-venv"
+elif ! "$python" -c 'import ensurepip' >/dev/null 2>&1; then  # Debian splits venv's pip out
+  missing="$missing $(basename "$python")-venv"
 fi
 # javac too: the backfill's Spark source is compiled on this machine.
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] || ! command -v javac >/dev/null 2>&1; then
