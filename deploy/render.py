@@ -118,6 +118,9 @@ def settings_file(config: RouterConfig) -> str:
         del data["schema_dir"]
     if config.catalog.password is not None:
         data["catalog"]["password"] = config.catalog.password.get_secret_value()
+    registry = config.schema_registry
+    if registry is not None and registry.basic_auth_user_info is not None:
+        data["schema_registry"]["basic.auth.user.info"] = registry.basic_auth_user_info.get_secret_value()
     return yaml.safe_dump(data, sort_keys=False)
 
 

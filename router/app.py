@@ -27,15 +27,23 @@ from bergstream.errors import BergstreamError
 from router.commit import GroupCommitter
 from router.config import RouterConfig
 from router.counts import BatchCounts, count_batch, from_observation, observed_columns
-from router.evolve import evolve_table
+from router.evolve import evolve_metadata, evolve_table
 from router.lag import LagReporter
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, parse_spark_offsets
 from router.retry import java_causes, transient_reason
+from router.schema_registry import RegistryTopic
 from router.table import ensure_tables
 from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
-from schemas.archive import ENCODING_PROPERTY, SCHEMA_PROPERTY, TOPIC_PROPERTY, ArchiveLayout
+from schemas.archive import (
+    ENCODING_PROPERTY,
+    SCHEMA_PROPERTY,
+    SCHEMA_REGISTRY_PROPERTY,
+    SUBJECT_PROPERTY,
+    TOPIC_PROPERTY,
+    ArchiveLayout,
+)
 from schemas.registry import load_event_schema
 
 log = logging.getLogger("bergstream.router")
@@ -85,14 +93,20 @@ class Router:
         self.config = config
         self.spark = spark
         self.metrics = metrics
-        self.layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
         self.totals = RouterTotals()
-        self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
         self._counting: tuple[list[int], list[Column]] | None = None
         self._query_started = threading.Event()
         self._terminated = threading.Event()
         self._stop_lag = threading.Event()
         self._stop_requested = threading.Event()
+        # With a schema registry, the subject's newest version is the table's schema, and may change.
+        self.registry = RegistryTopic(config, self._stop_requested) if config.schema_registry else None
+        if self.registry is not None:
+            self.layout, self.stamper = self.registry.layout, self.registry.stamper
+        else:
+            event = load_event_schema(config.schema_name, config.schema_dir)
+            self.layout = ArchiveLayout(event, config.table)
+            self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
         self._query: StreamingQuery | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
@@ -117,8 +131,12 @@ class Router:
             SCHEMA_PROPERTY: config.schema_name,
             ENCODING_PROPERTY: config.encoding,
         }
+        if config.schema_registry is not None and config.subject is not None:
+            described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
+            described[SUBJECT_PROPERTY] = config.subject
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, described)
-        evolve_table(self.spark, config.catalog.table_identifier(self.layout.table), self.layout)
+        self._evolve(self.layout)
+        evolve_metadata(self.spark, config.catalog.table_identifier(self.layout.dead_letter_table))
         self._committed = self._kafka.committed()
         self._archived = dict(self._committed)
         self._next_offsets = dict(self._committed)
@@ -158,6 +176,9 @@ class Router:
             self._refresh_lag()
             self._kafka.close()
         return self.totals
+
+    def _evolve(self, layout: ArchiveLayout) -> None:
+        evolve_table(self.spark, self.config.catalog.table_identifier(layout.table), layout)
 
     def _outage_seconds(self) -> float:
         started = self._outage_started
@@ -210,6 +231,9 @@ class Router:
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
+        if self.registry is not None:
+            self.registry.before_batch(records, batch_id, self._evolve)
+            self.layout, self.stamper = self.registry.layout, self.registry.stamper
         stamped = self.stamper.stamp(records)
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of

@@ -21,6 +21,7 @@ from bergstream.spark import SparkSettings
 from router.retry import CommitRetrySettings
 from schemas.archive import DEAD_LETTER_SUFFIX
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
+from schemas.schema_registry import SchemaRegistrySettings
 
 log = logging.getLogger(__name__)
 TOPICS_DIR = Path("deploy/topics")
@@ -81,10 +82,12 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     topic: str
-    # A file name in `schema_dir`, never a path out of it.
+    # A file name in `schema_dir`, never a path out of it. With a schema registry, only the schema's name.
     schema_name: str = Field(alias="schema", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     schema_dir: Path = AVRO_DIR
     encoding: Encoding
+    # Values in a schema registry's wire format; the table's schema is the subject's newest version.
+    schema_registry: SchemaRegistrySettings | None = None
     # One plain name inside the catalog's namespace: no dots, quotes or backquotes.
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
@@ -146,11 +149,18 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _schema_exists(self) -> RouterConfig:
+        if self.schema_registry is not None:
+            return self
         try:
             load_event_schema(self.schema_name, self.schema_dir)
         except ConfigError as error:
             raise ValueError(f"schema: {error}") from error
         return self
+
+    @property
+    def subject(self) -> str | None:
+        """The schema registry's subject of the topic's values."""
+        return None if self.schema_registry is None else self.schema_registry.subject_of(self.topic)
 
     @property
     def consumer_group(self) -> str:

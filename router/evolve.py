@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from bergstream.errors import ConfigError
-from schemas.archive import ArchiveLayout
+from schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from schemas.spark_types import ddl_type
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,25 @@ def evolve_table(spark: SparkSession, identifier: str, layout: ArchiveLayout) ->
             f"schema {layout.event.source} does not fit table {identifier}: {'; '.join(plan.conflicts)}. "
             "Iceberg cannot change these types in place: keep the old type, or add a field under a new name"
         )
+    _apply(spark, identifier, plan)
+    return plan
+
+
+def evolve_metadata(spark: SparkSession, identifier: str) -> EvolutionPlan:
+    """Bring the `__metadata__` struct of a table made before one of its fields was added (a dead-letter
+    table: an archive table's is evolved with its event) up to date."""
+    wanted = T.StructType([T.StructField(METADATA, METADATA_TYPE)])
+    plan = plan_evolution(spark.table(identifier).schema, wanted)
+    if plan.conflicts:
+        raise ConfigError(f"table {identifier}: {'; '.join(plan.conflicts)}")
+    _apply(spark, identifier, plan)
+    return plan
+
+
+def _apply(spark: SparkSession, identifier: str, plan: EvolutionPlan) -> None:
     for column, data_type in plan.additions:
         spark.sql(f"ALTER TABLE {identifier} ADD COLUMN {column} {ddl_type(data_type)}")
         log.info("table %s: added column %s %s", identifier, column, ddl_type(data_type))
     for column, data_type in plan.promotions:
         spark.sql(f"ALTER TABLE {identifier} ALTER COLUMN {column} TYPE {ddl_type(data_type)}")
         log.info("table %s: widened column %s to %s", identifier, column, ddl_type(data_type))
-    return plan

@@ -6,7 +6,7 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from schemas.archive import METADATA, ArchiveLayout
-from schemas.parse import ERROR, Parser, explain
+from schemas.parse import ERROR, Parser, WireSchemas, explain
 from schemas.registry import Encoding
 from schemas.stamp import archive_columns, metadata
 
@@ -14,7 +14,11 @@ DEAD_LETTERED = "dead_lettered"
 
 
 class Stamper:
-    """A topic's expressions from Kafka records to archive and dead-letter rows, built once."""
+    """A topic's expressions from Kafka records to archive and dead-letter rows, built once (and again
+    when a schema registry has new versions of the topic's schema: `RegistryTopic`).
+
+    `stamp` is also the parse of a dead letter's raw bytes, given as the Kafka source's columns (`value`,
+    `key`, `topic`, ...); `reason` is then the final error text of a row that still does not parse."""
 
     def __init__(
         self,
@@ -22,15 +26,18 @@ class Stamper:
         encoding: Encoding,
         cluster: str,
         max_value_bytes: int | None = None,
+        wire_schemas: WireSchemas | None = None,
     ) -> None:
-        self.parser = Parser(layout, encoding, max_value_bytes)
-        self.metadata = metadata(cluster)
+        self.layout = layout
+        self.parser = Parser(layout, encoding, max_value_bytes, wire_schemas)
+        self.metadata = metadata(cluster, self.parser.schema_id)
         self.valid = F.col(ERROR).isNull()
+        self.reason = explain(layout, encoding, wire_schemas)
         self.archive_columns = archive_columns(layout)
         self.dead_letter_columns = [
             F.col("key").alias("raw_key"),
             F.col("value").alias("raw_value"),
-            explain(layout, encoding).alias("error"),
+            self.reason.alias("error"),
             F.lit(layout.event.name).alias("schema_name"),
             F.col(METADATA),
         ]

@@ -18,6 +18,7 @@ METADATA = "__metadata__"
 INGESTION_TS = "kafka_ingestion_ts"
 INGESTION_TS_COLUMN = f"{METADATA}.{INGESTION_TS}"
 DEAD_LETTER_SUFFIX = "__dlq"
+SCHEMA_ID = "schema_id"
 
 METADATA_TYPE = T.StructType(
     [
@@ -36,6 +37,8 @@ METADATA_TYPE = T.StructType(
         T.StructField("timestamp_type", T.StringType()),  # CreateTime or LogAppendTime
         T.StructField("cluster", T.StringType()),  # the configured Kafka cluster or region name
         T.StructField("router_write_ts", T.TimestampType()),
+        # The schema registry's id of the value's schema (the wire format's header); null without a registry.
+        T.StructField(SCHEMA_ID, T.IntegerType()),
     ]
 )
 
@@ -61,6 +64,9 @@ DEAD_LETTER_TYPE = T.StructType(
 TOPIC_PROPERTY = "bergstream.topic"
 SCHEMA_PROPERTY = "bergstream.schema"
 ENCODING_PROPERTY = "bergstream.encoding"
+# Set when the topic's values are in a schema registry's wire format: the registry and the subject.
+SCHEMA_REGISTRY_PROPERTY = "bergstream.schema-registry.url"
+SUBJECT_PROPERTY = "bergstream.schema-registry.subject"
 
 PARTITION_SPEC = f"hours(`{METADATA}`.`{INGESTION_TS}`)"
 SORT_ORDER = f"`{METADATA}`.`{INGESTION_TS}`"

@@ -19,15 +19,24 @@ anything after the value either breaks the array or makes a second element of it
 the array early, and a value holding one is also read inside an object, where a `]` closes nothing.
 The strict parse costs about as much as the first (measured: parsing and stamping 300,000 playback
 values took 5.0 s of CPU instead of 2.7).
+
+A topic with a schema registry carries values in the wire format (schemas/wire.py): a header, then the
+payload. The parser checks the header, knows the ids of the subject's versions (`WireSchemas`, fetched by
+the router before each batch), and decodes an Avro payload with its writer's schema resolved to the table's
+schema, one branch per id; a JSON payload is parsed as above. A value with an id the router could not
+resolve goes to the dead-letter table with a reason that names the id.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.avro.functions import from_avro, to_avro
 
+from schemas import wire
 from schemas.archive import ArchiveLayout
 from schemas.registry import Encoding
 from schemas.spark_types import avro_enums, nested_fields
@@ -54,20 +63,55 @@ _LONE_SURROGATE = (
 _NON_NUMBERS = r"(?<![\w\"])[+-]?(?:NaN|Infinity|INF)(?![\w\"])"
 
 
+@dataclass(frozen=True)
+class WireSchemas:
+    """What the parser of a wire-format topic knows of its schema ids."""
+
+    subject: str
+    # The subject's schemas by id: the writer's Avro schema as JSON text (for JSON the id alone counts).
+    writers: dict[int, str]
+    # Ids seen in a batch that the registry could not resolve, with the reason (it did not answer).
+    unresolved: dict[int, str] = field(default_factory=dict)
+
+    def id_error(self, schema_id: Column) -> Column:
+        """Why a value's id is not one to decode with; null for a known id."""
+        unknown = F.concat(
+            F.lit("schema id "),
+            schema_id.cast("string"),
+            F.lit(f" is not a version of subject {self.subject} in the schema registry"),
+        )
+        error = F.when(schema_id.isin(*self.writers), F.lit(None).cast("string"))
+        for unresolved_id, reason in sorted(self.unresolved.items()):
+            error = error.when(schema_id == unresolved_id, F.lit(f"schema id {unresolved_id}: {reason}"))
+        return error.otherwise(unknown)
+
+
 class Parser:
     """The parsing expressions of one topic, built once and applied to every micro-batch.
 
     Building Spark columns costs a round trip to the JVM each; a micro-batch costs only two projections.
     A value over `max_value_bytes` is refused whatever it holds, and not decoded at all: one runaway
-    producer must not make archive rows that readers of the table choke on.
+    producer must not make archive rows that readers of the table choke on. With `wire`, values are in the
+    schema registry's wire format.
     """
 
-    def __init__(self, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None) -> None:
-        value = F.col("value")
+    def __init__(
+        self,
+        layout: ArchiveLayout,
+        encoding: Encoding,
+        max_value_bytes: int | None = None,
+        wire_schemas: WireSchemas | None = None,
+    ) -> None:
+        self.wire = wire_schemas
+        raw = F.col("value")
+        value = raw if wire_schemas is None else wire.payload(raw)
         if max_value_bytes is not None:
-            value = F.when(F.length(value) <= max_value_bytes, value)
-        build = _json_columns if encoding == "json" else _avro_columns
-        self.decoded, error = build(layout, value)
+            value = F.when(F.length(raw) <= max_value_bytes, value)
+        if encoding == "json":
+            self.decoded, error = _json_columns(layout, value, _header_checks(wire_schemas, plain_json=True))
+        else:
+            self.decoded, error = _avro_columns(layout, value, wire_schemas)
+        self.schema_id = wire.schema_id(raw) if wire_schemas is not None else F.lit(None).cast("int")
         if max_value_bytes is not None:
             size = F.length(F.col("value"))
             oversize = F.concat(
@@ -87,6 +131,41 @@ class Parser:
         return decoded.select("*", self.error.alias(ERROR)).drop(
             *[name for name in self.decoded if name != EVENT]
         )
+
+
+def _header_checks(wire_schemas: WireSchemas | None, plain_json: bool = False) -> list[Check]:
+    """The checks of a value's wire-format header; on a topic without a registry, that it has none."""
+    raw = F.col("value")
+    header = F.concat(F.lit("(magic byte 0, schema id "), wire.schema_id(raw).cast("string"), F.lit(")"))
+    if wire_schemas is None:
+        # A JSON text never starts with a zero byte; an Avro record may, so that check is the Avro parser's.
+        if not plain_json:
+            return []
+        return [(wire.has_header(raw), _plain_topic_reason(header))]
+    return [
+        (
+            F.length(raw) < wire.HEADER_BYTES,
+            F.concat(
+                F.lit("value of "),
+                F.length(raw).cast("string"),
+                F.lit(f" bytes is shorter than the {wire.HEADER_BYTES}-byte header of the wire format"),
+            ),
+        ),
+        (
+            ~wire.has_header(raw),
+            F.lit("value does not start with the wire format's magic byte 0: not from a registry serializer"),
+        ),
+        (wire.schema_id(raw).isNull(), F.lit("the wire-format header holds no valid schema id")),
+        (wire_schemas.id_error(wire.schema_id(raw)).isNotNull(), wire_schemas.id_error(wire.schema_id(raw))),
+    ]
+
+
+def _plain_topic_reason(header: Column) -> Column:
+    return F.concat(
+        F.lit("value starts with a schema registry's wire-format header "),
+        header,
+        F.lit(" but the topic's settings have no schema_registry"),
+    )
 
 
 def _first_error(checks: list[Check]) -> Column:
@@ -140,7 +219,9 @@ def _time_checks(layout: ArchiveLayout) -> list[Check]:
     ]
 
 
-def _json_columns(layout: ArchiveLayout, value: Column) -> tuple[dict[str, Column], Column]:
+def _json_columns(
+    layout: ArchiveLayout, value: Column, header_checks: list[Check]
+) -> tuple[dict[str, Column], Column]:
     parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
     text = value.cast("string")
     # Spark takes NaN, Infinity and single-quoted text by default: none of them is JSON.
@@ -173,7 +254,8 @@ def _json_columns(layout: ArchiveLayout, value: Column) -> tuple[dict[str, Colum
         )
     checks: list[Check] = [
         (F.col("value").isNull(), F.lit("null value")),
-        (F.length(F.col("value")) == 0, F.lit("empty value")),
+        *header_checks,
+        (F.length(value) == 0, F.lit("empty value")),
         (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
         (F.col(EVENT)[_CORRUPT].isNotNull() | F.col(_STRICT).isNull() | ~one_value, F.lit(UNDECODABLE_JSON)),
         (
@@ -201,9 +283,9 @@ def _duplicate_key(text: Column) -> Column:
     ).otherwise(F.lit("a nested JSON object has the same key twice"))
 
 
-def _json_reason(layout: ArchiveLayout) -> Column:
-    """Why a JSON value did not decode into the event."""
-    text = F.col("value").cast("string")
+def _json_reason(layout: ArchiveLayout, value: Column) -> Column:
+    """Why a JSON value (the payload, with a registry) did not decode into the event."""
+    text = value.cast("string")
     variant = F.try_parse_json(text)
     kind = F.regexp_extract(F.schema_of_variant(variant), r"^(\w+)", 1)
     decoded = F.col(EVENT).isNotNull() & F.col(EVENT)[_CORRUPT].isNull()
@@ -248,23 +330,38 @@ def _json_reason(layout: ArchiveLayout) -> Column:
     ).otherwise(F.lit(f"not a valid {layout.event.name} event"))
 
 
-def explain(layout: ArchiveLayout, encoding: Encoding) -> Column:
+def explain(layout: ArchiveLayout, encoding: Encoding, wire_schemas: WireSchemas | None = None) -> Column:
     """The final error text of a parsed row: `error` with UNDECODABLE_JSON replaced by its reason."""
     if encoding != "json":
         return F.col(ERROR)
-    return F.when(F.col(ERROR) == UNDECODABLE_JSON, _json_reason(layout)).otherwise(F.col(ERROR))
+    value = F.col("value") if wire_schemas is None else wire.payload(F.col("value"))
+    return F.when(F.col(ERROR) == UNDECODABLE_JSON, _json_reason(layout, value)).otherwise(F.col(ERROR))
 
 
 def parse_and_explain(
-    records: DataFrame, layout: ArchiveLayout, encoding: Encoding, max_value_bytes: int | None = None
+    records: DataFrame,
+    layout: ArchiveLayout,
+    encoding: Encoding,
+    max_value_bytes: int | None = None,
+    wire_schemas: WireSchemas | None = None,
 ) -> DataFrame:
     """Parsed records with every error final: for looking at a few records, not for the router's hot
     path, which explains dead-lettered rows only."""
-    parsed = Parser(layout, encoding, max_value_bytes).parse(records)
-    return parsed.withColumn(ERROR, explain(layout, encoding))
+    parsed = Parser(layout, encoding, max_value_bytes, wire_schemas).parse(records)
+    return parsed.withColumn(ERROR, explain(layout, encoding, wire_schemas))
 
 
-def _avro_columns(layout: ArchiveLayout, value: Column) -> tuple[dict[str, Column], Column]:
+def _decode_avro(value: Column, writer: str, reader: str) -> Column:
+    """`value` decoded with the writer's schema, resolved to the reader's (Avro's schema resolution)."""
+    options = {"mode": "PERMISSIVE"}
+    if writer != reader:
+        options["avroSchema"] = reader
+    return from_avro(value, writer, options)
+
+
+def _avro_columns(
+    layout: ArchiveLayout, value: Column, wire_schemas: WireSchemas | None
+) -> tuple[dict[str, Column], Column]:
     # A value that does not decode comes back as null or as a row of nulls: a required field is null
     # only then, since Avro cannot encode a null into one.
     undecodable = F.col(EVENT).isNull()
@@ -272,9 +369,32 @@ def _avro_columns(layout: ArchiveLayout, value: Column) -> tuple[dict[str, Colum
         if not struct_field.nullable:
             undecodable = undecodable | _field(struct_field.name).isNull()
     invalid = f"not a valid Avro {layout.event.name} record"
+    reader = layout.event.avro_json
     # The decoder stops at the record's end: bytes that encode more (another schema's record, garbage
-    # after a valid prefix) show when the decoded event does not encode back to the value.
-    round_trip = to_avro(F.col(EVENT), layout.event.avro_json)
+    # after a valid prefix) show when the decoded event does not encode back to the value. A value of an
+    # older writer's schema is decoded a second time, as that writer wrote it, to encode it back.
+    if wire_schemas is None:
+        event = _decode_avro(value, reader, reader)
+        round_trip = to_avro(F.col(EVENT), reader)
+    else:
+        # One branch per id; a value of another id has an error already, and no event.
+        schema_id = wire.schema_id(F.col("value"))
+        decoded: Column | None = None
+        encoded: Column | None = None
+        for writer_id, writer in sorted(wire_schemas.writers.items()):
+            resolved = _decode_avro(value, writer, reader)
+            as_written = F.col(EVENT) if writer == reader else _decode_avro(value, writer, writer)
+            written = to_avro(as_written, writer)
+            decoded = (F.when if decoded is None else decoded.when)(schema_id == writer_id, resolved)
+            encoded = (F.when if encoded is None else encoded.when)(schema_id == writer_id, written)
+        event = decoded if decoded is not None else F.lit(None).cast(layout.event_type)
+        round_trip = encoded if encoded is not None else F.lit(None).cast("binary")
+    plain_header = (
+        [(wire.has_header(F.col("value")) & (undecodable | (round_trip != value)),
+          _plain_topic_reason(F.concat(F.lit("(magic byte 0, schema id "),
+                                       wire.schema_id(F.col("value")).cast("string"), F.lit(")"))))]
+        if wire_schemas is None else []
+    )  # fmt: skip
     bad_text = [
         (~F.is_valid_utf8(_field(path)), F.lit(f"field '{path}' is not valid UTF-8"))
         for path, struct_field in nested_fields(layout.event_type)
@@ -282,12 +402,13 @@ def _avro_columns(layout: ArchiveLayout, value: Column) -> tuple[dict[str, Colum
     ]
     checks: list[Check] = [
         (F.col("value").isNull(), F.lit("null value")),
+        *_header_checks(wire_schemas),
+        *plain_header,
         (undecodable, F.lit(invalid)),
-        (round_trip != F.col("value"), F.lit(f"{invalid}: bytes are left over after the record")),
+        (round_trip != value, F.lit(f"{invalid}: bytes are left over after the record")),
         *bad_text,
         # Another schema's record that happens to decode has small numbers for a timestamp: early 1970.
         *_time_checks(layout),
         *_content_checks(layout),
     ]
-    event = from_avro(value, layout.event.avro_json, {"mode": "PERMISSIVE"})
     return {EVENT: event.alias(EVENT)}, _first_error(checks)

@@ -29,7 +29,8 @@ def available_schemas(directory: Path = AVRO_DIR) -> list[str]:
 class EventSchema:
     name: str
     avro: dict[str, Any] = field(repr=False)
-    source: Path
+    # The schema file, or where in a schema registry the schema is.
+    source: Path | str
 
     @property
     def avro_json(self) -> str:

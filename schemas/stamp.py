@@ -5,14 +5,15 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE, ArchiveLayout
+from schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE, SCHEMA_ID, ArchiveLayout
 from schemas.parse import EVENT
 
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
 
-def metadata(cluster: str) -> Column:
-    """Built from the columns of Spark's Kafka source, read with includeHeaders."""
+def metadata(cluster: str, schema_id: Column | None = None) -> Column:
+    """Built from the columns of Spark's Kafka source, read with includeHeaders; `schema_id` is the
+    value's schema id in a schema registry (Parser.schema_id)."""
     timestamp_type = F.lit(None).cast("string")
     for code, name in _TIMESTAMP_TYPES.items():
         timestamp_type = F.when(F.col("timestampType") == code, name).otherwise(timestamp_type)
@@ -27,6 +28,7 @@ def metadata(cluster: str) -> Column:
         timestamp_type.alias("timestamp_type"),
         F.lit(cluster).alias("cluster"),
         F.current_timestamp().alias("router_write_ts"),
+        (schema_id if schema_id is not None else F.lit(None).cast("int")).alias(SCHEMA_ID),
     ).alias(METADATA)
 
 
