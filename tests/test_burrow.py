@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -73,49 +74,50 @@ def test_burrow_judges_the_router_ok_while_it_archives_and_lagging_once_it_stops
         return {p: last + 1 for p, (_, last) in report.offsets.items()}
 
     ends = burst(200, seed=0)
-    router = start_router(topic_name, config, tmp_path / "router.log")
-    try:
+    with contextlib.ExitStack() as running:
         try:
-            with burrow_server(settings, tmp_path / "burrow") as burrow:
-                eventually(lambda: committed_offsets(stack, topic_name, [0, 1]) == ends, "the first commit")
-                # The router archives a few bursts, committing after each, and catches up.
-                for seed in range(1, 6):
-                    ends = {**ends, **burst(50, seed)}
-                    time.sleep(1)
-                eventually(
-                    lambda: committed_offsets(stack, topic_name, [0, 1]) == ends, "the router caught up"
-                )
-                eventually(
-                    lambda: judged(burrow.group_status(group), topic_name) == ("OK", 0, {"OK"}),
-                    "Burrow to find the router's group OK", timeout=60,
-                )  # fmt: skip
-
-                # The router stops; records keep coming.
-                router.send_signal(signal.SIGINT)
-                router.wait(120)
-                lags: list[int] = []
-
-                def lagging() -> bool:
-                    burst(20, seed=100 + len(lags))
-                    status, total, partitions = judged(burrow.group_status(group), topic_name)
-                    lags.append(total)
-                    return status in ("WARN", "ERR") and bool(partitions & {"STOP", "STALL", "WARN"})
-
-                eventually(lagging, "Burrow to find the stopped router lagging", timeout=90, every=1)
-                assert lags[-1] > lags[0] and lags[-1] >= 40, lags
-                # The lag keeps growing while nobody archives.
-                burst(100, seed=999)
-                eventually(lambda: judged(burrow.group_status(group), topic_name)[1] >= lags[-1] + 100,
-                           "Burrow's total lag to grow by the 100 records produced", timeout=30)  # fmt: skip
+            burrow = running.enter_context(burrow_server(settings, tmp_path / "burrow"))
         except StackError as error:
             if TOO_OLD not in str(error):
                 raise
             pytest.skip(f"{error}; point {BINARY_VARIABLE} at one")
-    finally:
-        if router.poll() is None:
-            router.send_signal(signal.SIGINT)
-            router.wait(120)
+        router = start_router(topic_name, config, tmp_path / "router.log")
+        running.callback(stop, router)
+        eventually(lambda: committed_offsets(stack, topic_name, [0, 1]) == ends, "the first commit")
+        # The router archives a few bursts, committing after each, and catches up.
+        for seed in range(1, 6):
+            ends = {**ends, **burst(50, seed)}
+            time.sleep(1)
+        eventually(lambda: committed_offsets(stack, topic_name, [0, 1]) == ends, "the router caught up")
+        eventually(
+            lambda: judged(burrow.group_status(group), topic_name) == ("OK", 0, {"OK"}),
+            "Burrow to find the router's group OK", timeout=60,
+        )  # fmt: skip
+
+        # The router stops; records keep coming.
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
+        lags: list[int] = []
+
+        def lagging() -> bool:
+            burst(20, seed=100 + len(lags))
+            status, total, partitions = judged(burrow.group_status(group), topic_name)
+            lags.append(total)
+            return status in ("WARN", "ERR") and bool(partitions & {"STOP", "STALL", "WARN"})
+
+        eventually(lagging, "Burrow to find the stopped router lagging", timeout=90, every=1)
+        assert lags[-1] > lags[0] and lags[-1] >= 40, lags
+        # The lag keeps growing while nobody archives.
+        burst(100, seed=999)
+        eventually(lambda: judged(burrow.group_status(group), topic_name)[1] >= lags[-1] + 100,
+                   "Burrow's total lag to grow by the 100 records produced", timeout=30)  # fmt: skip
     assert router.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
+
+
+def stop(router: subprocess.Popen[bytes]) -> None:
+    if router.poll() is None:
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
 
 
 def test_local_burrow_refuses_when_no_stack_runs(tmp_path: Path) -> None:
