@@ -18,12 +18,25 @@ ENV BERGSTREAM_CACHE=/opt/bergstream/cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY . .
+# Dependencies first, then the pinned jars, then bergstream itself: a change to bergstream's code rebuilds
+# only the last layers.
+COPY pyproject.toml constraints*.txt ./
 RUN python3 -m venv /opt/bergstream/venv \
     && /opt/bergstream/venv/bin/pip install -q --upgrade pip \
+    && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
     && if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
-    && /opt/bergstream/venv/bin/pip install -q "$@" '.[postgres]'
-RUN /opt/bergstream/venv/bin/bergstream jars resolve
+    && /opt/bergstream/venv/bin/pip install -q "$@" -r /tmp/requirements.txt
+COPY bergstream/jvm/pom.xml bergstream/jvm/pom.xml
+RUN for jars in spark kafka; do \
+        mvn -q -B -f bergstream/jvm/pom.xml -P "$jars" dependency:copy-dependencies -DincludeScope=runtime \
+            -DoutputDirectory="/tmp/warm/$jars" || exit 1; \
+    done && rm -rf /tmp/warm
+COPY . .
+RUN if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
+    && /opt/bergstream/venv/bin/pip install -q --no-deps "$@" . \
+    && /opt/bergstream/venv/bin/bergstream jars resolve \
+    && chmod -R a+rX /opt/bergstream
 
 FROM ${BASE_IMAGE}
 RUN apt-get update \
@@ -32,6 +45,10 @@ RUN apt-get update \
     && useradd --system --uid 10001 --create-home --home-dir /home/bergstream bergstream \
     && install -d -o bergstream -g bergstream /var/lib/bergstream
 COPY --from=build /opt/bergstream /opt/bergstream
+# The settings of deploy/topics and deploy/apps where `bergstream` looks for them by default: under the
+# working folder. Deployments mount their own and name them with --config.
+COPY --chown=10001:10001 deploy/topics /var/lib/bergstream/deploy/topics
+COPY --chown=10001:10001 deploy/apps /var/lib/bergstream/deploy/apps
 ENV PATH=/opt/bergstream/venv/bin:$PATH \
     BERGSTREAM_CACHE=/opt/bergstream/cache \
     PYTHONUNBUFFERED=1

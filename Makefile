@@ -23,7 +23,7 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 	|| PYENV_VERSION=$$(pyenv whence $(PYTHON) 2>/dev/null | sort -V | tail -n 1) \
 	$(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null
 
-.PHONY: setup demo test test-unit test-short test-pythons lint lock lock-upgrade clean
+.PHONY: setup demo test test-image test-unit test-short test-pythons lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
@@ -46,7 +46,12 @@ demo: setup
 	$(BIN)/bergstream demo
 
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not image"
+
+# bergstream's image built from the Dockerfile and run: the demo inside it, and the compose stack's Spark
+# master and worker (tests/test_image.py). Needs a Docker engine, or Debian's docker.io to start one.
+test-image: setup
+	$(BIN)/pytest -m image
 
 test-unit: setup
 	$(BIN)/pytest -m "not integration"
