@@ -38,6 +38,7 @@ from bergstream.errors import BergstreamError
 from router.config import RouterConfig
 from router.evolve import evolve_table, plan_evolution
 from router.retry import java_causes
+from router.schema_registry import RegistryTopic
 from router.transform import Stamper
 from schemas.archive import (
     DEAD_LETTER_TYPE,
@@ -47,7 +48,6 @@ from schemas.archive import (
     REDRIVEN_AT,
     ArchiveLayout,
 )
-from schemas.parse import explain
 from schemas.registry import load_event_schema
 from schemas.spark_types import ddl_type
 
@@ -146,10 +146,10 @@ class RedriveCounts:
     def still_failing(self) -> int:
         return sum(r.still_failing for r in self.reasons)
 
-    def properties(self) -> dict[str, str]:
-        """The counts as snapshot properties: totals, and the largest MAX_REASONS reasons as JSON."""
-        kept = list(self.reasons[:MAX_REASONS])
-        rest = self.reasons[MAX_REASONS:]
+    def top_reasons(self, limit: int = MAX_REASONS) -> list[ReasonCounts]:
+        """The `limit` reasons with most rows, then the others summed into one."""
+        kept = list(self.reasons[:limit])
+        rest = self.reasons[limit:]
         if rest:
             kept.append(
                 ReasonCounts(
@@ -159,6 +159,10 @@ class RedriveCounts:
                     sum(r.still_failing for r in rest),
                 )
             )
+        return kept
+
+    def properties(self) -> dict[str, str]:
+        """The counts as snapshot properties: totals, and the reasons with most rows as JSON."""
         reasons = [
             {
                 "reason": r.reason[:MAX_REASON_CHARS],
@@ -167,7 +171,7 @@ class RedriveCounts:
                 ALREADY_ARCHIVED: r.already_archived,
                 STILL_FAILING: r.still_failing,
             }
-            for r in kept
+            for r in self.top_reasons()
         ]
         return {
             f"{PROPERTY_PREFIX}examined": str(self.examined),
@@ -183,7 +187,7 @@ class RedriveCounts:
         header = ("reason", "examined", REDRIVEN, ALREADY_ARCHIVED, STILL_FAILING)
         rows = [
             (_shortened(r.reason, width), r.examined, r.redriven, r.already_archived, r.still_failing)
-            for r in self.reasons
+            for r in self.top_reasons()
         ]
         rows.append(("total", self.examined, self.redriven, self.already_archived, self.still_failing))
         first = max(len(header[0]), *(len(row[0]) for row in rows))
@@ -345,7 +349,7 @@ def redrive(
     # A session of its own: the snapshot properties of the MERGE are set in its configuration, where no
     # other write of the caller's session (a router in the same driver) can pick them up.
     session = spark.newSession()
-    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
+    layout, stamper = _parser(config)
     tables = _Tables(session, config, layout)
     report = RedriveReport(
         topic=config.topic,
@@ -355,7 +359,6 @@ def redrive(
         dry_run=dry_run,
         reason_filter=reason,
     )
-    stamper = Stamper(layout, config.encoding, config.cluster, config.max_value_bytes)
     with _Progress(session, show_progress) as progress:
         if not dry_run:
             # The fixed schema may have new optional fields; an older dead-letter table lacks the marks.
@@ -385,7 +388,7 @@ def redrive(
             "redrive %s: parsing %d dead letters of %s ingested from %s to %s",
             report.redrive_id, bounds.rows, config.topic, _instant(lower), _instant(upper),
         )  # fmt: skip
-        classified = _classify(tables, stamper, layout, config, pending, lower, upper).persist()
+        classified = _classify(tables, stamper, pending, lower, upper).persist()
         try:
             with progress.phase(f"parsing {bounds.rows:,} dead letters"):
                 groups = (
@@ -409,6 +412,8 @@ def redrive(
             }
             redriven_at: Column = F.current_timestamp()
             if report.counts.redriven:
+                log.info("redrive %s: appending %d rows to %s", report.redrive_id, report.counts.redriven,
+                         tables.archive)  # fmt: skip
                 with progress.phase(f"appending {report.counts.redriven:,} rows to {tables.archive}"):
                     appended = _append(tables, stamper, classified, properties)
                 report.archive_snapshot = appended.snapshot_id
@@ -436,6 +441,16 @@ def redrive(
             classified.unpersist()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _parser(config: RouterConfig) -> tuple[ArchiveLayout, Stamper]:
+    """The table's layout and the parser, as the router builds them: from the newest version of the topic's
+    subject in its schema registry, or from its schema file."""
+    if config.schema_registry is not None:
+        registry = RegistryTopic(config)
+        return registry.layout, registry.stamper
+    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
+    return layout, Stamper(layout, config.encoding, config.cluster, config.max_value_bytes)
 
 
 def _instant(micros: int) -> str:
@@ -478,20 +493,19 @@ def _kafka_records(dead_letters: DataFrame) -> DataFrame:
     )
 
 
-def _classify(
-    tables: _Tables,
-    stamper: Stamper,
-    layout: ArchiveLayout,
-    config: RouterConfig,
-    pending: DataFrame,
-    lower: int,
-    upper: int,
-) -> DataFrame:
-    """The pending dead letters parsed as the router parses, with their outcome and their reason now."""
-    stamped = stamper.stamp(_kafka_records(pending)).withColumn(
-        METADATA, F.col(_ORIGINAL_METADATA).withField("router_write_ts", F.current_timestamp())
-    )
+def _classify(tables: _Tables, stamper: Stamper, pending: DataFrame, lower: int, upper: int) -> DataFrame:
+    """The pending dead letters parsed as the router parses, with their outcome and their reason now.
+
+    The Kafka source's columns rebuilt from a dead letter stamp the same `__metadata__` again; the router's
+    write time is the redrive's, and the cluster and timestamp type stay those the dead letter has."""
     metadata = F.col(METADATA)
+    original = F.col(_ORIGINAL_METADATA)
+    stamped = stamper.stamp(_kafka_records(pending)).withColumn(
+        METADATA,
+        metadata.withField("cluster", original["cluster"]).withField(
+            "timestamp_type", original["timestamp_type"]
+        ),
+    )
     archived = (
         tables.session.table(tables.archive)
         .where(F.unix_micros(metadata[INGESTION_TS]).between(lower, upper))
@@ -511,7 +525,7 @@ def _classify(
         .otherwise(F.lit(STILL_FAILING))
     )
     return joined.withColumn(_OUTCOME, outcome).withColumn(
-        _REASON, F.when(F.col(_OUTCOME) == STILL_FAILING, explain(layout, config.encoding))
+        _REASON, F.when(F.col(_OUTCOME) == STILL_FAILING, stamper.reason)
     )
 
 
