@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from bergstream.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
@@ -62,6 +66,11 @@ class CatalogConfig(BaseModel):
     def sqlite(cls, db_file: Path, warehouse: Path, name: str = "bergstream") -> CatalogConfig:
         return cls(name=name, uri=f"jdbc:sqlite:{db_file}", warehouse=warehouse.as_uri())
 
+    @property
+    def object_storage(self) -> bool:
+        """Whether the warehouse is in an object store (s3://, gs://, ...) rather than a file system."""
+        return urlparse(self.warehouse).scheme not in ("", "file", "hdfs")
+
     def table_identifier(self, table: str) -> str:
         """`catalog.namespace.table` for Spark SQL."""
         return f"{self.name}.{self.namespace}.{table}"
@@ -98,6 +107,22 @@ class CatalogConfig(BaseModel):
             credentials = f"{quote(self.user, safe='')}:{quote(secret, safe='')}@"
         return f"postgresql+psycopg2://{credentials}{rest}"
 
+    def check_reachable(self, timeout_seconds: float = 10.0) -> None:
+        """Refuse, naming the URI, a REST catalog that does not answer GET /v1/config (a JDBC catalog's
+        database is reached by its driver, which names it when it cannot)."""
+        if self.type != "rest":
+            return
+        try:
+            urllib.request.urlopen(f"{self.uri.rstrip('/')}/v1/config", timeout=timeout_seconds).close()
+        except urllib.error.HTTPError:  # it answers, if only to ask for a login
+            return
+        except OSError as error:
+            reason = getattr(error, "reason", None) or error
+            raise ConfigError(
+                f"catalog {self.name}: the REST catalog at {self.uri} does not answer ({reason}); start it, "
+                "or fix catalog.uri"
+            ) from error
+
     def load(self) -> Catalog:
         """The pyiceberg catalog for this configuration."""
         from pyiceberg.catalog.rest import RestCatalog
@@ -105,6 +130,7 @@ class CatalogConfig(BaseModel):
 
         properties = pyiceberg_properties(self.properties)
         if self.type == "rest":
+            self.check_reachable()
             return RestCatalog(self.name, uri=self.uri, warehouse=self.warehouse, **properties)
         return SqlCatalog(self.name, uri=self.sqlalchemy_uri(), warehouse=self.warehouse, **properties)
 

@@ -115,6 +115,8 @@ def build_spark_session(
 ) -> SparkSession:
     from pyspark.sql import SparkSession
 
+    # A catalog that cannot be reached is refused before Spark takes its time to start.
+    catalog.check_reachable()
     # Python workers must run the interpreter that has bergstream installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

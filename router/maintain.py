@@ -69,9 +69,11 @@ def maintain(
             f"retain_last => {settings.retain_last_snapshots})"
         ).first()
         orphans_before = now - timedelta(hours=settings.orphan_retention_hours)
+        # An object store is listed through the table's FileIO: Hadoop has no file system for s3://.
+        prefix_listing = ", prefix_listing => true" if catalog.object_storage else ""
         orphans = spark.sql(
             f"CALL {catalog.name}.system.remove_orphan_files(table => '{identifier}', "
-            f"older_than => TIMESTAMP '{orphans_before:%Y-%m-%d %H:%M:%S}+00:00')"
+            f"older_than => TIMESTAMP '{orphans_before:%Y-%m-%d %H:%M:%S}+00:00'{prefix_listing})"
         ).count()
         result = MaintenanceResult(
             table=identifier,
