@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from bergstream.jars import pinned_versions
+from bergstream.local.object_store import VERSITYGW_VERSION
 from bergstream.site import read_site, router_defaults
 from router.config import load_router_config
 
@@ -63,6 +64,14 @@ def test_images_match_the_versions_bergstream_pins(compose: dict[str, Any]) -> N
     assert _image_tag(services["kafka"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["create-topics"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", pinned.iceberg)
+    assert _image_tag(services["object-store"]) == ("versity/versitygw", VERSITYGW_VERSION)
+    go_mod = (ROOT / "bergstream" / "local" / "schema-registry" / "go.mod").read_text()
+    registry = re.search(r"github.com/axonops/axonops-schema-registry v(\S+)", go_mod)
+    assert registry is not None
+    assert _image_tag(services["schema-registry"]) == (
+        "ghcr.io/axonops/axonops-schema-registry",
+        registry.group(1),
+    )
     for name, service in services.items():
         image = service["image"]
         pinned_tag = ":" in image and not image.endswith(":latest")
