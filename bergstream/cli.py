@@ -268,6 +268,13 @@ def _print_status(status: dict[str, Any]) -> None:
 @click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
 @CLIENT_CONFIG
 @DATA_DIR
+@click.option(
+    "--schema-registry",
+    default=None,
+    metavar="URL",
+    help="Register the schema under <topic>-value in this registry (`local`: the local stack's) and send "
+    "values in its wire format.",
+)
 def produce(
     topic: str,
     schema: str | None,
@@ -283,6 +290,7 @@ def produce(
     bootstrap_servers: str | None,
     client_config: Path | None,
     data_dir: Path | None,
+    schema_registry: str | None,
 ) -> None:
     """Send realistic events, keyed by account id, into a Kafka topic."""
     from bergstream.loadgen.producer import ProduceRequest
@@ -301,11 +309,31 @@ def produce(
         partitions=partitions,
         ingestion_start=parse_instant(ingestion_start, "--ingestion-start") if ingestion_start else None,
         ingestion_span=parse_duration(ingestion_span, "--ingestion-span") if ingestion_span else None,
+        schema_registry=_registry_settings(schema_registry, data_dir),
     )
     settings = _kafka_client(bootstrap_servers, client_config, data_dir)
     bootstrap = settings.pop("bootstrap.servers")
     report = run(request, bootstrap, producer_config=settings, show_progress=sys.stderr.isatty())
     click.echo(report.summary())
+
+
+def _registry_settings(url: str | None, data_dir: Path | None) -> Any:
+    """--schema-registry: a registry's URL, or `local` for the local stack's."""
+    from pydantic import ValidationError
+
+    from bergstream.errors import ConfigError, StackError
+    from schemas.schema_registry import SchemaRegistrySettings
+
+    if url is None:
+        return None
+    if url == "local":
+        url = _running_stack(data_dir).status().schema_registry_url
+        if url is None:
+            raise StackError("the local stack has no registry; `local up --schema-registry` starts one")
+    try:
+        return SchemaRegistrySettings(url=url)
+    except ValidationError as error:
+        raise ConfigError(f"--schema-registry {url!r}: give http://host:port, or `local`") from error
 
 
 def _running_stack(data_dir: Path | None) -> LocalStack:
@@ -422,7 +450,9 @@ def router_run(
         defaults=_router_defaults(data_dir, topic),
         overrides={"schema": schema, "table": table, "metrics_port": metrics_port},
     )
-    # A refused login, an untrusted certificate or a missing ACL is told before Spark takes its time to start.
+    # A catalog that does not answer, a refused login, an untrusted certificate or a missing ACL is told
+    # before Spark takes its time to start.
+    config.catalog.check_reachable()
     require_access(config.topic, config.consumer_group, config.kafka_client_config())
     metrics = RouterMetrics(topic)
     if config.metrics_port is not None:
