@@ -141,11 +141,13 @@ class GroupCommitter:
         deadline = time.monotonic() + timeout
         try:
             while len(found) < len(positions) and (left := deadline - time.monotonic()) > 0:
-                for message in self._consumer.consume(num_messages=100, timeout=min(left, 1.0)):
-                    kind, milliseconds = message.timestamp()
-                    partition = message.partition()
-                    if message.error() is None and partition is not None and kind != TIMESTAMP_NOT_AVAILABLE:
-                        found.setdefault(partition, milliseconds / 1000)
+                message = self._consumer.poll(timeout=min(left, 0.5))
+                if message is None or message.error() is not None:
+                    continue
+                kind, milliseconds = message.timestamp()
+                partition = message.partition()
+                if partition is not None and kind != TIMESTAMP_NOT_AVAILABLE:
+                    found.setdefault(partition, milliseconds / 1000)
         finally:
             self._consumer.unassign()
         return found
