@@ -2,7 +2,9 @@
 
 For consumers not written in Spark. Each record keeps its original key and headers; its value is encoded
 as the original topic encodes it (JSON or Avro, from the table's `bergstream.encoding` and
-`bergstream.schema` properties); its timestamp is its original ingestion time; and headers name where it
+`bergstream.schema` properties; for a topic with a schema registry, in the wire format with the value's
+original schema id, the writer's schema fetched from the registry by that id); its timestamp is its
+original ingestion time; and headers name where it
 came from (`bergstream.source.topic`, `.partition`, `.offset`). With dead letters, the raw bytes go out as
 they came in, with the reason in `bergstream.dead-letter.reason`.
 
@@ -26,8 +28,18 @@ from bergstream.catalog import CatalogConfig
 from bergstream.kafka_settings import ClientErrors, failure
 from bergstream.timeparse import format_instant
 from bergstream.topics import ensure_topic, fatal_error, send, topic_partitions
-from schemas.archive import DEAD_LETTER_SUFFIX, ENCODING_PROPERTY, METADATA, SCHEMA_PROPERTY, TOPIC_PROPERTY
+from schemas import wire
+from schemas.archive import (
+    DEAD_LETTER_SUFFIX,
+    ENCODING_PROPERTY,
+    METADATA,
+    SCHEMA_ID,
+    SCHEMA_PROPERTY,
+    SCHEMA_REGISTRY_PROPERTY,
+    TOPIC_PROPERTY,
+)
 from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
+from schemas.schema_registry import SchemaRegistrySettings, schema_by_id
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,9 +81,46 @@ class _Encoder:
         return self.schema.encode(event, self.encoding)
 
 
+@dataclass
+class _WireEncoder:
+    """A registry topic's values: each row encoded with the schema of its original id, behind the header."""
+
+    settings: SchemaRegistrySettings
+    name: str
+    encoding: Encoding
+    identifier: str
+    _writers: dict[int, EventSchema] = field(default_factory=dict)
+
+    def _writer(self, schema_id: int) -> EventSchema:
+        if schema_id not in self._writers:
+            found = schema_by_id(self.settings, schema_id)
+            if found is None:
+                raise BackfillError(
+                    f"table {self.identifier}: schema id {schema_id} is not in the schema registry at "
+                    f"{self.settings.url} (a registry other than the one the router read?)"
+                )
+            self._writers[schema_id] = EventSchema(self.name, found.avro(self.name), f"schema id {schema_id}")
+        return self._writers[schema_id]
+
+    def __call__(self, row: dict[str, Any]) -> bytes:
+        schema_id = (row.get(METADATA) or {}).get(SCHEMA_ID)
+        if schema_id is None:
+            raise BackfillError(
+                f"table {self.identifier}: a row has no {METADATA}.{SCHEMA_ID}, so the schema its value was "
+                "written with is not known"
+            )
+        writer = self._writer(int(schema_id))
+        event = {f["name"]: row.get(f["name"]) for f in writer.fields}
+        return wire.frame(int(schema_id), writer.encode(event, self.encoding))
+
+
 def table_encoder(
-    properties: dict[str, str], identifier: str, schema: str | None, encoding: str | None
-) -> _Encoder:
+    properties: dict[str, str],
+    identifier: str,
+    schema: str | None,
+    encoding: str | None,
+    schema_registry: SchemaRegistrySettings | None = None,
+) -> _Encoder | _WireEncoder:
     """How the table's topic encodes values: the flags, else the properties the router set on the table."""
     encoding = encoding or properties.get(ENCODING_PROPERTY)
     schema = schema or properties.get(SCHEMA_PROPERTY)
@@ -84,6 +133,11 @@ def table_encoder(
         raise BackfillConfigError(
             f"table {identifier}: encoding {encoding!r} is not one of {', '.join(ENCODINGS)}"
         )
+    registry_url = properties.get(SCHEMA_REGISTRY_PROPERTY)
+    if schema_registry is None and registry_url is not None:
+        schema_registry = SchemaRegistrySettings(url=registry_url)
+    if schema_registry is not None:
+        return _WireEncoder(schema_registry, schema, encoding, identifier)
     return _Encoder(load_event_schema(schema), encoding)
 
 
@@ -100,10 +154,13 @@ def replay(
     encoding: str | None = None,
     partitions: int | None = None,
     on_epoch: Callable[[ReplayReport], None] | None = None,
+    schema_registry: SchemaRegistrySettings | None = None,
 ) -> ReplayReport:
     """Republish the archive of `table` (and its dead letters) into `to_topic`, epoch by epoch.
 
-    `to_topic` is created when missing, with `partitions`, else as many as the source topic has."""
+    `to_topic` is created when missing, with `partitions`, else as many as the source topic has. A table
+    of a registry topic is re-encoded with the registry its router read (its properties say which), or
+    `schema_registry`."""
     from confluent_kafka import KafkaError, KafkaException, Producer
 
     ref = table_ref(table, catalog)
@@ -113,7 +170,7 @@ def replay(
     backfill_plan = plan(catalog, tables, window, policy, regions)
     iceberg = catalog.load()
     archive = iceberg.load_table(ref.pyiceberg_identifier)
-    encoder = table_encoder(dict(archive.properties), ref.identifier, schema, encoding)
+    encoder = table_encoder(dict(archive.properties), ref.identifier, schema, encoding, schema_registry)
     readers = [
         TableReader(iceberg.load_table(table_ref(scan.table.identifier, catalog).pyiceberg_identifier),
                     scan, backfill_plan.window, backfill_plan.regions)
@@ -198,7 +255,7 @@ def _stopped(report: ReplayReport, epoch: Epoch, reason: str, table: str) -> str
 
 
 def _records(
-    batch: pa.RecordBatch, encoder: _Encoder, dead: bool
+    batch: pa.RecordBatch, encoder: _Encoder | _WireEncoder, dead: bool
 ) -> Iterator[tuple[bytes | None, bytes | None, list[tuple[str, str | bytes | None]], int]]:
     for row in batch.to_pylist():
         metadata = row[METADATA]

@@ -197,6 +197,18 @@ class SubjectSchemas:
         return EventSchema(name=name, avro=newest.avro(name), source=source)
 
 
+def register(settings: SchemaRegistrySettings, subject: str, schema_type: SchemaType, text: str) -> int:
+    """Register a schema under `subject` (or find it there); its id."""
+    from confluent_kafka.schema_registry import Schema
+
+    schema = Schema(text, schema_type)
+    what = f"registering a schema under subject {subject}"
+    registered = call(settings, what, lambda: client(settings).register_schema(subject, schema))
+    if registered is None:
+        raise ConfigError(f"the schema registry at {settings.url} has no subject {subject}")
+    return int(registered)
+
+
 def schema_by_id(settings: SchemaRegistrySettings, schema_id: int) -> WriterSchema | None:
     """Any registered schema, by its global id (the version is not known this way: 0)."""
     found = call(settings, f"schema id {schema_id}", lambda: client(settings).get_schema(schema_id))

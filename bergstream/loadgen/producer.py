@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -17,7 +18,10 @@ from bergstream.kafka_settings import ClientErrors, failure
 from bergstream.loadgen.events import TOPICS, EventModel
 from bergstream.loadgen.malformed import malform
 from bergstream.topics import ensure_topic, fatal_error, send
-from schemas.registry import ENCODINGS, Encoding, load_event_schema
+from schemas import wire
+from schemas.json_schema import json_schema_from_avro
+from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
+from schemas.schema_registry import SCHEMA_TYPES, SchemaRegistrySettings, register
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class ProduceRequest:
     # are made this way for backfills.
     ingestion_start: datetime | None = None
     ingestion_span: timedelta | None = None
+    # Values in the registry's wire format, under the schema registered for the topic's subject.
+    schema_registry: SchemaRegistrySettings | None = None
 
     def __post_init__(self) -> None:
         if self.event_kind not in TOPICS:
@@ -112,6 +118,16 @@ class ProduceReport:
         )
 
 
+def registered_id(request: ProduceRequest, schema: EventSchema) -> int | None:
+    """With a schema registry, the id of the event's schema registered under the topic's subject: the
+    Avro schema, or for JSON its JSON Schema."""
+    settings = request.schema_registry
+    if settings is None:
+        return None
+    text = schema.avro_json if request.encoding == "avro" else json.dumps(json_schema_from_avro(schema.avro))
+    return register(settings, settings.subject_of(request.topic), SCHEMA_TYPES[request.encoding], text)
+
+
 def produce(
     request: ProduceRequest,
     bootstrap_servers: str,
@@ -123,6 +139,7 @@ def produce(
     client_config = {**(producer_config or {}), "bootstrap.servers": bootstrap_servers}
     ensure_topic(client_config, request.topic, request.partitions)
     schema = load_event_schema(request.event_kind)
+    schema_id = registered_id(request, schema)
     now: list[datetime] = [request.ingestion_start or datetime.now(UTC)]
     clock = (lambda: now[0]) if request.ingestion_start is not None else (lambda: datetime.now(UTC))
     model = EventModel(seed=request.seed, late_fraction=request.late_fraction, clock=clock)
@@ -175,6 +192,8 @@ def produce(
                 else:
                     value = schema.encode(generated.event, request.encoding)
                     report.late += generated.late
+                if schema_id is not None and value is not None:
+                    value = wire.frame(schema_id, value)
                 timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
                 send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
                 report.sent += 1
