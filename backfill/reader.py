@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from backfill.order import Epoch, Window
 from backfill.planner import CLUSTER_COLUMN, BackfillPlan, TableScan, from_micros
 from bergstream.timeparse import format_instant
-from schemas.archive import INGESTION_TS_COLUMN
+from schemas.archive import INGESTION_TS_COLUMN, REDRIVE_ID
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,11 +52,14 @@ class TableReader:
         return self._tasks
 
     def _filter(self, lower: int, upper: int):  # type: ignore[no-untyped-def]
-        from pyiceberg.expressions import And, GreaterThanOrEqual, In, LessThan
+        from pyiceberg.expressions import And, GreaterThanOrEqual, In, IsNull, LessThan
 
         row_filter = And(GreaterThanOrEqual(INGESTION_TS_COLUMN, lower), LessThan(INGESTION_TS_COLUMN, upper))
         if self.regions is not None:
             row_filter = And(row_filter, In(CLUSTER_COLUMN, set(self.regions)))
+        # A dead letter that a redrive put into the archive is read there, not again here.
+        if REDRIVE_ID in self.table.schema().column_names:
+            row_filter = And(row_filter, IsNull(REDRIVE_ID))
         return row_filter
 
     def read(self, epoch: Epoch) -> Iterator[pa.RecordBatch]:
