@@ -46,6 +46,11 @@ _LIST_SETTINGS = {
     "spark.executor.extraJavaOptions": " ",
 }
 
+# Spark's default redaction, and Kafka logins: kafka.sasl.jaas.config, set in the settings of a Kafka source
+# or sink, stays off the UI's environment page, the event log and plans. Catalog secrets (jdbc.password,
+# s3.secret-access-key) match it too.
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|jaas"
+
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -88,9 +93,7 @@ def session_conf(
         # Offset, commit and state files through Hadoop's FileSystem API: the same write-then-rename as the
         # default FileContext manager, about 20 ms less per file; a backfill writes two per micro-batch.
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
-        # Spark's default, and Kafka logins: kafka.sasl.jaas.config, set in the settings of a Kafka source or
-        # sink, stays off the UI's environment page, the event log and plans.
-        "spark.redaction.regex": "(?i)secret|password|token|access[.]?key|jaas",
+        "spark.redaction.regex": REDACTION_REGEX,
         **catalog.spark_conf(),
     }
     extra = dict(conf or {})

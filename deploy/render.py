@@ -11,6 +11,7 @@ Both are built from a validated RouterConfig: what renders is what `bergstream r
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from bergstream.spark import session_conf
+from bergstream.spark import REDACTION_REGEX, session_conf
 from router.config import RouterConfig
 from schemas.registry import AVRO_DIR
 
@@ -58,7 +59,8 @@ def spark_submit(config: RouterConfig, config_file: Path | None, available_now: 
     # The driver runs bergstream's own code: the interpreter that has it installed.
     conf.setdefault("spark.pyspark.driver.python", sys.executable)
     for key, value in conf.items():
-        if key not in _SUBMIT_FLAGS:
+        # Secrets stay off the command line: the driver's own session takes them from the settings file.
+        if key not in _SUBMIT_FLAGS and not re.search(REDACTION_REGEX, key):
             command += ["--conf", f"{key}={value}"]
     command += [
         str(SUBMIT_ENTRY),

@@ -168,6 +168,9 @@ def test_spark_submit_carries_every_session_setting(tmp_path: Path) -> None:
     assert confs["spark.executor.memoryOverhead"] == "1g"
     assert confs["spark.pyspark.driver.python"] == sys.executable
     assert "spark.master" not in confs
+    # The catalog's password stays off the command line: the driver reads it from the settings file.
+    assert f"spark.sql.catalog.{config.catalog.name}.jdbc.password" not in confs
+    assert not any(part.endswith("=pw") for part in command)
     entry = command.index("router") - 1
     assert Path(command[entry]).is_file()
     assert command[entry + 1 :] == [
