@@ -70,7 +70,8 @@ class SchemaRegistrySettings(BaseModel):
 
     def client_config(self) -> dict[str, Any]:
         """Settings for confluent-kafka's SchemaRegistryClient."""
-        config: dict[str, Any] = {"url": self.url, "timeout": self.timeout_seconds}
+        # The router waits out an outage itself, with its own backoff and bound.
+        config: dict[str, Any] = {"url": self.url, "timeout": self.timeout_seconds, "max.retries": 0}
         if self.basic_auth_user_info is not None:
             config["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
         if self.ssl_ca_location is not None:
