@@ -20,9 +20,10 @@ from backfill.order import Epoch, OrderingPolicy, Window
 from backfill.split import HOUR, BoundsSource, Micros, RowGroup, Split
 from bergstream.catalog import CatalogConfig
 from bergstream.timeparse import format_duration, format_instant
-from schemas.archive import INGESTION_TS_COLUMN, METADATA
+from schemas.archive import INGESTION_TS_COLUMN, METADATA, REDRIVE_ID
 
 if TYPE_CHECKING:
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.io import FileIO
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
@@ -209,6 +210,19 @@ def _load(iceberg: Any, ref: TableRef) -> Table:
         ) from error
 
 
+def rows_read(table: Table, lower: Micros, upper: Micros, regions: Sequence[str] | None) -> BooleanExpression:
+    """The rows of `table` that a backfill reads: ingested in [lower, upper), from `regions`; of a
+    dead-letter table, those that no redrive has put into the archive, where they are read instead."""
+    from pyiceberg.expressions import And, GreaterThanOrEqual, In, IsNull, LessThan
+
+    row_filter = And(GreaterThanOrEqual(INGESTION_TS_COLUMN, lower), LessThan(INGESTION_TS_COLUMN, upper))
+    if regions is not None:
+        row_filter = And(row_filter, In(CLUSTER_COLUMN, set(regions)))
+    if REDRIVE_ID in table.schema().column_names:
+        row_filter = And(row_filter, IsNull(REDRIVE_ID))
+    return row_filter
+
+
 def plan_table(
     table: Table,
     ref: TableRef,
@@ -216,8 +230,6 @@ def plan_table(
     regions: tuple[str, ...] | None,
     snapshot_id: int | None = _CURRENT,
 ) -> TableScan:
-    from pyiceberg.expressions import And, GreaterThanOrEqual, In, LessThan
-
     schema = table.schema()
     try:
         ts_field = schema.find_field(INGESTION_TS_COLUMN)
@@ -234,12 +246,8 @@ def plan_table(
             f"table {ref.identifier} no longer has snapshot {snapshot_id}, which this backfill started "
             "reading: maintenance expired it. Start the backfill again with a new checkpoint"
         )
-    row_filter = And(
-        GreaterThanOrEqual(INGESTION_TS_COLUMN, window.start), LessThan(INGESTION_TS_COLUMN, window.end)
-    )
-    if regions is not None:
-        row_filter = And(row_filter, In(CLUSTER_COLUMN, set(regions)))
-    tasks = list(table.scan(row_filter=row_filter, snapshot_id=snapshot_id).plan_files())
+    scan = table.scan(row_filter=rows_read(table, window.start, window.end, regions), snapshot_id=snapshot_id)
+    tasks = list(scan.plan_files())
     deletes = sum(len(task.delete_files) for task in tasks)
     if deletes:
         raise PlanError(

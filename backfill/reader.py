@@ -12,12 +12,12 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from backfill.order import Epoch, Window
-from backfill.planner import CLUSTER_COLUMN, BackfillPlan, TableScan, from_micros
+from backfill.planner import BackfillPlan, TableScan, from_micros, rows_read
 from bergstream.timeparse import format_instant
-from schemas.archive import INGESTION_TS_COLUMN, REDRIVE_ID
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.table import FileScanTask, Table
 
 TABLE_KEY = b"bergstream.table"
@@ -51,16 +51,8 @@ class TableReader:
             self._tasks = {task.file.file_path: task for task in scan.plan_files()}
         return self._tasks
 
-    def _filter(self, lower: int, upper: int):  # type: ignore[no-untyped-def]
-        from pyiceberg.expressions import And, GreaterThanOrEqual, In, IsNull, LessThan
-
-        row_filter = And(GreaterThanOrEqual(INGESTION_TS_COLUMN, lower), LessThan(INGESTION_TS_COLUMN, upper))
-        if self.regions is not None:
-            row_filter = And(row_filter, In(CLUSTER_COLUMN, set(self.regions)))
-        # A dead letter that a redrive put into the archive is read there, not again here.
-        if REDRIVE_ID in self.table.schema().column_names:
-            row_filter = And(row_filter, IsNull(REDRIVE_ID))
-        return row_filter
+    def _filter(self, lower: int, upper: int) -> BooleanExpression:
+        return rows_read(self.table, lower, upper, self.regions)
 
     def read(self, epoch: Epoch) -> Iterator[pa.RecordBatch]:
         """The table's rows of `epoch` (already inside the window), split by split, in any order."""

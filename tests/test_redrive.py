@@ -21,6 +21,9 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import types as T
 
+from backfill.batches import window_of
+from backfill.order import ordering
+from backfill.replay import replay
 from bergstream.loadgen.events import EventModel
 from bergstream.topics import ensure_topic
 from router.app import archive_available_now
@@ -277,6 +280,14 @@ def test_fixed_dead_letters_are_archived_once_with_their_metadata_and_marked(
     assert (again.counts.examined, again.counts.redriven, again.counts.still_failing) == (6, 0, 6)
     assert again.finished == []
     assert current_snapshots(stack, topic_name) == snapshots
+
+    # A replay with the dead letters sends each record once: from the archive when it was redriven.
+    times = [datetime.fromtimestamp(r.timestamp_ms / 1000, UTC) for r in sent.values()]
+    replayed = replay(
+        stack.catalog, topic_name, window_of(min(times), max(times) + timedelta(seconds=1)), ordering(None),
+        f"{topic_name}_replayed", {"bootstrap.servers": stack.bootstrap_servers}, include_dead_letters=True,
+    )  # fmt: skip
+    assert (replayed.records, replayed.dead_letters) == (48, 6)
 
 
 @pytest.mark.integration
