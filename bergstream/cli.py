@@ -218,6 +218,32 @@ def local_burrow(data_dir: Path | None, http_port: int) -> None:
             pass
 
 
+@local.command("prometheus")
+@click.option(
+    "--target", "targets", multiple=True, required=True, help="A router's metrics, host:port (repeatable)."
+)
+@click.option(
+    "--port", type=int, default=9090, show_default=True, help="Port of Prometheus's web UI and API."
+)
+@click.option("--scrape-interval", default="15s", show_default=True)
+def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) -> None:
+    """Run Prometheus (the machine's binary) scraping routers' metrics, with the alert rules of
+    deploy/prometheus/alerts.yml, until Ctrl-C."""
+    import time
+
+    from bergstream.local.prometheus import ALERT_RULES, prometheus_server
+
+    with prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port) as server:
+        click.echo(f"Prometheus scrapes {', '.join(targets)} every {scrape_interval}: {server.url}/alerts")
+        click.echo(f"  time lag: {server.url}/graph?g0.expr=max+by+(topic)(bergstream_router_lag_seconds)")
+        click.echo("Ctrl-C stops it")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
 @local.command("status")
 @DATA_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts and tests.")

@@ -20,6 +20,9 @@ import yaml
 from bergstream.errors import MissingToolError, StackError
 from bergstream.local import processes
 
+# The alert rules every deployment loads (deploy/prometheus/alerts.yml).
+ALERT_RULES = Path(__file__).resolve().parent.parent.parent / "deploy" / "prometheus" / "alerts.yml"
+
 
 @dataclass(frozen=True)
 class PrometheusServer:
@@ -41,16 +44,26 @@ class PrometheusServer:
 
 
 @contextmanager
-def prometheus_server(targets: list[str], scrape_interval: str = "1s") -> Iterator[PrometheusServer]:
+def prometheus_server(
+    targets: list[str], scrape_interval: str = "1s", rules: Path | None = None, port: int | None = None
+) -> Iterator[PrometheusServer]:
+    """Prometheus scraping `targets` as the job bergstream-router, with the alert `rules` file if given, on
+    `port` (a free one by default), until the block ends."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise MissingToolError("'prometheus' was not found; install it (Debian: apt-get install prometheus)")
+    if port is None:
+        (port,) = processes.free_ports(1)
+    elif processes.port_in_use("127.0.0.1", port):
+        raise StackError(f"port {port} on 127.0.0.1 is already in use; choose another with --port")
     home = Path(tempfile.mkdtemp(prefix="bergstream-prometheus-"))
-    (port,) = processes.free_ports(1)
-    config = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [{"job_name": "bergstream-router", "static_configs": [{"targets": targets}]}],
     }
+    if rules is not None:
+        shutil.copy(rules, home / "alerts.yml")
+        config["rule_files"] = ["alerts.yml"]
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
     command = [
         binary, f"--config.file={home / 'prometheus.yml'}", f"--storage.tsdb.path={home / 'data'}",
