@@ -8,11 +8,17 @@ which each catalog here is registered under a name of its own.
 
 from __future__ import annotations
 
+import json
+import stat
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import pytest
 from pyarrow.fs import FileSelector, FileType
@@ -24,9 +30,9 @@ from backfill.settings import AppSettings
 from backfill.sources import Sources
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, rest_catalog
 from bergstream.local import object_store as store_server
-from bergstream.local import rest_catalog
-from bergstream.local.processes import free_port
+from bergstream.local.processes import alive, free_port, free_ports
 from router.app import archive_available_now
 from router.config import RouterConfig
 from router.maintain import maintain
@@ -38,7 +44,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.integration
-B = timedelta(minutes=15)
+B = timedelta(minutes=30)
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +227,121 @@ def test_router_maintenance_backfill_and_replay_on_s3_through_the_rest_catalog(
         for headers in (dict(message.headers()) for message in messages)
     ]
     assert len(replayed) == len(set(replayed)) and set(replayed) == produced
+
+
+def archive_now(
+    stack: Services, spark: SparkSession, catalog: CatalogConfig, topic: str, checkpoint: Path
+) -> set[tuple[int, int]]:
+    """Produce 1000 playback records (some malformed) and archive them; the produced (partition, offset)s."""
+    request = ProduceRequest(topic=topic, schema="playback", count=1000, partitions=2, bad_fraction=0.02)
+    produced = produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+    archive_available_now(spark, router_config(catalog, stack, topic, checkpoint))
+    return produced
+
+
+def test_a_jdbc_catalog_keeps_its_tables_in_the_object_store(
+    stack: Services,
+    spark: SparkSession,
+    object_store: store_server.ObjectStoreConfig,
+    tmp_path: Path,
+) -> None:
+    """`local up --object-store s3` alone: the SQLite JDBC catalog, the warehouse in the bucket."""
+    catalog = register(
+        spark,
+        CatalogConfig(
+            name="s3jdbc", uri=f"jdbc:sqlite:{tmp_path / 'catalog.db'}", warehouse=object_store.warehouse,
+            properties=object_store.catalog_properties(),
+        ),
+    )  # fmt: skip
+    topic = "s3_jdbc_playback"
+    produced = archive_now(stack, spark, catalog, topic, tmp_path / "router")
+    seen = offsets(catalog, topic)
+    assert len(seen) == len(set(seen)) and set(seen) == produced
+    objects = bucket_objects(catalog, object_store.bucket)
+    paths = {f["file_path"] for f in data_files(catalog, topic)}
+    assert paths and paths <= objects
+    assert [path for path in tmp_path.rglob("*") if _table_file(path)] == []
+
+
+def test_a_rest_catalog_over_a_warehouse_folder(stack: Services, spark: SparkSession, tmp_path: Path) -> None:
+    """`local up --catalog rest` alone: Iceberg's REST server, and table files in a folder."""
+    warehouse = tmp_path / "warehouse"
+    server = rest_catalog.RestCatalogConfig(tmp_path / "rest", warehouse.as_uri(), port=free_port())
+    rest_catalog.start(server)
+    try:
+        catalog = register(spark, CatalogConfig(name="folderrest", type="rest", uri=server.uri,
+                                                warehouse=warehouse.as_uri()))  # fmt: skip
+        topic = "rest_folder_playback"
+        produced = archive_now(stack, spark, catalog, topic, tmp_path / "router")
+        seen = offsets(catalog, topic)
+        assert len(seen) == len(set(seen)) and set(seen) == produced
+        files = [urlparse(f["file_path"]) for f in data_files(catalog, topic)]
+        assert files and all(file.scheme == "file" for file in files)
+        assert all(Path(file.path).is_relative_to(warehouse / "archive" / topic) for file in files)
+        assert all(Path(file.path).is_file() for file in files)
+    finally:
+        rest_catalog.stop(server)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bergstream", *args], capture_output=True, text=True, check=False, timeout=300,
+        cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_local_up_runs_the_object_store_and_the_rest_catalog(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "stack")]
+    kafka, controller, store, rest = free_ports(4)
+    flags = ["--kafka-port", str(kafka), "--controller-port", str(controller), "--object-store", "s3",
+             "--object-store-port", str(store), "--catalog", "rest", "--rest-port", str(rest)]  # fmt: skip
+    up = run("local", "up", *data, *flags)
+    try:
+        assert up.returncode == 0, up.stderr
+        shown = run("local", "status", *data, "--json")
+        status = json.loads(shown.stdout)
+        assert (status["catalog_type"], status["catalog_uri"]) == ("rest", f"http://127.0.0.1:{rest}")
+        assert status["warehouse"] == "s3://bergstream/warehouse"
+        assert status["object_store_endpoint"] == f"http://127.0.0.1:{store}"
+        credentials = Path(status["object_store_credentials"])
+        assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+        secret = json.loads(credentials.read_text())["secret_access_key"]
+        assert secret not in up.stdout + shown.stdout
+        server_log = (tmp_path / "stack" / "rest-catalog" / "rest-catalog.log").read_text()
+        assert "s3.endpoint" in server_log and secret not in server_log
+
+        catalog = LocalStack.at(tmp_path / "stack").config.catalog
+        assert catalog.filesystem().get_file_info("bergstream").type == FileType.Directory
+        iceberg = catalog.load()
+        iceberg.create_namespace("probe")
+        assert ("probe",) in iceberg.list_namespaces()
+
+        again = run("local", "up", *data, *flags[:4])
+        assert again.returncode == 1 and "already running" in again.stderr
+        pids = [status["broker_pid"], status["object_store_pid"], status["rest_catalog_pid"]]
+    finally:
+        down = run("local", "down", *data)
+    assert down.returncode == 0, down.stderr
+    assert not any(alive(pid) for pid in pids)
+    other = run("local", "up", *data, *flags[:4])
+    assert other.returncode == 1
+    assert "was made with --object-store s3" in other.stderr, other.stderr
+
+
+def test_an_unreachable_rest_catalog_is_refused_at_start_naming_its_uri(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    settings = tmp_path / "playback.yaml"
+    settings.write_text(
+        json.dumps({
+            "topic": "playback", "schema": "playback", "encoding": "json",
+            "kafka": {"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}"},
+            "checkpoint_location": str(tmp_path / "checkpoint"),
+            "catalog": {"type": "rest", "uri": uri, "warehouse": "s3://bergstream/warehouse"},
+        })
+    )  # fmt: skip
+    started = time.monotonic()
+    done = run("router", "run", "--topic", "playback", "--config", str(settings))
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert f"the REST catalog at {uri} does not answer" in line, done.stderr
+    assert time.monotonic() - started < 60, "refused only after Spark started"
