@@ -30,7 +30,6 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, TopicPartition
@@ -112,13 +111,14 @@ def freshness(stack: LocalStack, table_name: str, after_ms: int) -> list[float]:
         commit_ms = committed.get(entry["snapshot_id"])
         if commit_ms is None or commit_ms < after_ms:
             continue
-        path = urlparse(entry["data_file"]["file_path"]).path
-        stamps = (
-            pq.read_table(path, columns=["__metadata__"])
-            .column(0)
-            .combine_chunks()
-            .field("kafka_ingestion_ts")
-        )
+        # Through the table's FileIO: the warehouse may be a folder or a bucket.
+        with table.io.new_input(entry["data_file"]["file_path"]).open() as stream:
+            stamps = (
+                pq.read_table(stream, columns=["__metadata__"])
+                .column(0)
+                .combine_chunks()
+                .field("kafka_ingestion_ts")
+            )
         for stamp in stamps.to_pylist():
             delays.append(commit_ms / 1000 - stamp.replace(tzinfo=UTC).timestamp())
     return delays
@@ -138,7 +138,8 @@ def bytes_per_column(stack: LocalStack, table_name: str) -> dict[str, int]:
     table = stack.config.catalog.load().load_table(f"archive.{table_name}")
     sizes: dict[str, int] = defaultdict(int)
     for data_file in table.inspect.files().to_pylist():
-        metadata = pq.ParquetFile(urlparse(data_file["file_path"]).path).metadata
+        with table.io.new_input(data_file["file_path"]).open() as stream:
+            metadata = pq.ParquetFile(stream).metadata
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
             for column in range(row_group.num_columns):
