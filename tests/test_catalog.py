@@ -3,7 +3,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bergstream.catalog import CatalogConfig
+from bergstream.catalog import CatalogConfig, pyiceberg_properties, redacted
+from bergstream.errors import ConfigError
+from bergstream.local.processes import free_port
+from bergstream.local.rest_catalog import RestCatalogConfig
 
 
 def test_sqlite_catalog_is_the_same_file_for_spark_and_pyiceberg(tmp_path: Path) -> None:
@@ -61,3 +64,63 @@ def test_bad_catalog_configuration_is_refused(kwargs: dict[str, str], message: s
 )
 def test_absolute_warehouses_are_taken(warehouse: str) -> None:
     assert CatalogConfig(uri="jdbc:sqlite:/x.db", warehouse=warehouse).warehouse == warehouse
+
+
+S3_PROPERTIES = {
+    "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+    "s3.endpoint": "http://127.0.0.1:7070",
+    "s3.path-style-access": "true",
+    "s3.access-key-id": "bergstream",
+    "s3.secret-access-key": "hush-hush",
+    "client.region": "us-east-1",
+}
+
+
+def test_s3_properties_reach_spark_as_they_are_and_pyiceberg_in_its_names() -> None:
+    catalog = CatalogConfig(
+        uri="jdbc:sqlite:/x.db", warehouse="s3://bergstream/warehouse", properties=S3_PROPERTIES
+    )
+    conf = catalog.spark_conf()
+    assert {key.removeprefix("spark.sql.catalog.bergstream."): conf[key] for key in conf if "s3" in key or
+            key.endswith(("io-impl", "client.region"))} == S3_PROPERTIES  # fmt: skip
+    translated = pyiceberg_properties(S3_PROPERTIES)
+    assert translated["s3.force-virtual-addressing"] == "false"
+    assert {key: translated[key] for key in S3_PROPERTIES} == S3_PROPERTIES
+    assert pyiceberg_properties({"s3.path-style-access": "false"})["s3.force-virtual-addressing"] == "true"
+    assert catalog.object_storage
+    assert not CatalogConfig(uri="jdbc:sqlite:/x.db", warehouse="file:///w").object_storage
+
+
+def test_secret_properties_never_show() -> None:
+    catalog = CatalogConfig(
+        type="rest", uri="http://127.0.0.1:8181", warehouse="s3://b/w", properties=S3_PROPERTIES
+    )
+    assert "hush-hush" not in repr(catalog) and "hush-hush" not in str(catalog)
+    assert "http://127.0.0.1:7070" in repr(catalog)
+    assert redacted(S3_PROPERTIES)["s3.secret-access-key"] != "hush-hush"
+    assert redacted(S3_PROPERTIES)["s3.access-key-id"] == "bergstream"
+
+
+def test_the_rest_server_takes_its_settings_as_catalog_variables_and_keys_as_aws_ones(tmp_path: Path) -> None:
+    server = RestCatalogConfig(tmp_path, "s3://bergstream/warehouse", port=8282, properties=S3_PROPERTIES)
+    environment = server.environment()
+    assert environment["CATALOG_URI"] == f"jdbc:sqlite:{tmp_path}/catalog.db"
+    assert environment["CATALOG_WAREHOUSE"] == "s3://bergstream/warehouse"
+    assert environment["CATALOG_IO__IMPL"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert environment["CATALOG_S3_PATH__STYLE__ACCESS"] == "true"
+    assert environment["CATALOG_REST_PORT"] == "8282"
+    # The server logs its catalog properties: the keys go where S3FileIO's default credentials find them.
+    assert (environment["AWS_ACCESS_KEY_ID"], environment["AWS_SECRET_ACCESS_KEY"]) == (
+        "bergstream",
+        "hush-hush",
+    )
+    assert not any("hush-hush" in value for key, value in environment.items() if key.startswith("CATALOG_"))
+
+
+def test_an_unreachable_rest_catalog_names_its_uri() -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    catalog = CatalogConfig(type="rest", uri=uri, warehouse="s3://b/w")
+    with pytest.raises(ConfigError, match=f"the REST catalog at {uri} does not answer"):
+        catalog.check_reachable()
+    with pytest.raises(ConfigError, match=uri):
+        catalog.load()
