@@ -63,7 +63,9 @@ def test_images_match_the_versions_bergstream_pins(compose: dict[str, Any]) -> N
     services = _services(compose)
     assert _image_tag(services["kafka"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["create-topics"]) == ("apache/kafka", pinned.kafka)
-    assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", pinned.iceberg)
+    rest = re.search(r"<iceberg-rest.version>([^<]+)<", (ROOT / "bergstream" / "jvm" / "pom.xml").read_text())
+    assert rest is not None
+    assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", rest.group(1))
     assert _image_tag(services["object-store"]) == ("versity/versitygw", VERSITYGW_VERSION)
     go_mod = (ROOT / "bergstream" / "local" / "schema-registry" / "go.mod").read_text()
     registry = re.search(r"github.com/axonops/axonops-schema-registry v(\S+)", go_mod)
