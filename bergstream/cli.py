@@ -197,7 +197,6 @@ def local_down(data_dir: Path | None) -> None:
 def local_burrow(data_dir: Path | None, http_port: int) -> None:
     """Run Burrow (1.9.5 or newer; $BERGSTREAM_BURROW or the PATH) against the running local stack until
     Ctrl-C. Its settings are written to <data dir>/burrow/burrow.toml."""
-    import time
 
     from bergstream.errors import StackError
     from bergstream.local.burrow import BurrowSettings, burrow_server
@@ -211,11 +210,7 @@ def local_burrow(data_dir: Path | None, http_port: int) -> None:
     with burrow_server(settings, stack.config.data_dir / "burrow") as server:
         lag = f"{server.url}/v3/kafka/{settings.cluster}/consumer/bergstream-router.<topic>/lag"
         click.echo(f"Burrow watches {settings.bootstrap_servers}: {lag}; Ctrl-C stops it")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        _until_stopped()
 
 
 @local.command("prometheus")
@@ -228,20 +223,26 @@ def local_burrow(data_dir: Path | None, http_port: int) -> None:
 @click.option("--scrape-interval", default="15s", show_default=True)
 def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) -> None:
     """Run Prometheus (the machine's binary) scraping routers' metrics, with the alert rules of
-    deploy/prometheus/alerts.yml, until Ctrl-C."""
-    import time
-
+    deploy/prometheus/alerts.yml, until Ctrl-C or SIGTERM."""
     from bergstream.local.prometheus import ALERT_RULES, prometheus_server
 
     with prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port) as server:
         click.echo(f"Prometheus scrapes {', '.join(targets)} every {scrape_interval}: {server.url}/alerts")
         click.echo(f"  time lag: {server.url}/graph?g0.expr=max+by+(topic)(bergstream_router_lag_seconds)")
-        click.echo("Ctrl-C stops it")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        click.echo("Ctrl-C or SIGTERM stops it")
+        _until_stopped()
+
+
+def _until_stopped() -> None:
+    """Wait for SIGINT or SIGTERM, even where the shell started this in the background with SIGINT ignored,
+    so that the server a command runs is stopped by the command's own cleanup."""
+    import signal
+    import threading
+
+    stopped = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopped.set())
+    stopped.wait()
 
 
 @local.command("status")

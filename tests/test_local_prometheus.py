@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -62,7 +61,8 @@ def test_local_prometheus_scrapes_its_targets_with_the_alert_rules(tmp_path: Pat
         }
         assert loaded == expected and expected
     finally:
-        os.killpg(process.pid, signal.SIGINT)
+        # As a supervisor stops it; Prometheus is in a session of its own, so it is the command that stops it.
+        process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         server.shutdown()
     # Stopped with the command: nothing answers on its port any more.
