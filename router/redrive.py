@@ -85,6 +85,8 @@ _CONFLICTS = (
     "org.apache.iceberg.exceptions.CommitFailedException",
 )
 _MERGE_ATTEMPTS = 5
+# Up to this many dead letters, their keys are broadcast to find those the archive already holds.
+_BROADCAST_KEYS = 1_000_000
 
 
 class RedriveError(BergstreamError):
@@ -364,10 +366,9 @@ def redrive(
             # The fixed schema may have new optional fields; an older dead-letter table lacks the marks.
             evolve_table(session, tables.archive, layout)
             _add_redrive_columns(session, tables.dead_letters)
-        for interrupted in unfinished(
-            tables.redrive_snapshots(tables.archive),
-            (s.redrive_id for s in tables.redrive_snapshots(tables.dead_letters)),
-        ):
+        earlier = tables.redrive_snapshots(tables.archive)
+        done = [s.redrive_id for s in tables.redrive_snapshots(tables.dead_letters)] if earlier else []
+        for interrupted in unfinished(earlier, done):
             with progress.phase(f"finishing redrive {interrupted.redrive_id}"):
                 report.finished.append(_finish(tables, interrupted, dry_run))
         report.dead_letter_snapshot = tables.current_snapshot(tables.dead_letters)
@@ -388,7 +389,7 @@ def redrive(
             "redrive %s: parsing %d dead letters of %s ingested from %s to %s",
             report.redrive_id, bounds.rows, config.topic, _instant(lower), _instant(upper),
         )  # fmt: skip
-        classified = _classify(tables, stamper, pending, lower, upper).persist()
+        classified = _classify(tables, stamper, pending, bounds.rows, lower, upper).persist()
         try:
             with progress.phase(f"parsing {bounds.rows:,} dead letters"):
                 groups = (
@@ -493,7 +494,9 @@ def _kafka_records(dead_letters: DataFrame) -> DataFrame:
     )
 
 
-def _classify(tables: _Tables, stamper: Stamper, pending: DataFrame, lower: int, upper: int) -> DataFrame:
+def _classify(
+    tables: _Tables, stamper: Stamper, pending: DataFrame, rows: int, lower: int, upper: int
+) -> DataFrame:
     """The pending dead letters parsed as the router parses, with their outcome and their reason now.
 
     The Kafka source's columns rebuilt from a dead letter stamp the same `__metadata__` again; the router's
@@ -506,15 +509,15 @@ def _classify(tables: _Tables, stamper: Stamper, pending: DataFrame, lower: int,
             "timestamp_type", original["timestamp_type"]
         ),
     )
+    # The archive's rows of the dead letters' hours are streamed past the dead letters' keys, which are
+    # sent to every task while there are not too many: the archive is never shuffled.
+    keys = stamped.select(*KEY_COLUMNS)
+    ingested = metadata[INGESTION_TS]
     archived = (
         tables.session.table(tables.archive)
-        .where(F.unix_micros(metadata[INGESTION_TS]).between(lower, upper))
-        .select(
-            metadata["topic"].alias("topic"),
-            metadata["partition"].alias("partition"),
-            metadata["offset"].alias("offset"),
-            metadata[INGESTION_TS].alias("timestamp"),
-        )
+        .where(ingested.between(F.timestamp_micros(F.lit(lower)), F.timestamp_micros(F.lit(upper))))
+        .select(*_keys(metadata))
+        .join(F.broadcast(keys) if rows <= _BROADCAST_KEYS else keys, list(KEY_COLUMNS), "left_semi")
         .distinct()
         .withColumn(_IN_ARCHIVE, F.lit(True))
     )
@@ -529,6 +532,16 @@ def _classify(tables: _Tables, stamper: Stamper, pending: DataFrame, lower: int,
     )
 
 
+def _keys(metadata: Column) -> list[Column]:
+    """KEY_COLUMNS from an archive row's `__metadata__`."""
+    return [
+        metadata["topic"].alias("topic"),
+        metadata["partition"].alias("partition"),
+        metadata["offset"].alias("offset"),
+        metadata[INGESTION_TS].alias("timestamp"),
+    ]
+
+
 def _append(
     tables: _Tables, stamper: Stamper, classified: DataFrame, properties: dict[str, str]
 ) -> RedriveSnapshot:
@@ -541,8 +554,12 @@ def _append(
     for key, value in properties.items():
         writer = writer.option(f"snapshot-property.{key}", value)
     writer.append()
-    (committed,) = tables.redrive_snapshots(tables.archive, properties[ID_PROPERTY])
-    return committed
+    committed = tables.redrive_snapshots(tables.archive, properties[ID_PROPERTY])
+    if not committed:
+        raise RedriveError(
+            f"redrive {properties[ID_PROPERTY]}: the append to {tables.archive} committed nothing"
+        )
+    return committed[0]
 
 
 def _mark(
@@ -611,14 +628,13 @@ def _finish(tables: _Tables, interrupted: RedriveSnapshot, dry_run: bool) -> Fin
         )
     else:  # the parent expired: the snapshot's whole table, narrowed below to the pending dead letters
         added = reader.option("snapshot-id", str(snapshot)).load(tables.archive)
-    metadata = F.col(METADATA)
-    keys = added.select(
-        metadata["topic"].alias("topic"),
-        metadata["partition"].alias("partition"),
-        metadata["offset"].alias("offset"),
-        metadata[INGESTION_TS].alias("timestamp"),
-    )
-    pending = _kafka_records(_pending(tables, tables.current_snapshot(tables.dead_letters) or 0, None))
+    keys = added.select(*_keys(F.col(METADATA)))
+    current = tables.current_snapshot(tables.dead_letters)
+    if current is None:
+        raise RedriveError(
+            f"table {tables.dead_letters} has no snapshot, yet redrive {interrupted.redrive_id} read from it"
+        )
+    pending = _kafka_records(_pending(tables, current, None))
     marks = (
         pending.select(*KEY_COLUMNS)
         .join(keys, list(KEY_COLUMNS), "left_semi")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,9 @@ from router.redrive import (
     ID_PROPERTY,
     REDRIVEN,
     STILL_FAILING,
+    FinishedRedrive,
     RedriveCounts,
+    RedriveReport,
     RedriveSnapshot,
     new_redrive_id,
     redrive,
@@ -208,6 +210,38 @@ def test_unfinished_redrives_are_those_no_dead_letter_snapshot_names() -> None:
     archived = [snapshot(3, second), snapshot(2, first), snapshot(1, "done")]
     assert [s.redrive_id for s in unfinished(archived, ["done"])] == [first, second]
     assert unfinished(archived, ["done", first, second]) == []
+
+
+def test_the_report_says_what_was_done_or_would_be() -> None:
+    counts = RedriveCounts.tally([(PAUSE, REDRIVEN, False, 10), (MALFORMED, STILL_FAILING, True, 2)])
+    report = RedriveReport(
+        topic="playback", redrive_id="20260101T000000Z-0a1b2c3d", dead_letter_table="c.archive.playback__dlq",
+        archive_table="c.archive.playback", dry_run=True, reason_filter="PAUSE", dead_letter_snapshot=7,
+        counts=counts, finished=[FinishedRedrive("20251231T000000Z-00000000", 5, 4, None)],
+    )  # fmt: skip
+    lines = report.lines()
+    assert lines[0] == (
+        "redrive 20251231T000000Z-00000000 was interrupted after its archive commit (snapshot 5): "
+        "would mark its 4 rows in c.archive.playback__dlq"
+    )
+    assert (
+        "12 dead letters examined in c.archive.playback__dlq (snapshot 7, reason containing 'PAUSE')"
+        in lines[1]
+    )
+    assert lines[-1] == (
+        "dry run, nothing written: would append 10 rows to c.archive.playback and mark 10 dead letters, "
+        "the reason of 2 still failing changed"
+    )
+    done = replace(report, dry_run=False, archive_snapshot=8, marking_snapshot=9, finished=[])
+    assert done.lines()[-2:] == [
+        "c.archive.playback: appended 10 rows (snapshot 8)",
+        "c.archive.playback__dlq: marked 10 dead letters redriven, the reason of 2 still failing changed "
+        "(snapshot 9)",
+    ]
+    nothing = replace(done, counts=RedriveCounts())
+    assert nothing.lines() == [
+        "playback: no dead letters waiting in c.archive.playback__dlq, reason containing 'PAUSE'"
+    ]
 
 
 @pytest.mark.integration
