@@ -16,9 +16,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,8 +84,7 @@ class ObjectStoreConfig:
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return processes.http_url(self.host, self.port)
 
     @property
     def warehouse(self) -> str:
@@ -170,23 +166,9 @@ def start(config: ObjectStoreConfig) -> int:
 
 
 def _wait_until_ready(config: ObjectStoreConfig, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise StackError(
-                f"versitygw exited with code {process.returncode} while starting; "
-                f"{processes.last_error(config.log_file)} (see {config.log_file})"
-            )
-        try:
-            urllib.request.urlopen(config.endpoint, timeout=2).close()
-            return
-        except urllib.error.HTTPError:  # an S3 error document for an unsigned request: it is serving
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise StackError(
-        f"versitygw did not answer on {config.endpoint} within {READY_TIMEOUT_SECONDS:.0f}s; "
-        f"{processes.last_error(config.log_file)} (see {config.log_file})"
+    # An unsigned request gets an S3 error document: it is serving.
+    processes.wait_until_answers(
+        "versitygw", config.endpoint, process, config.log_file, READY_TIMEOUT_SECONDS
     )
 
 

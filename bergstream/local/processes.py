@@ -7,7 +7,10 @@ import fcntl
 import os
 import signal
 import socket
+import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -116,3 +119,45 @@ def last_error(log_file: Path) -> str:
         return "(no log written)"
     errors = [line for line in lines if " ERROR " in line or "Exception" in line]
     return (errors or lines or ["(empty log)"])[-1][:300]
+
+
+def http_url(host: str, port: int) -> str:
+    """http://host:port, with an IPv6 host in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def answers(request: str | urllib.request.Request, any_status: bool = True) -> bool:
+    """Whether an HTTP server answers `request`: with any status, or only with a success."""
+    try:
+        urllib.request.urlopen(request, timeout=2).close()
+    except urllib.error.HTTPError:
+        return any_status
+    except OSError:
+        return False
+    return True
+
+
+def wait_until_answers(
+    name: str,
+    request: str | urllib.request.Request,
+    process: subprocess.Popen[bytes],
+    log_file: Path,
+    timeout: float,
+    any_status: bool = True,
+) -> None:
+    """Wait until the server `process` runs answers `request`; a StackError naming it and quoting its log
+    when it exits first or stays silent past `timeout` seconds."""
+    url = request if isinstance(request, str) else request.full_url
+    deadline = time.monotonic() + timeout
+    while not answers(request, any_status):
+        if process.poll() is not None:
+            raise StackError(
+                f"{name} exited with code {process.returncode} while starting; "
+                f"{last_error(log_file)} (see {log_file})"
+            )
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"{name} did not answer on {url} within {timeout:.0f}s; "
+                f"{last_error(log_file)} (see {log_file})"
+            )
+        time.sleep(0.2)

@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -73,17 +72,9 @@ def prometheus_server(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = PrometheusServer(f"http://127.0.0.1:{port}")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise StackError(
-                        f"Prometheus did not start on 127.0.0.1:{port}; see {home / 'prometheus.log'}"
-                    ) from None
-                time.sleep(0.3)
+        processes.wait_until_answers(
+            "Prometheus", f"{server.url}/-/ready", process, home / "prometheus.log", 60, any_status=False
+        )
         yield server
     finally:
         processes.stop(process.pid, grace_seconds=10)

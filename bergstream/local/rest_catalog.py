@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +38,7 @@ class RestCatalogConfig:
 
     @property
     def uri(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return processes.http_url(self.host, self.port)
 
     @property
     def database(self) -> Path:
@@ -121,22 +117,10 @@ def start(config: RestCatalogConfig) -> int:
 
 
 def _wait_until_ready(config: RestCatalogConfig, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise StackError(
-                f"the Iceberg REST catalog exited with code {process.returncode} while starting; "
-                f"{processes.last_error(config.log_file)} (see {config.log_file})"
-            )
-        try:
-            urllib.request.urlopen(f"{config.uri}/v1/config", timeout=2).close()
-            return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.3)
-    raise StackError(
-        f"the Iceberg REST catalog did not answer on {config.uri} within {READY_TIMEOUT_SECONDS:.0f}s; "
-        f"{processes.last_error(config.log_file)} (see {config.log_file})"
-    )
+    processes.wait_until_answers(
+        "the Iceberg REST catalog", f"{config.uri}/v1/config", process, config.log_file,
+        READY_TIMEOUT_SECONDS, any_status=False,
+    )  # fmt: skip
 
 
 def stop(config: RestCatalogConfig, grace_seconds: float = 10.0) -> bool:

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -108,8 +107,7 @@ class SchemaRegistryConfig:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return processes.http_url(self.host, self.port)
 
     @property
     def pid_file(self) -> Path:
@@ -170,29 +168,18 @@ def start(config: SchemaRegistryConfig) -> int:
             stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
         )  # fmt: skip
     config.pid_file.write_text(str(process.pid))
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while not _answers(config):
-        if process.poll() is not None or time.monotonic() > deadline:
-            processes.stop(process.pid, grace_seconds=2)
-            raise StackError(
-                f"the schema registry did not start on {config.url}: {processes.last_error(config.log_file)}"
-            )
-        time.sleep(0.1)
-    return process.pid
-
-
-def _answers(config: SchemaRegistryConfig) -> bool:
     request = urllib.request.Request(f"{config.url}/subjects")
     if config.user is not None:
         login = base64.b64encode(f"{config.user}:{config.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {login}")
     try:
-        with urllib.request.urlopen(request, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True  # it answers, if not with a 200
-    except OSError:
-        return False
+        processes.wait_until_answers(
+            "the schema registry", request, process, config.log_file, READY_TIMEOUT_SECONDS
+        )
+    except StackError:
+        processes.stop(process.pid, grace_seconds=2)
+        raise
+    return process.pid
 
 
 def stop(config: SchemaRegistryConfig) -> bool:
