@@ -23,19 +23,31 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 	|| PYENV_VERSION=$$(pyenv whence $(PYTHON) 2>/dev/null | sort -V | tail -n 1) \
 	$(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null
 
+# pyspark comes as a 450 MB source archive. pip builds it into a wheel once (pip's wheel cache keeps the build),
+# and every virtualenv installs that wheel: uv would download and build the archive again for each one
+# wherever the index serves it without cache headers.
+WHEELS := $(or $(BERGSTREAM_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bergstream)/wheels
+PYSPARK_WHEEL := $(WHEELS)/pyspark-$(shell sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' constraints.txt)-py2.py3-none-any.whl
+
 .PHONY: setup demo test test-image test-unit test-short test-pythons lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
-	sh deploy/install-system-packages.sh "$$($(find_python) || echo $(PYTHON))"
+	@python="$$($(find_python))"; sh deploy/install-system-packages.sh "$${python:-$(PYTHON)}"
 	@python="$$($(find_python))" || { echo "$(PYTHON) not found: install it, or pick another with" \
 		"make PYTHON=python3.12 (bergstream runs on Python 3.11 to 3.13)" >&2; exit 1; }; \
 		echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt uv
 
-$(INSTALLED): pyproject.toml constraints.txt $(BIN)/uv
+$(PYSPARK_WHEEL): | $(BIN)/uv
+	mkdir -p $(WHEELS)
+	tmp=$$(mktemp -d $(WHEELS)/.build.XXXXXX) \
+		&& $(BIN)/pip wheel -q --no-deps -c constraints.txt pyspark -w $$tmp && mv $$tmp/pyspark-*.whl $@; \
+		status=$$?; rm -rf $$tmp; exit $$status
+
+$(INSTALLED): pyproject.toml constraints.txt $(BIN)/uv | $(PYSPARK_WHEEL)
 	sh deploy/install-system-packages.sh "$(abspath $(BIN)/python)"
-	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev,postgres]'
+	$(BIN)/uv pip install -q --python $(BIN)/python --find-links $(WHEELS) -c constraints.txt -e '.[dev,postgres]'
 	@touch $@
 
 setup: $(INSTALLED)
