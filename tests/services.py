@@ -76,7 +76,7 @@ def container_services(data_dir: Path) -> Iterator[Services]:
     (port,) = free_ports(1)
     kafka = (
         DockerContainer(kafka_image())
-        .with_bind_ports(9092, ("127.0.0.1", port))
+        .with_bind_ports(9092, port)
         .with_env("KAFKA_NODE_ID", "1")
         .with_env("KAFKA_PROCESS_ROLES", "broker,controller")
         .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
@@ -90,6 +90,8 @@ def container_services(data_dir: Path) -> Iterator[Services]:
         .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
         .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
     )
+    # testcontainers binds a port on every interface; docker-py takes (address, port) for loopback only.
+    kafka.ports = {container_port: ("127.0.0.1", port) for container_port in kafka.ports}
     with kafka:
         wait_for_logs(kafka, "Kafka Server started", timeout=120)
         catalog = CatalogConfig.sqlite(data_dir / "catalog.db", data_dir / "warehouse")
