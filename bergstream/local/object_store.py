@@ -148,28 +148,15 @@ def start(config: ObjectStoreConfig) -> int:
         str(versitygw), "--port", f"{config.endpoint.removeprefix('http://')}", "--region", REGION, "--quiet",
         "posix", str(config.root),
     ]  # fmt: skip
-    with config.log_file.open("ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
-            start_new_session=True,
-        )  # fmt: skip
-    config.pid_file.write_text(str(process.pid))
-    try:
-        _wait_until_ready(config, process)
+
+    def ready(process: subprocess.Popen[bytes]) -> None:
+        # An unsigned request gets an S3 error document: it is serving.
+        processes.wait_until_answers(
+            "versitygw", config.endpoint, process, config.log_file, READY_TIMEOUT_SECONDS
+        )
         ensure_bucket(config)
-    except BaseException:
-        processes.stop(process.pid, grace_seconds=5)
-        process.wait()
-        config.pid_file.unlink(missing_ok=True)
-        raise
-    return process.pid
 
-
-def _wait_until_ready(config: ObjectStoreConfig, process: subprocess.Popen[bytes]) -> None:
-    # An unsigned request gets an S3 error document: it is serving.
-    processes.wait_until_answers(
-        "versitygw", config.endpoint, process, config.log_file, READY_TIMEOUT_SECONDS
-    )
+    return processes.start_server(command, environment, config.log_file, config.pid_file, ready)
 
 
 def ensure_bucket(config: ObjectStoreConfig) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -161,3 +161,28 @@ def wait_until_answers(
                 f"{last_error(log_file)} (see {log_file})"
             )
         time.sleep(0.2)
+
+
+def start_server(
+    command: list[str],
+    environment: dict[str, str],
+    log_file: Path,
+    pid_file: Path,
+    ready: Callable[[subprocess.Popen[bytes]], None],
+) -> int:
+    """Start a server in a session of its own, its output in `log_file` and its pid in `pid_file`, then
+    `ready(process)`, which waits for it; a server that never gets ready is stopped again. Its pid."""
+    with log_file.open("ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
+            start_new_session=True,
+        )  # fmt: skip
+    pid_file.write_text(str(process.pid))
+    try:
+        ready(process)
+    except BaseException:
+        stop(process.pid, grace_seconds=5)
+        process.wait()
+        pid_file.unlink(missing_ok=True)
+        raise
+    return process.pid

@@ -100,27 +100,15 @@ def start(config: RestCatalogConfig) -> int:
         # The pid file's marker, and where the server's own scratch files go.
         f"-Djava.io.tmpdir={config.home}", "-cp", classpath, MAIN_CLASS,
     ]  # fmt: skip
-    with config.log_file.open("ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**inherited, **config.environment()}, start_new_session=True,
+
+    def ready(process: subprocess.Popen[bytes]) -> None:
+        processes.wait_until_answers(
+            "the Iceberg REST catalog", f"{config.uri}/v1/config", process, config.log_file,
+            READY_TIMEOUT_SECONDS, any_status=False,
         )  # fmt: skip
-    config.pid_file.write_text(str(process.pid))
-    try:
-        _wait_until_ready(config, process)
-    except BaseException:
-        processes.stop(process.pid, grace_seconds=5)
-        process.wait()
-        config.pid_file.unlink(missing_ok=True)
-        raise
-    return process.pid
 
-
-def _wait_until_ready(config: RestCatalogConfig, process: subprocess.Popen[bytes]) -> None:
-    processes.wait_until_answers(
-        "the Iceberg REST catalog", f"{config.uri}/v1/config", process, config.log_file,
-        READY_TIMEOUT_SECONDS, any_status=False,
-    )  # fmt: skip
+    environment = {**inherited, **config.environment()}
+    return processes.start_server(command, environment, config.log_file, config.pid_file, ready)
 
 
 def stop(config: RestCatalogConfig, grace_seconds: float = 10.0) -> bool:

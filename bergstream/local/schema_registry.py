@@ -162,24 +162,18 @@ def start(config: SchemaRegistryConfig) -> int:
         if not config.password:
             raise StackError("a schema registry user needs a password")
         environment["SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD"] = config.password
-    with config.log_file.open("ab") as log:
-        process = subprocess.Popen(
-            [str(binary), "-config", str(config.config_file)],
-            stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
-        )  # fmt: skip
-    config.pid_file.write_text(str(process.pid))
     request = urllib.request.Request(f"{config.url}/subjects")
     if config.user is not None:
         login = base64.b64encode(f"{config.user}:{config.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {login}")
-    try:
+
+    def ready(process: subprocess.Popen[bytes]) -> None:
         processes.wait_until_answers(
             "the schema registry", request, process, config.log_file, READY_TIMEOUT_SECONDS
         )
-    except StackError:
-        processes.stop(process.pid, grace_seconds=2)
-        raise
-    return process.pid
+
+    command = [str(binary), "-config", str(config.config_file)]
+    return processes.start_server(command, environment, config.log_file, config.pid_file, ready)
 
 
 def stop(config: SchemaRegistryConfig) -> bool:
