@@ -33,7 +33,7 @@ from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, parse_spark_offsets
 from router.retry import java_causes, transient_reason
 from router.schema_registry import RegistryTopic
-from router.table import ensure_tables
+from router.table import ensure_tables, maintained_properties
 from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
 from schemas.archive import (
@@ -134,7 +134,8 @@ class Router:
         if config.schema_registry is not None and config.subject is not None:
             described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
             described[SUBJECT_PROPERTY] = config.subject
-        ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, described)
+        properties = {**described, **maintained_properties(config.maintenance)}
+        ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, properties)
         self._evolve(self.layout)
         evolve_metadata(self.spark, config.catalog.table_identifier(self.layout.dead_letter_table))
         self._committed = self._kafka.committed()

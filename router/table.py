@@ -1,13 +1,41 @@
-"""Creating a topic's archive table and its dead-letter table in the catalog."""
+"""Creating a topic's archive table and its dead-letter table in the catalog, and the properties that keep
+their commits cheap.
+
+A router on a short trigger commits every few seconds. Each commit writes a new metadata file listing every
+retained snapshot and the log of earlier metadata files, and a manifest list naming every manifest: without
+bounds all three grow with the table's age, and so does the time a commit takes (bench/commits).
+"""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
 from bergstream.catalog import CatalogConfig
+from router.config import MaintenanceSettings
 from schemas.archive import ArchiveLayout
 
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
+# Metadata files beyond the newest `PREVIOUS_METADATA_VERSIONS` are deleted by the commit that supersedes
+# them: the metadata log stays short, and the metadata folder does not keep one file per commit forever.
+PREVIOUS_METADATA_VERSIONS = 100
+# Spark's append is Iceberg's merge append: once a snapshot has this many small manifests, the commit merges
+# them into manifests of up to the target size, so that a snapshot names a bounded number of manifests.
+MANIFESTS_TO_MERGE = 100
+MANIFEST_TARGET_BYTES = 8 * 1024 * 1024
+
+
+def maintained_properties(settings: MaintenanceSettings) -> dict[str, str]:
+    """The table properties that bound metadata, manifests and snapshots. Snapshot retention is the one
+    `router maintain` applies: any engine expiring snapshots with the table's defaults keeps as much."""
+    return {
+        "write.metadata.delete-after-commit.enabled": "true",
+        "write.metadata.previous-versions-max": str(PREVIOUS_METADATA_VERSIONS),
+        "commit.manifest-merge.enabled": "true",
+        "commit.manifest.min-count-to-merge": str(MANIFESTS_TO_MERGE),
+        "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES),
+        "history.expire.max-snapshot-age-ms": str(settings.snapshot_retention_hours * 3_600_000),
+        "history.expire.min-snapshots-to-keep": str(settings.retain_last_snapshots),
+    }
 
 
 def ensure_tables(
