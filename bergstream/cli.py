@@ -882,11 +882,19 @@ def jars() -> None:
 
 
 @jars.command("resolve")
-def jars_resolve() -> None:
-    """Resolve every pinned jar into the local cache (once; later calls do nothing)."""
+@click.argument(
+    "jar_sets",
+    nargs=-1,
+    type=click.Choice(["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]),
+)
+def jars_resolve(jar_sets: tuple[str, ...]) -> None:
+    """Resolve the pinned jars into the local cache (once; later calls do nothing): those the local stack
+    runs, or the sets named."""
     from bergstream import jars as pinned
 
-    for jar_set, directory in pinned.resolve_all().items():
+    named = tuple(s for s in (*pinned.JAR_SETS, *pinned.ON_DEMAND_JAR_SETS) if s in jar_sets)
+    chosen = named or pinned.JAR_SETS
+    for jar_set, directory in pinned.resolve_all(jar_sets=chosen).items():
         click.echo(f"{jar_set}: {len(pinned.resolved_jars(jar_set))} jars in {directory}")
     click.echo(f"backfill source: {pinned.backfill_source_jar()}")
 

@@ -23,8 +23,11 @@ POM = Path(__file__).parent / "jvm" / "pom.xml"
 # The backfill's Spark source, compiled into the jar below and handed to every SparkSession.
 JAVA_SOURCES = Path(__file__).resolve().parent.parent / "backfill" / "jvm" / "src" / "main"
 BACKFILL_JAR = "bergstream-backfill-source.jar"
-JarSet = Literal["spark", "kafka", "rest-catalog"]
+JarSet = Literal["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]
+# What the local stack runs, resolved by `make setup`.
 JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka", "rest-catalog")
+# A Kafka Connect worker and Iceberg's sink as its plugin, resolved when asked for (bench/router's peer).
+ON_DEMAND_JAR_SETS: tuple[JarSet, ...] = ("kafka-connect", "iceberg-kafka-connect")
 _COMPLETE = ".complete"
 
 
@@ -109,8 +112,8 @@ def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
     return target
 
 
-def resolve_all(pom: Path = POM) -> dict[JarSet, Path]:
-    return {jar_set: resolve(jar_set, pom) for jar_set in JAR_SETS}
+def resolve_all(pom: Path = POM, jar_sets: tuple[JarSet, ...] = JAR_SETS) -> dict[JarSet, Path]:
+    return {jar_set: resolve(jar_set, pom) for jar_set in jar_sets}
 
 
 def resolved_jars(jar_set: JarSet, pom: Path = POM) -> list[Path]:
@@ -205,3 +208,7 @@ def kafka_classpath(pom: Path = POM) -> list[Path]:
 
 def rest_catalog_classpath(pom: Path = POM) -> list[Path]:
     return resolved_jars("rest-catalog", pom)
+
+
+def kafka_connect_classpath(pom: Path = POM) -> list[Path]:
+    return resolved_jars("kafka-connect", pom)
