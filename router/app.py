@@ -178,6 +178,10 @@ class Router:
             self._kafka.close()
         return self.totals
 
+    def stop(self) -> None:
+        """Stop the query after its current batch; `run` then returns. Safe from any thread."""
+        self._stop_requested.set()
+
     def _evolve(self, layout: ArchiveLayout) -> None:
         evolve_table(self.spark, self.config.catalog.table_identifier(layout.table), layout)
 
@@ -191,7 +195,7 @@ class Router:
             return {}
         previous: dict[int, Any] = {}
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, lambda *_: self._stop_requested.set())
+            previous[signum] = signal.signal(signum, lambda *_: self.stop())
         return previous
 
     def _start(self, available_now: bool) -> StreamingQuery:
