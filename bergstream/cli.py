@@ -446,7 +446,26 @@ def _configure_logging() -> None:
 
 
 @router.command("run")
-@click.option("--topic", required=True, help="The Kafka topic to archive.")
+@click.option(
+    "--topic", "topics", multiple=True,
+    help="The Kafka topic to archive; repeated, its topics run in one driver, one query each.",
+)  # fmt: skip
+@click.option(
+    "--all", "all_topics", is_flag=True, help="Every topic with a file in --topics-dir, in one driver."
+)
+@click.option(
+    "--topics-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="With several topics or --all: where their <topic>.yaml files are (default: deploy/topics).",
+)  # fmt: skip
+@click.option(
+    "--restart-backoff", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+    help="With several topics or --all: seconds before a failed topic starts again; doubles on each "
+    "failure in a row, up to --max-restart-backoff.",
+)  # fmt: skip
+@click.option(
+    "--max-restart-backoff", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+    help="The longest wait before a failed topic starts again.",
+)  # fmt: skip
 @click.option(
     "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
 )
@@ -456,7 +475,11 @@ def _configure_logging() -> None:
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @DATA_DIR
 def router_run(
-    topic: str,
+    topics: tuple[str, ...],
+    all_topics: bool,
+    topics_dir: Path | None,
+    restart_backoff: float,
+    max_restart_backoff: float,
     schema: str | None,
     table: str | None,
     config_file: Path | None,
@@ -464,7 +487,31 @@ def router_run(
     metrics_port: int | None,
     data_dir: Path | None,
 ) -> None:
-    """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now)."""
+    """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
+
+    With --topic repeated or --all, one driver runs a query per topic; a topic that fails is reported
+    and started again with backoff while the others go on."""
+    if all_topics and topics:
+        raise click.UsageError("give either --all (every topic of --topics-dir) or --topic, not both")
+    if not all_topics and not topics:
+        raise click.UsageError("name the topic to archive with --topic (repeatable), or give --all")
+    if all_topics or len(topics) > 1:
+        for flag, value in (("--config", config_file), ("--schema", schema), ("--table", table)):
+            if value is not None:
+                raise click.UsageError(
+                    f"{flag} is for one topic; with several, each topic's <topic>.yaml in --topics-dir "
+                    "sets it"
+                )
+        _router_run_many(
+            list(topics), all_topics, topics_dir, available_now, metrics_port, data_dir,
+            restart=(restart_backoff, max_restart_backoff),
+        )  # fmt: skip
+        return
+    (topic,) = topics
+    if topics_dir is not None and config_file is None:
+        from router.config import topic_file
+
+        config_file = topic_file(topic, topics_dir)
     from router.app import Router
     from router.commit import require_access
     from router.config import load_router_config
@@ -491,6 +538,77 @@ def router_run(
     finally:
         spark.stop()
     click.echo(totals.summary(topic))
+
+
+def _router_run_many(
+    topics: list[str],
+    all_topics: bool,
+    topics_dir: Path | None,
+    available_now: bool,
+    metrics_port: int | None,
+    data_dir: Path | None,
+    restart: tuple[float, float],
+) -> None:
+    """Several topics in one driver: router/fleet.py."""
+    from router.commit import require_access
+    from router.config import TOPICS_DIR, load_router_config, topic_file
+    from router.fleet import Fleet, RestartSettings, check_shared_driver, driver_settings, topics_in
+    from router.metrics import RouterMetrics
+
+    _configure_logging()
+    directory = topics_dir if topics_dir is not None else TOPICS_DIR
+    topics = topics_in(directory) if all_topics else topics
+
+    def load(topic: str) -> RouterConfig:
+        path = topic_file(topic, directory)
+        return load_router_config(
+            topic,
+            path if path.exists() or topics_dir is not None else None,
+            defaults=_router_defaults(data_dir, topic),
+            overrides={"metrics_port": metrics_port},
+        )
+
+    def prepare(config: RouterConfig) -> None:
+        require_access(config.topic, config.consumer_group, config.kafka_client_config())
+
+    driver = driver_settings(topics, load, strict=not all_topics)
+    if not all_topics:  # topics named one by one are refused at start, as one topic is
+        for topic in topics:
+            prepare(load(topic))
+
+    def load_checked(topic: str) -> RouterConfig:
+        config = load(topic)
+        check_shared_driver(config, driver)
+        return config
+
+    metrics = RouterMetrics(", ".join(topics))
+    port = metrics_port if metrics_port is not None else driver.metrics_port
+    if port is not None:
+        bound = metrics.serve(port, driver.metrics_host)
+        click.echo(
+            f"metrics of {len(topics)} topics on http://{driver.metrics_host}:{bound}/metrics", err=True
+        )
+    settings = RestartSettings(initial_backoff_seconds=restart[0], max_backoff_seconds=restart[1])
+    spark = _fleet_spark(driver, topics)
+    try:
+        outcomes = Fleet(topics, load_checked, spark, metrics, settings, prepare).run(available_now)
+    finally:
+        spark.stop()
+    for outcome in outcomes:
+        click.echo(outcome.summary())
+    failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
+    if failed:
+        raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
+
+
+def _fleet_spark(driver: RouterConfig, topics: list[str]) -> SparkSession:
+    from bergstream.spark import build_spark_session
+    from router.fleet import fleet_app_name, fleet_spark_conf
+
+    return build_spark_session(
+        driver.catalog, master=driver.spark.master, app_name=fleet_app_name(topics),
+        conf=fleet_spark_conf(driver.spark.conf),
+    )  # fmt: skip
 
 
 @router.command("maintain")
