@@ -32,6 +32,7 @@ from router.lag import LagReporter
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, parse_spark_offsets
 from router.retry import java_causes, transient_reason
+from router.schedule import MaintenanceSchedule
 from router.schema_registry import RegistryTopic
 from router.table import ensure_tables, maintained_properties
 from router.transform import DEAD_LETTERED, Stamper
@@ -145,8 +146,14 @@ class Router:
         self.spark.streams.addListener(listener)
         lag_thread = threading.Thread(target=self._refresh_lag_forever, name="bergstream-lag", daemon=True)
         previous_handlers = self._handle_stop_signals()
+        # Maintenance on a schedule belongs to a router that keeps running, not to one draining the topic.
+        schedule: MaintenanceSchedule | None = None
+        if config.maintenance.every is not None and not available_now:
+            schedule = MaintenanceSchedule(self.spark, config, self.metrics)
         try:
             lag_thread.start()
+            if schedule is not None:
+                schedule.start()
             for restart in range(_REPLAY_RESTARTS + 1):
                 query = self._start(available_now)
                 log.info("router for %s started: query %s, checkpoint %s", config.topic, query.id,
@@ -173,6 +180,8 @@ class Router:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             self._stop_lag.set()
+            if schedule is not None:
+                schedule.stop()
             self.spark.streams.removeListener(listener)
             self._refresh_lag()
             self._kafka.close()

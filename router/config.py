@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from bergstream.errors import ConfigError
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.settings_file import merge, problems, read_mapping
 from bergstream.spark import SparkSettings
+from bergstream.timeparse import format_duration, parse_duration
 from router.retry import CommitRetrySettings
 from schemas.archive import DEAD_LETTER_SUFFIX
 from schemas.registry import AVRO_DIR, Encoding, load_event_schema
@@ -45,20 +47,44 @@ _SOURCE_OPTIONS = {
 _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
 # Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
 
 
 class MaintenanceSettings(BaseModel):
-    """How `bergstream router maintain` treats the topic's tables."""
+    """How `bergstream router maintain` treats the topic's tables, and how often the router runs it itself."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # An hour is compacted once it ended this long ago: later records of it are rare by then.
     compaction_grace_minutes: int = Field(default=15, ge=0)
-    # Snapshots younger than this are kept: time travel, and the router's record of committed batches.
-    snapshot_retention_hours: int = Field(default=72, gt=0)
+    # Snapshots younger than this are kept for time travel. Every commit rewrites the list of retained
+    # snapshots: on a short trigger, a shorter retention keeps commits cheap (bench/commits).
+    snapshot_retention_hours: float = Field(default=72, gt=0)
     retain_last_snapshots: int = Field(default=100, gt=0)
     # Files younger than this are never orphans: a batch may have written them and not committed yet.
     orphan_retention_hours: int = Field(default=72, ge=1)
+    # `router run` maintains the tables itself this often (`1h`, `30m`); None: only `router maintain` does.
+    every: str | None = None
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, every: str | None) -> str | None:
+        if every is None:
+            return None
+        try:
+            span = parse_duration(every, "maintenance every")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
+        if span < MIN_MAINTENANCE_INTERVAL:
+            raise ValueError(
+                f"{every!r}: give a duration of at least {format_duration(MIN_MAINTENANCE_INTERVAL)}, "
+                "such as 1h or 30m"
+            )
+        return every
+
+    @property
+    def every_seconds(self) -> float | None:
+        return None if self.every is None else parse_duration(self.every).total_seconds()
 
 
 class DeploySettings(BaseModel):

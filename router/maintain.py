@@ -3,6 +3,13 @@
 Safe while the router runs: compaction rewrites only hours that closed a grace period ago, Iceberg retries
 commits that lose a race with the router's appends, and orphan removal spares files younger than its
 retention, which covers any file an in-flight batch has written but not committed yet.
+
+Safe for the router's exactly-once too. A router that stops after committing a batch to the table and
+before checkpointing it runs that batch again when it restarts, and skips it only if it finds the batch
+among the table's snapshots (router/write.py). However long it stayed down, expiry never takes that
+snapshot: before expiring, the newest snapshot the router appended is tagged (NEWEST_APPEND_TAG), and
+Iceberg keeps tagged snapshots. Only the newest matters: batches run in order, and a query that appends
+after another has replaced its checkpoint.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import SparkSession
 
 from router.config import RouterConfig
+from router.write import QUERY_ID
 from schemas.archive import DEAD_LETTER_SUFFIX, INGESTION_TS_COLUMN
 
 log = logging.getLogger(__name__)
+NEWEST_APPEND_TAG = "bergstream-router-newest-append"
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ def maintain(
             f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
             f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
         ).first()
+        keep_newest_append(spark, identifier)
         older_than = now - timedelta(hours=settings.snapshot_retention_hours)
         expired = spark.sql(
             f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
@@ -87,3 +97,16 @@ def maintain(
         log.info(result.summary())
         results.append(result)
     return results
+
+
+def keep_newest_append(spark: SparkSession, identifier: str) -> None:
+    """Tag the newest snapshot the router appended to `identifier`, so that expiry keeps it."""
+    newest = spark.sql(
+        f"SELECT snapshot_id FROM {identifier}.snapshots WHERE summary['{QUERY_ID}'] IS NOT NULL "
+        "ORDER BY committed_at DESC, snapshot_id LIMIT 1"
+    ).first()
+    if newest is not None:
+        spark.sql(
+            f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{NEWEST_APPEND_TAG}` "
+            f"AS OF VERSION {int(newest.snapshot_id)}"
+        )

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from bergstream.errors import BergstreamError
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_MAINTENANCE_SECONDS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
 
 class RouterMetrics:
@@ -93,6 +94,29 @@ class RouterMetrics:
             "bergstream_router_last_committed_batch",
             "Id of the newest committed micro-batch",
             ["topic"],
+            registry=r,
+        )
+
+        self.maintenance_runs = Counter(
+            "bergstream_router_maintenance_runs",
+            "Maintenance runs inside the router (--maintain-every); outcome=failed when one did not finish",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.maintenance_duration = Histogram(
+            "bergstream_router_maintenance_duration_seconds", "Time one maintenance run took", ["topic"],
+            buckets=_MAINTENANCE_SECONDS, registry=r,
+        )  # fmt: skip
+        self.maintenance_last_success = Gauge(
+            "bergstream_router_maintenance_last_success_timestamp_seconds",
+            "When the last maintenance run inside the router finished without error",
+            ["topic"],
+            registry=r,
+        )
+        self.maintenance_expired_snapshots = Counter(
+            "bergstream_router_maintenance_expired_snapshots",
+            "Snapshots expired by maintenance inside the router",
+            ["topic", "table"],
             registry=r,
         )
 

@@ -33,7 +33,7 @@ def maintained_properties(settings: MaintenanceSettings) -> dict[str, str]:
         "commit.manifest-merge.enabled": "true",
         "commit.manifest.min-count-to-merge": str(MANIFESTS_TO_MERGE),
         "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES),
-        "history.expire.max-snapshot-age-ms": str(settings.snapshot_retention_hours * 3_600_000),
+        "history.expire.max-snapshot-age-ms": str(round(settings.snapshot_retention_hours * 3_600_000)),
         "history.expire.min-snapshots-to-keep": str(settings.retain_last_snapshots),
     }
 
