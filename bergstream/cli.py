@@ -473,6 +473,11 @@ def _configure_logging() -> None:
 @ROUTER_CONFIG
 @click.option("--available-now", is_flag=True, help="Archive what the topic holds now, then exit.")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--maintain-every", default=None, metavar="DURATION",
+    help="Maintain the tables inside the router this often (1h, 30m): compact closed hours, expire "
+    "snapshots, remove orphan files (default: maintenance.every of the topic's file; else never).",
+)  # fmt: skip
 @DATA_DIR
 def router_run(
     topics: tuple[str, ...],
@@ -485,6 +490,7 @@ def router_run(
     config_file: Path | None,
     available_now: bool,
     metrics_port: int | None,
+    maintain_every: str | None,
     data_dir: Path | None,
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
@@ -496,7 +502,10 @@ def router_run(
     if not all_topics and not topics:
         raise click.UsageError("name the topic to archive with --topic (repeatable), or give --all")
     if all_topics or len(topics) > 1:
-        for flag, value in (("--config", config_file), ("--schema", schema), ("--table", table)):
+        for flag, value in (
+            ("--config", config_file), ("--schema", schema), ("--table", table),
+            ("--maintain-every", maintain_every),
+        ):  # fmt: skip
             if value is not None:
                 raise click.UsageError(
                     f"{flag} is for one topic; with several, each topic's <topic>.yaml in --topics-dir "
@@ -522,7 +531,12 @@ def router_run(
         topic,
         config_file,
         defaults=_router_defaults(data_dir, topic),
-        overrides={"schema": schema, "table": table, "metrics_port": metrics_port},
+        overrides={
+            "schema": schema,
+            "table": table,
+            "metrics_port": metrics_port,
+            "maintenance": None if maintain_every is None else {"every": maintain_every},
+        },
     )
     # A catalog that does not answer, a refused login, an untrusted certificate or a missing ACL is told
     # before Spark takes its time to start.
