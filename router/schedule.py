@@ -82,9 +82,9 @@ class MaintenanceSchedule:
         metrics.maintenance_runs.labels(topic, "done").inc()
         metrics.maintenance_duration.labels(topic).observe(seconds)
         metrics.maintenance_last_success.labels(topic).set(time.time())
-        for result in results:
+        for result in results:  # each table's summary is logged by maintain
             metrics.maintenance_expired_snapshots.labels(topic, result.table).inc(result.expired_snapshots)
-            log.info("maintenance: %s", result.summary())
+        log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, self.config.maintenance.every)
 
 
 def warn_of_long_history(config: RouterConfig) -> None:
