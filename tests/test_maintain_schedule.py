@@ -1,0 +1,223 @@
+"""Bounded table metadata and maintenance inside the router: the tables' properties, `router run
+--maintain-every`, its refusals, and a restart after expiry took the router's snapshots."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
+from router.app import archive_available_now
+from router.config import MaintenanceSettings, RouterConfig, load_router_config
+from router.maintain import NEWEST_APPEND_TAG, maintain
+from router.table import ensure_tables, maintained_properties
+from router.write import BATCH_ID, QUERY_ID
+from schemas.archive import ArchiveLayout
+from schemas.registry import load_event_schema
+from tests.routers import (
+    archived_offsets,
+    eventually,
+    produced_offsets,
+    run_router,
+    start_router,
+    write_config,
+)
+from tests.services import Services
+from tests.test_maintain import files_per_hour, produce_at
+
+pytestmark = pytest.mark.integration
+
+
+def properties(spark: SparkSession, identifier: str) -> dict[str, str]:
+    return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+
+
+def test_properties_derive_from_the_maintenance_settings() -> None:
+    wanted = maintained_properties(MaintenanceSettings(snapshot_retention_hours=0.5, retain_last_snapshots=7))
+    assert wanted["history.expire.max-snapshot-age-ms"] == "1800000"
+    assert wanted["history.expire.min-snapshots-to-keep"] == "7"
+    assert wanted["write.metadata.delete-after-commit.enabled"] == "true"
+    assert wanted["commit.manifest-merge.enabled"] == "true"
+
+
+def test_properties_are_set_on_new_and_existing_tables(
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    settings = {"maintenance": {"snapshot_retention_hours": 2, "retain_last_snapshots": 9}}
+    config = load_router_config(topic_name, write_config(stack, tmp_path, topic_name, **settings), {}, {})
+    wanted = maintained_properties(config.maintenance)
+    assert wanted["history.expire.max-snapshot-age-ms"] == "7200000"
+    catalog = stack.catalog
+    layout = ArchiveLayout(load_event_schema("playback"), config.table)
+
+    # A new table made by ensure_tables, as the router makes it.
+    fresh = ArchiveLayout(load_event_schema("playback"), f"{config.table}_new")
+    ensure_tables(spark, catalog, fresh, properties=wanted)
+    for table in (fresh.table, fresh.dead_letter_table):
+        assert wanted.items() <= properties(spark, catalog.table_identifier(table)).items(), table
+
+    # Tables an earlier router made without them get them when the router starts.
+    ensure_tables(spark, catalog, layout)
+    for table in (layout.table, layout.dead_letter_table):
+        assert "history.expire.max-snapshot-age-ms" not in properties(spark, catalog.table_identifier(table))
+    produce(
+        ProduceRequest(topic=topic_name, count=20, partitions=1, schema="playback"),
+        stack.bootstrap_servers,
+        show_progress=False,
+    )
+    assert archive_available_now(spark, config).archived == 20
+    for table in (layout.table, layout.dead_letter_table):
+        assert wanted.items() <= properties(spark, catalog.table_identifier(table)).items(), table
+
+
+@pytest.mark.parametrize(
+    ("flag", "in_file", "said"),
+    [
+        ("0s", None, "give a duration of at least 1s"),
+        ("often", None, "write a number and a unit"),
+        (None, "-5m", "write a number and a unit"),
+    ],
+)
+def test_bad_maintain_every_is_refused_at_start(
+    stack: Services, topic_name: str, tmp_path: Path, flag: str | None, in_file: str | None, said: str
+) -> None:
+    settings = {} if in_file is None else {"maintenance": {"every": in_file}}
+    config = write_config(stack, tmp_path, topic_name, **settings)
+    flags = () if flag is None else ("--maintain-every", flag)
+    done = run_router(topic_name, config, *flags, timeout=60)
+    assert done.returncode != 0
+    assert "maintenance.every" in done.stderr and said in done.stderr, done.stderr[-2000:]
+    assert "Spark" not in done.stderr  # refused before Spark started
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return max(values, default=0.0)
+
+
+def test_maintain_every_runs_inside_the_running_router(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(30)
+    closed = datetime.now(UTC) - timedelta(hours=3)
+    produce_at(stack.bootstrap_servers, topic_name, 600, closed, seed=1)
+    (metrics_port,) = free_ports(1)
+    config = write_config(
+        stack, tmp_path, topic_name, max_offsets_per_trigger=150, metrics_host="127.0.0.1",
+        maintenance={"snapshot_retention_hours": 0.002, "retain_last_snapshots": 3},
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        seed = 100
+        while not stop.is_set():
+            produce_at(stack.bootstrap_servers, topic_name, 20, datetime.now(UTC), seed)
+            seed += 1
+            time.sleep(0.5)
+
+    log = tmp_path / "router.log"
+    flags = ("--maintain-every", "5s", "--metrics-port", str(metrics_port))
+    router = start_router(topic_name, config, log, *flags)
+    producing = threading.Thread(target=keep_producing)
+    producing.start()
+    closed_hour = int(closed.timestamp()) // 3600
+    table_name = f"{stack.catalog.namespace}.{topic_name}"
+
+    def exported() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+            return str(answer.read().decode())
+
+    def maintained() -> bool:
+        if not log.exists() or "metrics on" not in log.read_text():
+            return False
+        expired = metric(exported(), "bergstream_router_maintenance_expired_snapshots_total{")
+        return expired > 0 and files_per_hour(stack, topic_name)[closed_hour] == 1
+
+    try:
+        eventually(maintained, "the router's maintenance to compact the closed hour and expire snapshots",
+                   timeout=240)  # fmt: skip
+        table = stack.catalog.load().load_table(table_name)
+        commits = [line for line in log.read_text().splitlines() if f"{topic_name} batch" in line]
+        assert len(table.snapshots()) < len(commits), "no snapshot expired"
+        assert NEWEST_APPEND_TAG in table.metadata.refs
+        metrics = exported()
+        assert metric(metrics, 'bergstream_router_maintenance_runs_total{outcome="done"') >= 1
+        assert metric(metrics, "bergstream_router_maintenance_last_success_timestamp_seconds") > 0
+    finally:
+        stop.set()
+        producing.join()
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
+    assert "maintenance failed" not in log.read_text()
+    drained = run_router(topic_name, config, "--available-now")
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    seen = archived_offsets(stack, topic_name)
+    assert len(seen) == len(set(seen)), "an offset archived twice"
+    ends = {p: high for p, (_, high) in admin_watermarks(stack, topic_name).items()}
+    assert len(seen) == sum(ends.values()), "an offset lost"
+
+
+def admin_watermarks(stack: Services, topic: str) -> dict[int, tuple[int, int]]:
+    from tests.test_maintain import admin_watermarks as watermarks
+
+    return watermarks(stack, topic)
+
+
+def router_snapshots(spark: SparkSession, identifier: str) -> list[str]:
+    """Batch ids of the router's snapshots the table still has."""
+    rows = spark.sql(
+        f"SELECT summary['{BATCH_ID}'] AS batch FROM {identifier}.snapshots "
+        f"WHERE summary['{QUERY_ID}'] IS NOT NULL"
+    ).collect()
+    return sorted(row.batch for row in rows)
+
+
+def test_restart_after_expiry_neither_doubles_nor_loses(
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """A router stops after committing its last batch to the tables and before checkpointing it, stays down
+    past the snapshot retention, and restarts: the batch runs again and must find itself committed."""
+    request = ProduceRequest(
+        topic=topic_name, count=300, partitions=1, bad_fraction=0.1, seed=3, schema="playback"
+    )
+    report = produce(request, stack.bootstrap_servers, show_progress=False)
+    settings = {
+        "max_offsets_per_trigger": 100,
+        "maintenance": {"snapshot_retention_hours": 1, "retain_last_snapshots": 1},
+    }
+    path = write_config(stack, tmp_path, topic_name, **settings)
+    first = run_router(topic_name, path, "--available-now")
+    assert first.returncode == 0, first.stderr[-3000:]
+    config: RouterConfig = load_router_config(topic_name, path, {}, {})
+    archive = stack.catalog.table_identifier(config.table)
+    dead_letters = f"{archive}__dlq"
+    assert router_snapshots(spark, archive) == ["0", "1", "2"]
+    assert router_snapshots(spark, dead_letters) == ["0", "1", "2"]
+    # The crash: batch 2 is in the tables, not in the checkpoint's commit log.
+    commits = Path(config.checkpoint_location) / "commits"
+    for name in ("2", ".2.crc"):
+        (commits / name).unlink(missing_ok=True)
+
+    # Hours later, maintenance with a retention shorter than the outage.
+    for identifier in (archive, dead_letters):
+        spark.sql(f"REFRESH TABLE {identifier}")
+    maintain(spark, config, now=datetime.now(UTC) + timedelta(hours=3))
+    assert router_snapshots(spark, archive) == ["2"], "expiry left the router's older snapshots"
+    assert router_snapshots(spark, dead_letters) == ["2"]
+
+    again = run_router(topic_name, path, "--available-now")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(1 replayed)" in again.stdout, again.stdout
+    seen = archived_offsets(stack, topic_name)
+    assert len(seen) == len(set(seen)), "a record archived twice"
+    assert set(seen) == produced_offsets(report.offsets), "a record lost"
