@@ -605,7 +605,8 @@ def _router_run_many(
     settings = RestartSettings(initial_backoff_seconds=restart[0], max_backoff_seconds=restart[1])
     spark = _fleet_spark(driver, topics)
     try:
-        outcomes = Fleet(topics, load_checked, spark, metrics, settings, prepare).run(available_now)
+        fleet = Fleet(topics, load_checked, spark, metrics, settings, driver.catalog, prepare)
+        outcomes = fleet.run(available_now)
     finally:
         spark.stop()
     for outcome in outcomes:

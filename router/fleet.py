@@ -31,10 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError, ConfigError
 from router.app import Router, RouterTotals
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
+from router.table import ensure_namespace
 
 log = logging.getLogger("bergstream.router.fleet")
 
@@ -169,7 +171,8 @@ class Fleet:
     """Runs the router of every topic in `topics` on `spark`, restarting a failed one with backoff.
 
     `load(topic)` reads and validates a topic's settings (again at every restart, so that a fixed file
-    fixes the topic); `prepare(config)` checks what must hold before its query starts (access to Kafka).
+    fixes the topic), whose catalog is `catalog`; `prepare(config)` checks what must hold before its query
+    starts (access to Kafka).
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class Fleet:
         spark: SparkSession,
         metrics: RouterMetrics,
         restart: RestartSettings,
+        catalog: CatalogConfig,
         prepare: Callable[[RouterConfig], None] | None = None,
     ) -> None:
         if len(set(topics)) != len(topics):
@@ -189,6 +193,7 @@ class Fleet:
         self.fleet_metrics = FleetMetrics(metrics.registry)
         self.restart = restart
         self._load = load
+        self.catalog = catalog
         self._prepare = prepare
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -202,6 +207,8 @@ class Fleet:
 
     def run(self, available_now: bool = False) -> list[TopicOutcome]:
         """Until stopped (or, with `available_now`, until every topic archived what it holds or failed)."""
+        # Made once here: topics creating their tables at once would each try to make the namespace.
+        ensure_namespace(self.spark, self.catalog)
         listener = _UpListener(self.fleet_metrics, set(self.topics))
         self.spark.streams.addListener(listener)
         previous = self._handle_stop_signals()

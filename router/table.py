@@ -38,6 +38,10 @@ def maintained_properties(settings: MaintenanceSettings) -> dict[str, str]:
     }
 
 
+def ensure_namespace(spark: SparkSession, catalog: CatalogConfig) -> None:
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{catalog.namespace}")
+
+
 def ensure_tables(
     spark: SparkSession,
     catalog: CatalogConfig,
@@ -50,7 +54,7 @@ def ensure_tables(
     wanted = dict(properties or {})
     if target_file_size_bytes is not None:
         wanted[TARGET_FILE_SIZE] = str(target_file_size_bytes)
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{catalog.namespace}")
+    ensure_namespace(spark, catalog)
     for table, statements in (
         (layout.table, layout.create_statements),
         (layout.dead_letter_table, layout.dead_letter_create_statements),
