@@ -458,6 +458,9 @@ def _configure_logging() -> None:
     help="With several topics or --all: where their <topic>.yaml files are (default: deploy/topics).",
 )  # fmt: skip
 @click.option(
+    "--group", default=None, help="With several topics or --all: the driver's name (its Spark app)."
+)
+@click.option(
     "--restart-backoff", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
     help="With several topics or --all: seconds before a failed topic starts again; doubles on each "
     "failure in a row, up to --max-restart-backoff.",
@@ -483,6 +486,7 @@ def router_run(
     topics: tuple[str, ...],
     all_topics: bool,
     topics_dir: Path | None,
+    group: str | None,
     restart_backoff: float,
     max_restart_backoff: float,
     schema: str | None,
@@ -501,7 +505,7 @@ def router_run(
         raise click.UsageError("give either --all (every topic of --topics-dir) or --topic, not both")
     if not all_topics and not topics:
         raise click.UsageError("name the topic to archive with --topic (repeatable), or give --all")
-    if all_topics or len(topics) > 1:
+    if all_topics or len(topics) > 1 or group is not None:
         for flag, value in (
             ("--config", config_file), ("--schema", schema), ("--table", table),
             ("--maintain-every", maintain_every),
@@ -512,7 +516,7 @@ def router_run(
                     "sets it"
                 )
         _router_run_many(
-            list(topics), all_topics, topics_dir, available_now, metrics_port, data_dir,
+            list(topics), all_topics, topics_dir, group, available_now, metrics_port, data_dir,
             restart=(restart_backoff, max_restart_backoff),
         )  # fmt: skip
         return
@@ -558,6 +562,7 @@ def _router_run_many(
     topics: list[str],
     all_topics: bool,
     topics_dir: Path | None,
+    group: str | None,
     available_now: bool,
     metrics_port: int | None,
     data_dir: Path | None,
@@ -603,7 +608,7 @@ def _router_run_many(
             f"metrics of {len(topics)} topics on http://{driver.metrics_host}:{bound}/metrics", err=True
         )
     settings = RestartSettings(initial_backoff_seconds=restart[0], max_backoff_seconds=restart[1])
-    spark = _fleet_spark(driver, topics)
+    spark = _fleet_spark(driver, topics, group)
     try:
         fleet = Fleet(topics, load_checked, spark, metrics, settings, driver.catalog, prepare)
         outcomes = fleet.run(available_now)
@@ -616,12 +621,12 @@ def _router_run_many(
         raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
 
 
-def _fleet_spark(driver: RouterConfig, topics: list[str]) -> SparkSession:
+def _fleet_spark(driver: RouterConfig, topics: list[str], group: str | None) -> SparkSession:
     from bergstream.spark import build_spark_session
     from router.fleet import fleet_app_name, fleet_spark_conf
 
     return build_spark_session(
-        driver.catalog, master=driver.spark.master, app_name=fleet_app_name(topics),
+        driver.catalog, master=driver.spark.master, app_name=fleet_app_name(topics, group),
         conf=fleet_spark_conf(driver.spark.conf),
     )  # fmt: skip
 
@@ -977,34 +982,99 @@ def deploy() -> None:
     """Render what runs a topic's router elsewhere: a spark-submit command, Kubernetes manifests."""
 
 
+DEPLOY_TOPICS = click.option(
+    "--topic", "topics", multiple=True, required=True,
+    help="The topic whose router to render; repeated, with --group, one driver for them all.",
+)  # fmt: skip
+DEPLOY_GROUP = click.option(
+    "--group", default=None,
+    help="Render one driver running a query per --topic, named after this group (the topics' files "
+    "from --topics-dir), instead of a driver per topic.",
+)  # fmt: skip
+TOPICS_DIR_OPTION = click.option(
+    "--topics-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="With --group: where the topics' <topic>.yaml files are (default: deploy/topics).",
+)  # fmt: skip
+
+
+def _group_dir(
+    topics: tuple[str, ...], group: str | None, config_file: Path | None, topics_dir: Path | None
+) -> Path | None:
+    """The folder of a group's settings files; None for one topic's own driver."""
+    from router.config import TOPICS_DIR
+
+    if group is None:
+        if len(topics) > 1:
+            raise click.UsageError("several topics run in one driver: name it with --group")
+        if topics_dir is not None:
+            raise click.UsageError("--topics-dir is for a --group; one topic's file is given with --config")
+        return None
+    if config_file is not None:
+        raise click.UsageError("--config is one topic's file; a group's files are read from --topics-dir")
+    return topics_dir if topics_dir is not None else TOPICS_DIR
+
+
 @deploy.command("spark-submit")
-@click.option("--topic", required=True, help="The topic whose router to render.")
+@DEPLOY_TOPICS
+@DEPLOY_GROUP
 @ROUTER_CONFIG
+@TOPICS_DIR_OPTION
 @click.option("--available-now", is_flag=True, help="Archive what the topic holds, then exit.")
 @DATA_DIR
 def deploy_spark_submit(
-    topic: str, config_file: Path | None, available_now: bool, data_dir: Path | None
+    topics: tuple[str, ...],
+    group: str | None,
+    config_file: Path | None,
+    topics_dir: Path | None,
+    available_now: bool,
+    data_dir: Path | None,
 ) -> None:
-    """Print the spark-submit command of a topic's router, with its master and Spark settings."""
-    from deploy.render import shell_command, spark_submit
+    """Print the spark-submit command of a topic's router, with its master and Spark settings; with
+    --group, of one driver archiving every --topic."""
+    from deploy.render import shell_command, spark_submit, spark_submit_group
     from router.config import load_router_config, topic_file
 
+    directory = _group_dir(topics, group, config_file, topics_dir)
+    if group is not None and directory is not None:
+        configs = [
+            load_router_config(
+                topic, topic_file(topic, directory), defaults=_router_defaults(data_dir, topic), overrides={}
+            )
+            for topic in topics
+        ]
+        click.echo(shell_command(spark_submit_group(group, configs, directory, available_now)))
+        return
+    (topic,) = topics
     config = load_router_config(topic, config_file, defaults=_router_defaults(data_dir, topic), overrides={})
     path = config_file if config_file is not None else topic_file(topic)
     click.echo(shell_command(spark_submit(config, path if path.exists() else None, available_now)))
 
 
 @deploy.command("kubernetes")
-@click.option("--topic", required=True, help="The topic whose router to render.")
+@DEPLOY_TOPICS
+@DEPLOY_GROUP
 @ROUTER_CONFIG
-def deploy_kubernetes(topic: str, config_file: Path | None) -> None:
-    """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`.
+@TOPICS_DIR_OPTION
+def deploy_kubernetes(
+    topics: tuple[str, ...], group: str | None, config_file: Path | None, topics_dir: Path | None
+) -> None:
+    """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`; with --group, one
+    Deployment whose driver archives every --topic, a query each.
 
     Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and
     checkpoint location."""
-    from deploy.render import kubernetes_manifests, manifests_yaml
-    from router.config import load_router_config
+    from deploy.render import group_manifests, kubernetes_manifests, manifests_yaml
+    from router.config import load_router_config, topic_file
 
+    directory = _group_dir(topics, group, config_file, topics_dir)
+    if group is not None and directory is not None:
+        configs = [
+            load_router_config(topic, topic_file(topic, directory), defaults={}, overrides={})
+            for topic in topics
+        ]
+        click.echo(manifests_yaml(group_manifests(group, configs)), nl=False)
+        return
+    (topic,) = topics
     config = load_router_config(topic, config_file, defaults={}, overrides={})
     click.echo(manifests_yaml(kubernetes_manifests(config)), nl=False)
 

@@ -7,6 +7,10 @@
   headless Service gives executors a name to reach the driver by and Prometheus its metrics port.
 
 Both are built from a validated RouterConfig: what renders is what `bergstream router run` accepts.
+
+A group of topics renders the same way as one driver running a query per topic (router/fleet.py):
+`spark_submit_group` and `group_manifests`. The topics of a group share their catalog, their `spark`
+and their `deploy` settings, since they share a driver, its executors and its pod.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from typing import Any
 
 import yaml
 
+from bergstream.errors import ConfigError
 from bergstream.spark import REDACTION_REGEX, session_conf
 from router.config import RouterConfig
+from router.fleet import check_shared_driver, fleet_app_name, fleet_spark_conf
 from schemas.registry import AVRO_DIR
 
 SUBMIT_ENTRY = Path(__file__).parent.parent / "bergstream" / "submit.py"
@@ -42,6 +48,35 @@ def _name(topic: str) -> str:
     return f"bergstream-router-{cleaned}"[:63].rstrip("-")
 
 
+def group_app_name(group: str) -> str:
+    return fleet_app_name([], group)
+
+
+def _group_name(group: str) -> str:
+    """The Kubernetes object name of a group's driver; `bergstream-routers-` keeps it apart from topics'."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in group.lower()).strip("-")
+    if not cleaned:
+        raise ConfigError(f"--group {group!r}: name the group with letters or digits")
+    return group_app_name(cleaned)[:63].rstrip("-")
+
+
+def check_group(configs: list[RouterConfig]) -> None:
+    """The topics of a group share one driver: its catalog, Spark settings, and how it is deployed."""
+    if not configs:
+        raise ConfigError("a group needs at least one topic: give --topic")
+    first = configs[0]
+    topics = [config.topic for config in configs]
+    if len(set(topics)) != len(topics):
+        raise ConfigError(f"a topic is named twice: {', '.join(topics)}")
+    for config in configs[1:]:
+        check_shared_driver(config, first)
+        if config.deploy != first.deploy:
+            raise ConfigError(
+                f"topic {config.topic}: its deploy settings differ from those of topic {first.topic}; "
+                "the topics of a group share one driver's pod and executors: make them the same"
+            )
+
+
 def metrics_port(config: RouterConfig) -> int:
     """The router's own metrics_port when it sets one, else the deployment's."""
     return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
@@ -49,12 +84,36 @@ def metrics_port(config: RouterConfig) -> int:
 
 def spark_submit(config: RouterConfig, config_file: Path | None, available_now: bool = False) -> list[str]:
     """The spark-submit command that runs the router of `config`, whose settings are in `config_file`."""
-    conf = session_conf(config.catalog, config.spark.master, app_name(config.topic), config.spark.conf)
+    arguments = [
+        "--topic", config.topic,
+        *(["--config", str(config_file.absolute())] if config_file is not None else []),
+    ]  # fmt: skip
+    return _spark_submit(config, app_name(config.topic), config.spark.conf, arguments, available_now)
+
+
+def spark_submit_group(
+    group: str, configs: list[RouterConfig], topics_dir: Path, available_now: bool = False
+) -> list[str]:
+    """The spark-submit command of one driver archiving every topic of `configs`, read from `topics_dir`."""
+    check_group(configs)
+    first = configs[0]
+    arguments = ["--group", group]
+    for config in configs:
+        arguments += ["--topic", config.topic]
+    arguments += ["--topics-dir", str(topics_dir.absolute())]
+    conf = fleet_spark_conf(first.spark.conf)
+    return _spark_submit(first, group_app_name(group), conf, arguments, available_now)
+
+
+def _spark_submit(
+    config: RouterConfig, name: str, spark_conf: dict[str, str], arguments: list[str], available_now: bool
+) -> list[str]:
+    conf = session_conf(config.catalog, config.spark.master, name, spark_conf)
     command = [
         "spark-submit",
         "--master", config.spark.master,
         "--deploy-mode", "client",
-        "--name", app_name(config.topic),
+        "--name", name,
     ]  # fmt: skip
     # The driver runs bergstream's own code: the interpreter that has it installed.
     conf.setdefault("spark.pyspark.driver.python", sys.executable)
@@ -62,13 +121,7 @@ def spark_submit(config: RouterConfig, config_file: Path | None, available_now: 
         # Secrets stay off the command line: the driver's own session takes them from the settings file.
         if key not in _SUBMIT_FLAGS and not re.search(REDACTION_REGEX, key):
             command += ["--conf", f"{key}={value}"]
-    command += [
-        str(SUBMIT_ENTRY),
-        "router", "run",
-        "--topic", config.topic,
-        *(["--config", str(config_file.absolute())] if config_file is not None else []),
-        "--metrics-port", str(metrics_port(config)),
-    ]  # fmt: skip
+    command += [str(SUBMIT_ENTRY), "router", "run", *arguments, "--metrics-port", str(metrics_port(config))]
     if available_now:
         command.append("--available-now")
     return command
@@ -86,10 +139,11 @@ def shell_command(command: list[str]) -> str:
     return " \\\n  ".join(lines)
 
 
-def kubernetes_config(config: RouterConfig) -> RouterConfig:
-    """The settings of the router inside Kubernetes: Spark's master is the cluster's API server."""
+def kubernetes_config(config: RouterConfig, name: str | None = None) -> RouterConfig:
+    """The settings of the router inside Kubernetes, in the pod `name` (by default, the topic's own):
+    Spark's master is the cluster's API server."""
     deploy = config.deploy
-    name = _name(config.topic)
+    name = name if name is not None else _name(config.topic)
     master = (
         config.spark.master if config.spark.master.startswith("k8s://") else f"k8s://{deploy.kubernetes_api}"
     )
@@ -128,13 +182,30 @@ def settings_file(config: RouterConfig) -> str:
 
 def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
-    inside = kubernetes_config(config)
+    name = _name(config.topic)
+    arguments = ["--topic", config.topic, "--config", f"{CONFIG_MOUNT}/{config.topic}.yaml"]
+    return _manifests(name, [kubernetes_config(config, name)], arguments)
+
+
+def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
+    """The same objects for one driver archiving every topic of `configs`, a query each; the Secret holds
+    each topic's settings file."""
+    check_group(configs)
+    name = _group_name(group)
+    inside = [kubernetes_config(config, name) for config in configs]
+    arguments = ["--group", group]
+    for config in configs:
+        arguments += ["--topic", config.topic]
+    return _manifests(name, inside, [*arguments, "--topics-dir", CONFIG_MOUNT])
+
+
+def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> list[dict[str, Any]]:
+    inside = configs[0]
     deploy = inside.deploy
     port = metrics_port(inside)
-    name, namespace, topic = _name(config.topic), deploy.namespace, config.topic
+    namespace = deploy.namespace
     labels = {"app.kubernetes.io/name": "bergstream-router", "app.kubernetes.io/instance": name}
     metadata = {"name": name, "namespace": namespace, "labels": labels}
-    config_name = f"{topic}.yaml"
     ports = [
         {"name": "metrics", "containerPort": port},
         {"name": "driver", "containerPort": DRIVER_PORT},
@@ -143,17 +214,7 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     container: dict[str, Any] = {
         "name": "router",
         "image": deploy.image,
-        "args": [
-            "bergstream",
-            "router",
-            "run",
-            "--topic",
-            topic,
-            "--config",
-            f"{CONFIG_MOUNT}/{config_name}",
-            "--metrics-port",
-            str(port),
-        ],
+        "args": ["bergstream", "router", "run", *arguments, "--metrics-port", str(port)],
         "ports": ports,
         "resources": {
             "requests": {
@@ -191,7 +252,7 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
             "kind": "Secret",
             "metadata": metadata,
             "type": "Opaque",
-            "stringData": {config_name: settings_file(inside)},
+            "stringData": {f"{config.topic}.yaml": settings_file(config) for config in configs},
         },
         {
             "apiVersion": "v1",

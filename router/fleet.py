@@ -49,10 +49,9 @@ def pool_name(topic: str) -> str:
     return f"bergstream-router.{topic}"
 
 
-def fleet_app_name(topics: list[str]) -> str:
-    return (
-        f"bergstream-router-{topics[0]}" if len(topics) == 1 else f"bergstream-routers-{len(topics)}-topics"
-    )
+def fleet_app_name(topics: list[str], group: str | None = None) -> str:
+    """The driver's Spark application: named after its group (as `bergstream deploy` names it)."""
+    return f"bergstream-routers-{group if group is not None else f'{len(topics)}-topics'}"
 
 
 def fleet_spark_conf(conf: dict[str, str]) -> dict[str, str]:
