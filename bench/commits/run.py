@@ -39,6 +39,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,9 @@ class Table:
 class Windows:
     """Commit latencies gathered into windows, each closed with the table's state."""
 
-    def __init__(self, size: int, variant: str) -> None:
+    def __init__(self, size: int, variant: str, save: Callable[[list[dict[str, Any]]], None]) -> None:
         self.size = size
+        self.save = save
         self.table: Table | None = None
         self.variant = variant
         self.latencies: list[float] = []
@@ -181,6 +183,7 @@ class Windows:
             "load_average": os.getloadavg()[0],
         }
         self.rows.append(row)
+        self.save(self.rows)
         self.latencies = []
         print(
             f"{self.variant} {phase} {self.commits:>6} commits: p50 {row['p50_ms']:.0f} ms, "
@@ -254,6 +257,7 @@ def main() -> None:
         "maintain_every_commits": args.maintain_every_commits if variant == "after" else None,
         "retention_commits": args.retention_commits if variant == "after" else None,
         "nice": os.nice(0),
+        "windows": [],
     }
     maintenance: list[dict[str, Any]] = []
     try:
@@ -279,8 +283,14 @@ def main() -> None:
                 trigger_interval="1 second",
                 maintenance=MaintenanceSettings(snapshot_retention_hours=1),
             )
+
             # The router creates its tables; the bench reads them once they exist.
-            windows = Windows(args.window, variant)
+            def save(rows: list[dict[str, Any]]) -> None:
+                """What is measured so far: a run cut short still reports."""
+                results["windows"], results["maintenance"] = rows, maintenance
+                (OUT / f"{variant}.json").write_text(json.dumps(results, indent=2))
+
+            windows = Windows(args.window, variant, save)
             print(f"{variant}: {args.router_appends:,} router appends of one record each", flush=True)
             query_id, batch_id = router_appends(spark, config, windows)
             table = windows.table
@@ -299,8 +309,6 @@ def main() -> None:
                     )
                     table.refresh()
             windows.close("jvm")
-            results["windows"] = windows.rows
-            results["maintenance"] = maintenance
         finally:
             spark.stop()
     finally:
