@@ -13,11 +13,21 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from bergstream.catalog import CatalogConfig
+from bergstream.cli import cli
+from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from deploy.render import DRIVER_PORT, kubernetes_manifests, manifests_yaml, spark_submit
+from deploy.render import (
+    DRIVER_PORT,
+    group_manifests,
+    kubernetes_manifests,
+    manifests_yaml,
+    spark_submit,
+    spark_submit_group,
+)
 from router.config import RouterConfig, load_router_config
 from tests.routers import ROOT, archived_offsets, write_config
 from tests.services import Services
@@ -177,3 +187,88 @@ def test_spark_submit_carries_every_session_setting(tmp_path: Path) -> None:
         "router", "run", "--topic", "Playback.EU", "--config", str((tmp_path / "playback.yaml").absolute()),
         "--metrics-port", "9464",
     ]  # fmt: skip
+
+
+def group_configs(**deploy: Any) -> list[RouterConfig]:
+    first = production_config(**deploy)
+    second = first.model_copy(
+        update={
+            "topic": "Impression.EU",
+            "table": "impression_eu",
+            "checkpoint_location": "s3a://archive/c/i",
+        }
+    )
+    return [first, second]
+
+
+def test_a_group_of_topics_renders_one_deployment_whose_driver_runs_them_all(tmp_path: Path) -> None:
+    configs = group_configs(executor_instances=4)
+    objects = by_kind(list(yaml.safe_load_all(manifests_yaml(group_manifests("eu", configs)))))
+    name = "bergstream-routers-eu"
+    assert {m["metadata"]["name"] for m in objects.values()} == {name}
+    deployment = objects["Deployment"]["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
+    (container,) = deployment["template"]["spec"]["containers"]
+    arguments = container["args"]
+    assert arguments[:3] == ["bergstream", "router", "run"]
+    assert arguments[arguments.index("--group") + 1] == "eu"
+    assert [arguments[i + 1] for i, a in enumerate(arguments) if a == "--topic"] == [
+        "Playback.EU",
+        "Impression.EU",
+    ]
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "settings")
+    assert arguments[arguments.index("--topics-dir") + 1] == mount
+
+    # Each topic's settings, as its router reads them from the mounted folder, inside the group's pod.
+    files = objects["Secret"]["stringData"]
+    assert set(files) == {"Playback.EU.yaml", "Impression.EU.yaml"}
+    for config in configs:
+        (tmp_path / f"{config.topic}.yaml").write_text(files[f"{config.topic}.yaml"])
+        inside = load_router_config(
+            config.topic, tmp_path / f"{config.topic}.yaml", defaults={}, overrides={}
+        )
+        assert inside.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
+        assert inside.spark.conf["spark.kubernetes.executor.podNamePrefix"] == name
+        assert inside.spark.conf["spark.executor.instances"] == "4"
+        assert (inside.table, inside.checkpoint_location) == (config.table, config.checkpoint_location)
+
+    # One topic per driver stays as it was, under its own name: both shapes can run side by side.
+    (single,) = [m for m in kubernetes_manifests(configs[0]) if m["kind"] == "Deployment"]
+    assert single["metadata"]["name"] == "bergstream-router-playback-eu"
+
+
+def test_a_group_s_spark_submit_runs_every_topic_in_one_fair_driver(tmp_path: Path) -> None:
+    command = spark_submit_group("eu", group_configs(), tmp_path)
+    confs = dict(command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--conf")
+    assert confs["spark.scheduler.mode"] == "FAIR"
+    assert command[command.index("--name") + 1] == "bergstream-routers-eu"
+    entry = command.index("router") - 1
+    assert command[entry + 1 :] == [
+        "router", "run", "--group", "eu", "--topic", "Playback.EU", "--topic", "Impression.EU",
+        "--topics-dir", str(tmp_path.absolute()), "--metrics-port", "9464",
+    ]  # fmt: skip
+
+
+def test_a_group_refuses_topics_that_cannot_share_a_driver() -> None:
+    first, second = group_configs()
+    other = second.model_copy(update={"deploy": second.deploy.model_copy(update={"executor_instances": 9})})
+    with pytest.raises(
+        ConfigError, match=r"topic Impression\.EU: its deploy settings differ from those of topic"
+    ):
+        group_manifests("eu", [first, other])
+    with pytest.raises(ConfigError, match="a topic is named twice"):
+        spark_submit_group("eu", [first, first], Path("."))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--topic", "a", "--topic", "b"], "several topics run in one driver: name it with --group"),
+        (["--topic", "a", "--group", "g", "--config", "a.yaml"], "--config is one topic's file"),
+        (["--topic", "a", "--topics-dir", "."], "--topics-dir is for a --group"),
+    ],
+)
+def test_deploy_refuses_an_ambiguous_shape_naming_the_flag(arguments: list[str], message: str) -> None:
+    done = CliRunner().invoke(cli, ["deploy", "kubernetes", *arguments])
+    assert done.exit_code == 2
+    assert message in done.output
