@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -36,6 +37,7 @@ from bergstream.errors import BergstreamError, ConfigError
 from router.app import Router, RouterTotals
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
+from router.retry import java_causes
 from router.table import ensure_namespace
 
 log = logging.getLogger("bergstream.router.fleet")
@@ -161,7 +163,12 @@ def driver_settings(topics: list[str], load: Callable[[str], RouterConfig], stri
     return driver
 
 
-def _first_line(error: BaseException) -> str:
+def failure_reason(error: BaseException) -> str:
+    """One line: the Java exception and its deepest cause for an error from Spark, else the message."""
+    causes = java_causes(error)
+    if causes:
+        deepest = f"; caused by {causes[-1].line}" if len(causes) > 1 else ""
+        return causes[0].line + deepest
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -197,6 +204,7 @@ class Fleet:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._routers: dict[str, Router] = {}
+        self._lost_driver: str | None = None
         self.outcomes: dict[str, TopicOutcome] = {
             topic: TopicOutcome(topic, RouterTotals()) for topic in topics
         }
@@ -229,7 +237,10 @@ class Fleet:
                 thread.join()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            self.spark.streams.removeListener(listener)
+            if self._lost_driver is None:
+                self.spark.streams.removeListener(listener)
+        if self._lost_driver is not None:
+            raise BergstreamError(f"the driver's Spark session is gone: {self._lost_driver}")
         return [self.outcomes[topic] for topic in self.topics]
 
     def stop(self) -> None:
@@ -273,13 +284,21 @@ class Fleet:
                 self._add(outcome.totals, totals)
                 return
             except Exception as error:
-                reason = _first_line(error)
+                reason = failure_reason(error)
                 outcome.error = reason
+                self.fleet_metrics.topic_up.labels(topic).set(0)
                 self.fleet_metrics.failures.labels(topic, stage).inc()
-                if not isinstance(error, BergstreamError):
-                    log.exception("the router of topic %s failed (%s)", topic, stage)
+                # Spark's and bergstream's errors say what failed in their message; others are bugs.
+                expected = isinstance(error, BergstreamError | PySparkException) or bool(java_causes(error))
+                if not self._driver_alive():
+                    self._lost_driver = reason
+                    log.error("the driver's Spark session is gone (%s): stopping every topic", reason)
+                    self.stop()
+                    return
                 if self._stop.is_set() or available_now:
-                    log.error("the router of topic %s failed: %s", topic, reason)
+                    log.error(
+                        "the router of topic %s failed (%s): %s", topic, stage, reason, exc_info=not expected
+                    )
                     return
                 failures = (
                     1 if time.monotonic() - started > self.restart.max_backoff_seconds else failures + 1
@@ -287,7 +306,7 @@ class Fleet:
                 delay = self.restart.delay(failures)
                 log.error(
                     "the router of topic %s failed (%s, attempt %d): %s; starting it again in %.0fs",
-                    topic, stage, attempt, reason, delay,
+                    topic, stage, attempt, reason, delay, exc_info=not expected,
                 )  # fmt: skip
                 if self._stop.wait(delay):
                     return
@@ -296,6 +315,14 @@ class Fleet:
             finally:
                 with self._lock:
                     self._routers.pop(topic, None)
+
+    def _driver_alive(self) -> bool:
+        """Whether the JVM still answers and its SparkContext runs: no topic can run once it does not."""
+        try:
+            context = self.spark.sparkContext._jsc
+            return context is not None and not context.sc().isStopped()
+        except Exception:
+            return False
 
     def _attempts(self) -> Iterator[int]:
         attempt = 0
