@@ -32,7 +32,7 @@ from router.lag import LagReporter
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, parse_spark_offsets
 from router.retry import java_causes, transient_reason
-from router.schedule import MaintenanceSchedule
+from router.schedule import MaintenanceSchedule, warn_of_long_history
 from router.schema_registry import RegistryTopic
 from router.table import ensure_tables, maintained_properties
 from router.transform import DEAD_LETTERED, Stamper
@@ -137,6 +137,7 @@ class Router:
             described[SUBJECT_PROPERTY] = config.subject
         properties = {**described, **maintained_properties(config.maintenance)}
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, properties)
+        warn_of_long_history(config)
         self._evolve(self.layout)
         evolve_metadata(self.spark, config.catalog.table_identifier(self.layout.dead_letter_table))
         self._committed = self._kafka.committed()

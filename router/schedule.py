@@ -45,7 +45,6 @@ class MaintenanceSchedule:
             self.config.topic, settings.every, settings.snapshot_retention_hours,
             settings.retain_last_snapshots,
         )  # fmt: skip
-        warn_of_long_history(self.config)
         self._thread.start()
 
     def stop(self, timeout: float = 60) -> None:
