@@ -1,0 +1,365 @@
+"""bench/topics: many topics in one driver against a driver per topic, in memory and throughput.
+
+For each count of topics (1, 4 and 16 by default), against the embedded stack, on the same events:
+  - one driver: `bergstream router run --all` over the topics' files, a query per topic;
+  - separate drivers: one `bergstream router run --topic T` process per topic (up to --separate-max
+    topics: each driver is a JVM of its own, and 2 cores start only so many at once).
+Each topic holds a backlog of --events events when its routers start. Measured, from the drivers' own
+metrics endpoints and from /proc:
+  - start: seconds from launch to the first archived record;
+  - backlog: events/s archived over all topics, from the end of the first batch to the last record (each
+    topic's batches hold at most --max-offsets records, so that its backlog takes several);
+  - steady: while the load generator sends --rate events/s spread over the topics for --seconds, the
+    events/s archived, and how long after the last one was sent everything was archived;
+  - resident memory (RSS) of every driver's Python process and its JVM, peak and at the end of the steady
+    run; CPU seconds over the steady run.
+
+    .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--events 20000] [--rate 2000] [--seconds 60]
+
+Prints the numbers, writes bench/out/topics.json and bench/out/topics.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.router.run import machine
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local import LocalStack, StackConfig
+from bergstream.local.processes import free_ports
+
+OUT = Path(__file__).parent.parent / "out"
+ROOT = Path(__file__).parent.parent.parent
+PARTITIONS = 2
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the driver's Python process, its JVM)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                queue += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            continue
+    return total
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLOCK_TICKS
+
+
+def archived(port: int) -> dict[str, float]:
+    """{topic: records archived} from a driver's metrics endpoint; empty while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    return {
+        sample.labels["topic"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "bergstream_router_records_archived_total"
+    }
+
+
+@dataclass
+class Drivers:
+    processes: list[subprocess.Popen[bytes]]
+    ports: list[int]
+    peak_rss: int = 0
+    samples: list[tuple[float, int, float]] = field(default_factory=list)  # (seconds, rss, archived)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def archived(self) -> float:
+        return sum(sum(archived(port).values()) for port in self.ports)
+
+    def pids(self) -> list[int]:
+        return [pid for process in self.processes for pid in process_tree(process.pid)]
+
+    def watch(self, started: float) -> threading.Thread:
+        def sample() -> None:
+            while not self._stop.wait(1.0):
+                rss = rss_bytes(self.pids())
+                self.peak_rss = max(self.peak_rss, rss)
+                self.samples.append((time.monotonic() - started, rss, self.archived()))
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(180)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def settings(stack: LocalStack, bootstrap: str, directory: Path, topic: str, max_offsets: int) -> Path:
+    path = directory / f"{topic}.yaml"
+    config = {
+        "topic": topic,
+        "schema": "playback",
+        "encoding": "json",
+        "table": topic,
+        "cluster": "bench",
+        "kafka": {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"},
+        "trigger_interval": "2 seconds",
+        "max_offsets_per_trigger": max_offsets,
+        "checkpoint_location": str(directory / "checkpoints" / topic),
+        "catalog": stack.config.catalog.model_dump(mode="json", exclude_none=True),
+        "spark": {
+            "master": "local[2]",
+            "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+        },
+        "lag_refresh_seconds": 5,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def launch(shape: str, topics: list[str], directory: Path, log: Path) -> Drivers:
+    command = [sys.executable, "-m", "bergstream", "router", "run"]
+    with log.open("ab") as out:
+        if shape == "one driver":
+            (port,) = free_ports(1)
+            flags = ["--all", "--topics-dir", str(directory), "--metrics-port", str(port)]
+            process = subprocess.Popen(
+                [*command, *flags], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            )
+            return Drivers([process], [port])
+        ports = free_ports(len(topics))
+        processes = [
+            subprocess.Popen(
+                [
+                    *command,
+                    "--topic",
+                    topic,
+                    "--config",
+                    str(directory / f"{topic}.yaml"),
+                    "--metrics-port",
+                    str(port),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+            for topic, port in zip(topics, ports, strict=True)
+        ]
+        return Drivers(processes, ports)
+
+
+def wait_for(drivers: Drivers, total: float, timeout: float, what: str) -> float:
+    """Polls until the drivers archived `total` records; returns when, in monotonic seconds."""
+    deadline = time.monotonic() + timeout
+    last_print = 0.0
+    while True:
+        done = drivers.archived()
+        now = time.monotonic()
+        if done >= total:
+            return now
+        if now > deadline:
+            raise RuntimeError(f"{what}: {done:,.0f} of {total:,.0f} archived after {timeout:.0f}s")
+        if any(process.poll() is not None for process in drivers.processes):
+            raise RuntimeError(f"{what}: a driver exited; see its log")
+        if now - last_print > 10:
+            print(f"  {what}: {done:,.0f} of {total:,.0f} archived", flush=True)
+            last_print = now
+        time.sleep(0.5)
+
+
+def measure(
+    stack: LocalStack, bootstrap: str, shape: str, count: int, args: argparse.Namespace, home: Path
+) -> dict[str, Any]:
+    slug = "one" if shape == "one driver" else "sep"
+    topics = [f"bench_{slug}{count}_{i:02d}" for i in range(count)]
+    directory = home / f"{slug}{count}"
+    directory.mkdir()
+    for topic in topics:
+        settings(stack, bootstrap, directory, topic, args.max_offsets)
+        request = ProduceRequest(topic=topic, schema="playback", count=args.events, partitions=PARTITIONS)
+        produce(request, bootstrap, show_progress=False)
+    print(f"{count} topics, {shape}: {count * args.events:,} events of backlog; starting", flush=True)
+    launched = time.monotonic()
+    drivers = launch(shape, topics, directory, home / f"{slug}{count}.log")
+    drivers.watch(launched)
+    try:
+        backlog = count * args.events
+        first = wait_for(drivers, 1, args.timeout, "first record")
+        at_first = drivers.archived()
+        done = wait_for(drivers, backlog, args.timeout, "backlog")
+        rate_per_topic = args.rate / count
+        steady_pids = drivers.pids()
+        cpu_before = cpu_seconds(steady_pids)
+        steady_started = time.monotonic()
+        archived_before = drivers.archived()
+        senders = [
+            threading.Thread(
+                target=produce,
+                args=(
+                    ProduceRequest(
+                        topic=topic,
+                        schema="playback",
+                        count=int(rate_per_topic * args.seconds),
+                        rate=rate_per_topic,
+                        partitions=PARTITIONS,
+                        seed=2,
+                    ),
+                    bootstrap,
+                ),
+                kwargs={"show_progress": False},
+            )
+            for topic in topics
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        sent_seconds = time.monotonic() - steady_started
+        archived_after = drivers.archived()
+        cpu = cpu_seconds(steady_pids) - cpu_before
+        end_rss = rss_bytes(drivers.pids())
+        sent = count * int(rate_per_topic * args.seconds)
+        lag = backlog + sent - archived_after
+        caught_up = wait_for(drivers, backlog + sent, args.timeout, "steady run caught up")
+    finally:
+        drivers.stop()
+    result = {
+        "topics": count,
+        "shape": shape,
+        "drivers": len(drivers.processes),
+        "start_seconds": first - launched,
+        "backlog_events": backlog,
+        "backlog_events_per_s": (backlog - at_first) / (done - first) if done > first else None,
+        "steady_rate_sent": sent / sent_seconds,
+        "steady_events_per_s": (archived_after - archived_before) / sent_seconds,
+        "steady_lag_at_end": lag,
+        "steady_catch_up_seconds": caught_up - steady_started - sent_seconds,
+        "steady_cpu_seconds_per_s": cpu / sent_seconds,
+        "rss_peak_mib": drivers.peak_rss / 2**20,
+        "rss_steady_end_mib": end_rss / 2**20,
+        "samples": drivers.samples,
+    }
+    print(
+        f"  start {result['start_seconds']:.0f}s, "
+        f"backlog {result['backlog_events_per_s'] or 0:,.0f} events/s, "
+        f"steady {result['steady_events_per_s']:,.0f} of {result['steady_rate_sent']:,.0f} events/s sent "
+        f"(lag {lag:,.0f} when the last was sent, all archived {result['steady_catch_up_seconds']:.0f}s "
+        f"later), {result['steady_cpu_seconds_per_s']:.2f} CPU s/s, RSS peak "
+        f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB",
+        flush=True,
+    )
+    return result
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (memory, backlog) = plt.subplots(1, 2, figsize=(11, 4))
+    for shape, marker in (("one driver", "o"), ("separate drivers", "s")):
+        runs = [r for r in results if r["shape"] == shape]
+        counts = [r["topics"] for r in runs]
+        memory.plot(counts, [r["rss_steady_end_mib"] for r in runs], marker=marker, label=shape)
+        backlog.plot(counts, [r["backlog_events_per_s"] or 0 for r in runs], marker=marker, label=shape)
+    memory.set(xlabel="topics", ylabel="resident memory, MiB (Python + JVM)", title="Memory")
+    backlog.set(xlabel="topics", ylabel="events/s archived, all topics", title="Backlog throughput")
+    for axis in (memory, backlog):
+        axis.set_xscale("log", base=2)
+        axis.legend()
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--topics", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--events", type=int, default=100_000, help="backlog per topic")
+    parser.add_argument("--max-offsets", type=int, default=25_000, help="max_offsets_per_trigger per topic")
+    parser.add_argument("--rate", type=float, default=2000, help="events/s over all topics, steady run")
+    parser.add_argument("--seconds", type=float, default=60, help="length of the steady run")
+    parser.add_argument(
+        "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
+    )
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-topics-"))
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(
+        StackConfig(data_dir=home / "stack", kafka_port=kafka_port, controller_port=controller_port)
+    )
+    status = stack.up()
+    results: list[dict[str, Any]] = []
+    try:
+        for count in args.topics:
+            shapes = ["one driver"] + (["separate drivers"] if 1 < count <= args.separate_max else [])
+            for shape in shapes:
+                results.append(measure(stack, status.bootstrap_servers, shape, count, args, home))
+                if count == 1:  # one topic: one driver either way
+                    results.append({**results[-1], "shape": "separate drivers"})
+    finally:
+        stack.down()
+    report = {
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(),
+        "arguments": vars(args),
+        "runs": [{k: v for k, v in run.items() if k != "samples"} for run in results],
+    }
+    (OUT / "topics.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
+    print(json.dumps(report, indent=2))
+    plot(results, OUT / "topics.png")
+
+
+if __name__ == "__main__":
+    main()
