@@ -202,7 +202,7 @@ class Fleet:
         self.catalog = catalog
         self._prepare = prepare
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stop() may run in a signal handler while stop() holds it
         self._routers: dict[str, Router] = {}
         self._lost_driver: str | None = None
         self.outcomes: dict[str, TopicOutcome] = {
@@ -245,10 +245,10 @@ class Fleet:
 
     def stop(self) -> None:
         """Every query stops after its current batch; no topic is started again."""
-        if not self._stop.is_set():
-            log.info("stopping the routers of %d topics after their current batches", len(self.topics))
-        self._stop.set()
         with self._lock:
+            if not self._stop.is_set() and self._routers:
+                log.info("stopping the routers of %d topics after their current batches", len(self._routers))
+            self._stop.set()
             for router in self._routers.values():
                 router.stop()
 
