@@ -16,7 +16,7 @@ metrics endpoints and from /proc:
 
     .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--events 20000] [--rate 2000] [--seconds 60]
 
-Prints the numbers, writes bench/out/topics.json and bench/out/topics.png.
+Prints the numbers, writes bench/out/topics-<counts>.json and .png (topics-1-4-16.json by default).
 """
 
 from __future__ import annotations
@@ -356,9 +356,10 @@ def main() -> None:
         "arguments": vars(args),
         "runs": [{k: v for k, v in run.items() if k != "samples"} for run in results],
     }
-    (OUT / "topics.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
+    name = "topics-" + "-".join(str(count) for count in args.topics)
+    (OUT / f"{name}.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
     print(json.dumps(report, indent=2))
-    plot(results, OUT / "topics.png")
+    plot(results, OUT / f"{name}.png")
 
 
 if __name__ == "__main__":
