@@ -104,15 +104,19 @@ class Table:
             "data_files": int(snapshot.summary().get("total-data-files")),
         }
 
-    def template_file(self) -> Any:
-        """A data file the router appended: the one the current snapshot added."""
-        return self.table.currentSnapshot().addedDataFiles(self.table.io()).iterator().next()
+    def template_file(self, keep: Path) -> Any:
+        """A data file the router appended, the one the current snapshot added, its content kept in `keep`:
+        maintenance deletes the table's own file once compaction replaced it and expiry let it go."""
+        template = self.table.currentSnapshot().addedDataFiles(self.table.io()).iterator().next()
+        shutil.copyfile(local_path(template.location()), keep)
+        return template
 
-    def append_copy(self, template: Any, number: int, query_id: str, batch_id: int) -> float:
-        """Copy `template`'s file and append the copy as Spark's append does; seconds the commit took."""
+    def append_copy(self, template: Any, content: Path, number: int, query_id: str, batch_id: int) -> float:
+        """Append a copy of `content` described as `template`, as Spark's append does; seconds the commit
+        took."""
         source = local_path(template.location())
         copy = source.with_name(f"bench-{number:06d}-{source.name}")
-        shutil.copyfile(source, copy)
+        shutil.copyfile(content, copy)
         data_file = (
             self.jvm.org.apache.iceberg.DataFiles.builder(self.table.spec())
             .copy(template)
@@ -295,12 +299,13 @@ def main() -> None:
             query_id, batch_id = router_appends(spark, config, windows)
             table = windows.table
             assert table is not None
-            template = table.template_file()
+            content = home / "template.parquet"
+            template = table.template_file(content)
             committed_at: list[float] = []
             print(f"{variant}: appends from the driver's JVM up to {args.commits:,} commits", flush=True)
             for number in range(windows.commits, args.commits):
                 batch_id += 1
-                windows.add(table.append_copy(template, number, query_id, batch_id), "jvm")
+                windows.add(table.append_copy(template, content, number, query_id, batch_id), "jvm")
                 committed_at.append(time.time())
                 done = number + 1
                 if variant == "after" and done % args.maintain_every_commits == 0:
