@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
-from typing import TYPE_CHECKING
+import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyspark.sql import Observation
@@ -145,6 +147,47 @@ def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(
     ):
         plan = rows._jdf.queryExecution().optimizedPlan().toString()
         assert all(plan.count(decoder) == 1 for decoder in decoders), plan[:2000]
-    # Without the observation in between, Spark would decode once per check of the error expression.
-    filtered = stamped.where(stamper.valid).select(*stamper.archive_columns)
+    # Without the observation in between, Spark would decode once per check of the error expression
+    # (the write time in `__metadata__` is not deterministic, which keeps the filter above it too).
+    parsed = stamper.parser.parse(spark.createDataFrame([], KAFKA_RECORDS))
+    filtered = parsed.where(stamper.valid).select(f"{EVENT}.*")
     assert filtered._jdf.queryExecution().optimizedPlan().toString().count(decoders[0]) > 1
+
+
+def _compilations(spark: SparkSession) -> int:
+    """How many classes Spark's code generator has compiled in this JVM so far."""
+    codegen = getattr(spark._jvm.org.apache.spark.metrics.source, "CodegenMetrics$")  # type: ignore[union-attr]
+    return int(codegen.__getattr__("MODULE$").METRIC_COMPILATION_TIME().getCount())
+
+
+@pytest.mark.parametrize(("kind", "encoding"), [("playback", "json"), ("impression", "avro")])
+def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
+    spark: SparkSession, kind: str, encoding: Encoding
+) -> None:
+    """Nothing in the stamped rows changes the generated code from batch to batch (a literal write
+    time would): a batch compiles nothing, and its records run code the JIT has already compiled. The
+    write time is still one value per batch."""
+    schema = load_event_schema(kind)
+    layout = ArchiveLayout(schema, table=kind)
+    stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
+    events = EventModel(seed=5).events(kind)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    rows = [
+        (b"k", schema.encode(next(events).event, encoding), kind, 0, offset, now, 0, [])
+        for offset in range(20)
+    ]
+
+    def batch() -> tuple[int, list[Any]]:
+        before = _compilations(spark)
+        stamped = stamper.stamp(spark.createDataFrame(rows, KAFKA_RECORDS))
+        written = stamper.archive_rows(stamped, Observation(), observed_columns([0]))
+        archived = written.select("__metadata__.router_write_ts").collect()
+        return _compilations(spark) - before, [r.router_write_ts for r in archived]
+
+    batch()
+    time.sleep(0.05)
+    started = datetime.now(UTC).replace(tzinfo=None)
+    compiled, written_at = batch()
+    assert len(written_at) == len(rows) and len(set(written_at)) == 1, written_at[:3]
+    assert started - timedelta(seconds=1) <= written_at[0] <= datetime.now(UTC).replace(tzinfo=None)
+    assert compiled == 0
