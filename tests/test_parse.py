@@ -172,7 +172,7 @@ def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
     stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
     events = EventModel(seed=5).events(kind)
     now = datetime.now(UTC).replace(tzinfo=None)
-    rows = [
+    rows: list[tuple[Any, ...]] = [
         (b"k", schema.encode(next(events).event, encoding), kind, 0, offset, now, 0, [])
         for offset in range(20)
     ]
