@@ -133,7 +133,9 @@ def freshness(
     committed = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
     delays = []
     for entry in table.inspect.entries().to_pylist():
-        if entry["status"] != 1:  # only the entry that added the file: not later rewrites or deletes
+        # Each live file once: ADDED, or EXISTING where a merge append rewrote its manifest (Iceberg's Kafka
+        # Connect sink merges them); either keeps the id of the snapshot that added the file.
+        if entry["status"] == 2:
             continue
         commit_ms = committed.get(entry["snapshot_id"])
         if commit_ms is None or commit_ms < after_ms:
