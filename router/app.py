@@ -9,6 +9,7 @@ committed to the consumer group `bergstream-router.<topic>`.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import signal
 import threading
@@ -20,7 +21,6 @@ from typing import Any, TypeVar
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
-from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import BergstreamError
@@ -97,7 +97,6 @@ class Router:
         self.totals = RouterTotals()
         self._counting: tuple[list[int], list[Column]] | None = None
         self._query_started = threading.Event()
-        self._terminated = threading.Event()
         self._stop_lag = threading.Event()
         self._stop_requested = threading.Event()
         # With a schema registry, the subject's newest version is the table's schema, and may change.
@@ -109,6 +108,7 @@ class Router:
             self.layout = ArchiveLayout(event, config.table)
             self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
         self._query: StreamingQuery | None = None
+        self._followed_batch: int | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
         self._known_partitions: list[int] = []
@@ -143,8 +143,6 @@ class Router:
         self._committed = self._kafka.committed()
         self._archived = dict(self._committed)
         self._next_offsets = dict(self._committed)
-        listener = _ProgressListener(self)
-        self.spark.streams.addListener(listener)
         lag_thread = threading.Thread(target=self._refresh_lag_forever, name="bergstream-lag", daemon=True)
         previous_handlers = self._handle_stop_signals()
         # Maintenance on a schedule belongs to a router that keeps running, not to one draining the topic.
@@ -161,6 +159,7 @@ class Router:
                          config.checkpoint_location)  # fmt: skip
                 try:
                     while not query.awaitTermination(1):
+                        self._follow(query)
                         if self._stop_requested.is_set():
                             log.info("stopping the router for %s after its current batch", config.topic)
                             query.stop()
@@ -176,14 +175,14 @@ class Router:
                     log.warning(
                         "restarting the query of %s after a replayed batch (SPARK-55271)", config.topic
                     )
-            self._terminated.wait(timeout=60)
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             self._stop_lag.set()
             if schedule is not None:
                 schedule.stop()
-            self.spark.streams.removeListener(listener)
+            if self._query is not None:
+                self._follow(self._query)
             self._refresh_lag()
             self._kafka.close()
         return self.totals
@@ -237,7 +236,6 @@ class Router:
             BatchTableWriter(self.spark, catalog.table_identifier(self.layout.dead_letter_table), query.id),
         )
         self._query = query
-        self._terminated.clear()
         self._query_started.set()
         return query
 
@@ -448,10 +446,19 @@ class Router:
             self.metrics.expired_offsets.labels(topic, str(expired.partition)).inc(expired.count)
             self.totals.expired += expired.count
 
-    def on_progress(self, query_id: str, end_offsets_json: str | None) -> None:
-        """Called after Spark checkpointed a batch: the world's view of the router moves forward."""
-        if self._query is None or query_id != self._query.id:
+    def _follow(self, query: StreamingQuery) -> None:
+        """Where Spark has checkpointed the query to, from its last progress: once a second, by the loop
+        that waits for the query. Read as one JSON document; a listener would cost dozens of calls into
+        the JVM for every batch."""
+        progress = query.lastProgress
+        if progress is None or not progress.sources or progress.batchId == self._followed_batch:
             return
+        self._followed_batch = progress.batchId
+        end_offsets = json.loads(progress.sources[0].json).get("endOffset")
+        self.on_progress(json.dumps(end_offsets) if end_offsets else None)
+
+    def on_progress(self, end_offsets_json: str | None) -> None:
+        """Spark checkpointed a batch: the world's view of the router moves forward."""
         end_offsets = parse_spark_offsets(end_offsets_json, self.config.topic)
         if end_offsets:
             self._archived = end_offsets
@@ -465,16 +472,13 @@ class Router:
         if archived and archived != self._committed and self._kafka.commit(archived):
             self._committed = archived
 
-    def on_terminated(self, query_id: str) -> None:
-        if self._query is not None and query_id == self._query.id:
-            self._terminated.set()
-
     def _refresh_lag_forever(self) -> None:
         while not self._stop_lag.wait(self.config.lag_refresh_seconds):
             self._refresh_lag()
 
     def _refresh_lag(self) -> None:
-        # From the lag thread and from Spark's listener: one at a time, since reading lag moves the client.
+        # From the lag thread and from the loop that follows the query: one at a time, since reading lag
+        # moves the client.
         with self._lag_lock:
             self._commit_group()
             self._lag.refresh(self._archived, self._newest_ingestion)
@@ -483,22 +487,3 @@ class Router:
 def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:
     """Archive what the topic holds now and return: the router with an availableNow trigger."""
     return Router(config, spark, RouterMetrics(config.topic)).run(available_now=True)
-
-
-class _ProgressListener(StreamingQueryListener):
-    def __init__(self, router: Router) -> None:
-        self.router = router
-
-    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
-        progress = event.progress
-        end_offsets = progress.sources[0].endOffset if progress.sources else None
-        self.router.on_progress(str(progress.id), end_offsets)
-
-    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
-        self.router.on_terminated(str(event.id))
