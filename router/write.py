@@ -16,6 +16,7 @@ QUERY_ID = "bergstream.router.query-id"
 BATCH_ID = "bergstream.router.batch-id"
 # How far back from the newest snapshot an append is looked for before asking the snapshots table.
 _NEWEST_SNAPSHOTS = 20
+_ADDED = ("added-records", "added-data-files", "added-files-size")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class BatchTableWriter:
         self.identifier = identifier
         self.query_id = query_id
         self._last_committed: int | None = None
+        # Looked up once by its full name: `_jvm.org.apache...` would look up each package on the way, and
+        # every miss searches the whole class path.
+        self._spark3util = getattr(spark._jvm, "org.apache.iceberg.spark.Spark3Util")
 
     def _snapshot_summaries(self, batch_id: int | None = None) -> list[dict[str, str]]:
         condition = f"summary['{QUERY_ID}'] = '{self.query_id}'"
@@ -47,17 +51,19 @@ class BatchTableWriter:
         Reading the table's snapshots through Spark SQL costs a job per batch and grows with the history;
         the append is the newest snapshot, or a few behind it when maintenance committed meanwhile.
         """
-        table = self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(  # type: ignore[union-attr]
-            self.spark._jsparkSession, self.identifier
-        )
+        table = self._spark3util.loadIcebergTable(self.spark._jsparkSession, self.identifier)
         snapshot = table.currentSnapshot()
         for _ in range(_NEWEST_SNAPSHOTS):
             if snapshot is None:
                 return None
-            summary = {str(key): str(value) for key, value in snapshot.summary().items()}
-            if summary.get(QUERY_ID) == self.query_id and BATCH_ID in summary:
+            # Key by key: iterating a Java map from Python ends in an exception that PySpark converts at
+            # the cost of dozens of class look-ups.
+            summary = snapshot.summary()
+            if summary.get(QUERY_ID) == self.query_id and summary.get(BATCH_ID) is not None:
                 # An earlier batch of this query: the append committed nothing (it had no rows).
-                return summary if int(summary[BATCH_ID]) == batch_id else None
+                if int(summary.get(BATCH_ID)) != batch_id:
+                    return None
+                return {key: str(summary.get(key) or 0) for key in _ADDED}
             parent = snapshot.parentId()
             snapshot = table.snapshot(parent) if parent is not None else None
         summaries = self._snapshot_summaries(batch_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -46,6 +47,12 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
     assert done.returncode == 0, done.stderr[-3000:]
     bad = sum(first.malformed.values())
     assert f"read 3,000, archived {3000 - bad:,}, dead-lettered {bad:,}" in done.stdout
+    # The files the summary counts are the ones the appends added to the two tables.
+    counted = re.search(r"dead-lettered [\d,]+, (\d+) files", done.stdout)
+    catalog = stack.catalog.load()
+    tables = (topic_name, f"{topic_name}__dlq")
+    added = [catalog.load_table(f"{stack.catalog.namespace}.{t}").inspect.files().num_rows for t in tables]
+    assert counted is not None and int(counted.group(1)) == sum(added) and all(added), (counted, added)
 
     again = run_router(topic_name, config, "--available-now")
     assert again.returncode == 0, again.stderr[-3000:]
