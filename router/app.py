@@ -59,6 +59,9 @@ _REPLAY_RESTARTS = 3
 # 1,000,000 records counted in the pass cost 7.7 s with 4 partitions, 14.7 s with 256; cached and
 # counted apart, 11.7 s whatever the partitions).
 OBSERVED_PARTITIONS = 128
+# How often a batch asks Kafka for the topic's partitions. A partition added meanwhile is still counted:
+# its records show up as from a partition the batch was not told about (`BatchCounts.other_partitions`).
+PARTITIONS_REFRESH_SECONDS = 60.0
 
 
 class RouterStopped(BergstreamError):
@@ -112,6 +115,7 @@ class Router:
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
         self._known_partitions: list[int] = []
+        self._partitions_read_at: float | None = None
         self._expect_dead_letters = False
         # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
         self._archived: dict[int, int] = {}
@@ -274,7 +278,10 @@ class Router:
                     # Records of partitions not counted: too many to count in the pass, or added since
                     # the metadata was read.
                     counted = from_observation(observation.get, observed)
-                    return result, count_batch(stamped) if counted.other_partitions else counted
+                    if counted.other_partitions:
+                        self._partitions_read_at = None  # the topic has grown: read its partitions again
+                        return result, count_batch(stamped)
+                    return result, counted
 
                 result, counts = self._committing(archive_writer, batch_id, archive)
                 appended.append((archive_writer, result))
@@ -372,9 +379,15 @@ class Router:
         return self._counting[1]
 
     def _partitions(self) -> list[int]:
-        """The topic's partitions from Kafka's metadata; the last known ones if Kafka does not answer."""
+        """The topic's partitions from Kafka's metadata, read again every PARTITIONS_REFRESH_SECONDS, or
+        at once when a batch held records of a partition not among them; the last known ones if Kafka does
+        not answer."""
+        now, read_at = time.monotonic(), self._partitions_read_at
+        if read_at is not None and now - read_at < PARTITIONS_REFRESH_SECONDS:
+            return self._known_partitions
         try:
             self._known_partitions = sorted(set(self._kafka.partitions()) | set(self._next_offsets))
+            self._partitions_read_at = now
         except Exception as error:
             log.debug("reading the partitions of %s failed: %s", self.config.topic, error)
         return self._known_partitions

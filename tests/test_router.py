@@ -7,15 +7,21 @@ import random
 import re
 import signal
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
+from prometheus_client.parser import text_string_to_metric_families
+from pyiceberg.exceptions import NoSuchTableError
 
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
 from tests.routers import (
     archived_offsets,
     committed_offsets,
+    eventually,
     produced_offsets,
     run_router,
     start_router,
@@ -162,3 +168,64 @@ def test_expired_offsets_are_counted_and_the_router_goes_on(
     assert "50 offsets expired before they were read" in done.stdout
     seen = sorted(archived_offsets(stack, topic_name))
     assert seen == [(0, o) for o in [*range(100), *range(150, 300)]]
+
+
+def archived(stack: Services, topic: str) -> int:
+    """Records in the topic's tables; 0 before the router made them."""
+    try:
+        return len(archived_offsets(stack, topic))
+    except NoSuchTableError:
+        return 0
+
+
+def logged_reads(log: Path) -> int:
+    """Records the router's batches say they read, from its log."""
+    return sum(int(n.replace(",", "")) for n in re.findall(r" batch \d+: read ([\d,]+),", log.read_text()))
+
+
+def reads_by_partition(port: int) -> dict[int, int]:
+    """bergstream_router_records_read_total by partition, from the router's metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        int(sample.labels["partition"]): int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "bergstream_router_records_read_total" and sample.value
+    }
+
+
+def test_partitions_added_while_the_router_runs_are_archived_and_counted(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    (port,) = free_ports(1)
+    config = write_config(stack, tmp_path, topic_name, metrics_port=port, metrics_host="127.0.0.1")
+    first = produce(
+        ProduceRequest(topic=topic_name, schema="playback", count=600, partitions=2),
+        stack.bootstrap_servers, show_progress=False,
+    )  # fmt: skip
+    log = tmp_path / "router.log"
+    router = start_router(topic_name, config, log)
+    try:
+        eventually(lambda: archived(stack, topic_name) == 600, "the first 600 records archived")
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for future in admin.create_partitions([NewPartitions(topic_name, 4)]).values():
+            future.result(30)
+        # The router read the topic's partitions when it started: records of the two new ones come from
+        # partitions its batches were not told about.
+        second = produce(
+            ProduceRequest(topic=topic_name, schema="playback", count=2000, partitions=4, seed=2),
+            stack.bootstrap_servers, show_progress=False,
+        )  # fmt: skip
+        assert {2, 3} <= set(second.offsets)
+        # Counted, not only committed: the batches that archived them have also been logged.
+        eventually(lambda: logged_reads(log) == 2600, "all 2,600 records archived and counted")
+        # Each partition's records are counted as its own, the new partitions' too.
+        produced = Counter(first.per_partition) + Counter(second.per_partition)
+        assert reads_by_partition(port) == dict(produced)
+    finally:
+        router.send_signal(signal.SIGTERM)  # the driver alone: it stops its query, then its JVM
+        router.wait(120)
+    seen = archived_offsets(stack, topic_name)
+    assert sorted(seen) == sorted(produced_offsets(first.offsets) | produced_offsets(second.offsets))
+    assert "read 2,600, archived 2,600, dead-lettered 0" in log.read_text()
