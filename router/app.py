@@ -191,6 +191,15 @@ class Router:
             self._kafka.close()
         return self.totals
 
+    @property
+    def running(self) -> bool:
+        """Whether the router's streaming query has started and not ended."""
+        query = self._query
+        try:
+            return self._query_started.is_set() and query is not None and bool(query.isActive)
+        except Exception:  # the driver's JVM is gone
+            return False
+
     def stop(self) -> None:
         """Stop the query after its current batch; `run` then returns. Safe from any thread."""
         self._stop_requested.set()

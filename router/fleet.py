@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError, ConfigError
@@ -43,7 +43,6 @@ from router.table import ensure_namespace
 log = logging.getLogger("bergstream.router.fleet")
 
 POOL_PROPERTY = "spark.scheduler.pool"
-QUERY_PREFIX = "bergstream-router-"  # Router names its query bergstream-router-<topic>
 FAIR_CONF = {"spark.scheduler.mode": "FAIR"}
 
 
@@ -209,15 +208,14 @@ class Fleet:
             topic: TopicOutcome(topic, RouterTotals()) for topic in topics
         }
         for topic in topics:
-            self.fleet_metrics.topic_up.labels(topic).set(0)
+            # Read when scraped: a listener would cost every batch of every topic dozens of JVM calls.
+            self.fleet_metrics.topic_up.labels(topic).set_function(partial(self._up, topic))
             self.fleet_metrics.restarts.labels(topic)
 
     def run(self, available_now: bool = False) -> list[TopicOutcome]:
         """Until stopped (or, with `available_now`, until every topic archived what it holds or failed)."""
         # Made once here: topics creating their tables at once would each try to make the namespace.
         ensure_namespace(self.spark, self.catalog)
-        listener = _UpListener(self.fleet_metrics, set(self.topics))
-        self.spark.streams.addListener(listener)
         previous = self._handle_stop_signals()
         threads = [
             threading.Thread(
@@ -237,8 +235,6 @@ class Fleet:
                 thread.join()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            if self._lost_driver is None:
-                self.spark.streams.removeListener(listener)
         if self._lost_driver is not None:
             raise BergstreamError(f"the driver's Spark session is gone: {self._lost_driver}")
         return [self.outcomes[topic] for topic in self.topics]
@@ -286,7 +282,6 @@ class Fleet:
             except Exception as error:
                 reason = failure_reason(error)
                 outcome.error = reason
-                self.fleet_metrics.topic_up.labels(topic).set(0)
                 self.fleet_metrics.failures.labels(topic, stage).inc()
                 # Spark's and bergstream's errors say what failed in their message; others are bugs.
                 expected = isinstance(error, BergstreamError | PySparkException) or bool(java_causes(error))
@@ -316,6 +311,11 @@ class Fleet:
                 with self._lock:
                     self._routers.pop(topic, None)
 
+    def _up(self, topic: str) -> float:
+        """1 while the topic's query runs, 0 otherwise: `bergstream_router_topic_up`."""
+        router = self._routers.get(topic)
+        return 1.0 if router is not None and router.running else 0.0
+
     def _driver_alive(self) -> bool:
         """Whether the JVM still answers and its SparkContext runs: no topic can run once it does not."""
         try:
@@ -342,33 +342,3 @@ class Fleet:
         into.expired += totals.expired
         for partition, read in totals.per_partition.items():
             into.per_partition[partition] = into.per_partition.get(partition, 0) + read
-
-
-class _UpListener(StreamingQueryListener):
-    """`bergstream_router_topic_up`: 1 from a topic's query start to its end."""
-
-    def __init__(self, metrics: FleetMetrics, topics: set[str]) -> None:
-        self.metrics = metrics
-        self.topics = topics
-        self.names: dict[str, str] = {}
-
-    def _topic(self, name: str | None) -> str | None:
-        topic = (name or "").removeprefix(QUERY_PREFIX)
-        return topic if name and name.startswith(QUERY_PREFIX) and topic in self.topics else None
-
-    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
-        topic = self._topic(event.name)
-        if topic is not None:
-            self.names[str(event.id)] = topic
-            self.metrics.topic_up.labels(topic).set(1)
-
-    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
-        topic = self.names.pop(str(event.id), None)
-        if topic is not None:
-            self.metrics.topic_up.labels(topic).set(0)
