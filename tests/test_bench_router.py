@@ -24,6 +24,12 @@ def test_java_children_are_the_jvms_of_that_parent(tmp_path: Path) -> None:
         (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) S {parent} 0 0 0 -1 0 0 0 0 0 5 6 0 0")
     (tmp_path / "self").mkdir()
     assert sorted(java_children(1, tmp_path)) == [10, 13]
+    # A Spark driver and a broker, both started by the bench: only the driver does the writer's work.
+    (tmp_path / "10" / "cmdline").write_bytes(
+        b"java\0-cp\0jars\0org.apache.spark.deploy.SparkSubmit\0pyspark-shell\0"
+    )
+    (tmp_path / "13" / "cmdline").write_bytes(b"java\0-cp\0jars\0kafka.Kafka\0server.properties\0")
+    assert java_children(1, tmp_path, main_class="org.apache.spark.deploy.SparkSubmit") == [10]
 
 
 def _child(code: str) -> subprocess.Popen[str]:

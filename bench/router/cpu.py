@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+# pyspark's gateway runs spark-submit, which execs the driver's JVM with this main class.
+SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"
 
 
 class ProcessGone(Exception):
@@ -45,18 +47,24 @@ def _read_stat(pid: int, proc: Path) -> str:
         raise ProcessGone(f"process {pid} is gone") from error
 
 
-def java_children(pid: int, proc: Path = PROC) -> list[int]:
-    """The JVMs that `pid` started (pyspark's gateway: spark-submit execs java)."""
+def java_children(pid: int, proc: Path = PROC, main_class: str | None = None) -> list[int]:
+    """The JVMs that `pid` started; with `main_class`, only those whose command line names it (the
+    embedded stack's broker is a JVM child of the bench too)."""
     children = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            if parent_pid(stat) != pid or command_name(stat) != "java":
+                continue
+            if main_class is not None and main_class not in (entry / "cmdline").read_bytes().decode(
+                errors="replace"
+            ).split("\0"):
+                continue
         except OSError:
             continue
-        if parent_pid(stat) == pid and command_name(stat) == "java":
-            children.append(int(entry.name))
+        children.append(int(entry.name))
     return children
 
 
@@ -70,9 +78,9 @@ class CpuClock:
     @classmethod
     def spark_in_process(cls) -> CpuClock:
         me = os.getpid()
-        jvms = java_children(me)
+        jvms = java_children(me, main_class=SPARK_SUBMIT)
         if not jvms:
-            raise ProcessGone(f"no JVM child of process {me}: is the Spark session started?")
+            raise ProcessGone(f"no Spark JVM child of process {me}: is the Spark session started?")
         return cls((me, *jvms))
 
     def seconds(self) -> float:
