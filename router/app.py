@@ -31,7 +31,7 @@ from router.evolve import evolve_metadata, evolve_table
 from router.lag import LagReporter
 from router.metrics import RouterMetrics
 from router.offsets import expired_ranges, parse_spark_offsets
-from router.retry import java_causes, transient_reason
+from router.retry import first_line, java_causes, transient_reason
 from router.schedule import MaintenanceSchedule, warn_of_long_history
 from router.schema_registry import RegistryTopic
 from router.table import ensure_tables, maintained_properties
@@ -68,10 +68,6 @@ class RouterStopped(BergstreamError):
     """The streaming query failed; the message carries Spark's reason."""
 
 
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
 @dataclass
 class RouterTotals:
     batches: int = 0
@@ -83,6 +79,14 @@ class RouterTotals:
     bytes: int = 0
     expired: int = 0
     per_partition: dict[int, int] = field(default_factory=dict)
+
+    def add(self, other: RouterTotals) -> None:
+        """Count `other`'s batches and records in these totals too."""
+        for name in ("batches", "replayed_batches", "read", "archived", "dead_lettered", "files", "bytes",
+                     "expired"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for partition, read in other.per_partition.items():
+            self.per_partition[partition] = self.per_partition.get(partition, 0) + read
 
     def summary(self, topic: str) -> str:
         return (
@@ -170,11 +174,11 @@ class Router:
                     break
                 except StreamingQueryException as error:
                     if self._stop_requested.is_set():
-                        log.warning("router for %s stopped: %s", config.topic, _first_line(error))
+                        log.warning("router for %s stopped: %s", config.topic, first_line(error))
                         break
                     if _REPLAY_PROGRESS_FAILURE not in str(error) or restart == _REPLAY_RESTARTS:
                         raise RouterStopped(
-                            f"the router for {config.topic} stopped: {_first_line(error)}"
+                            f"the router for {config.topic} stopped: {first_line(error)}"
                         ) from error
                     log.warning(
                         "restarting the query of %s after a replayed batch (SPARK-55271)", config.topic

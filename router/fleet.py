@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
@@ -37,7 +37,7 @@ from bergstream.errors import BergstreamError, ConfigError
 from router.app import Router, RouterTotals
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
-from router.retry import java_causes
+from router.retry import Backoff, first_line, java_causes
 from router.table import ensure_namespace
 
 log = logging.getLogger("bergstream.router.fleet")
@@ -60,20 +60,13 @@ def fleet_spark_conf(conf: dict[str, str]) -> dict[str, str]:
     return {**FAIR_CONF, **conf}
 
 
-class RestartSettings(BaseModel):
+class RestartSettings(Backoff):
     """How a failed topic is started again: after a backoff that doubles on each failure in a row, capped.
 
     A topic that ran for longer than the cap before it failed starts again from the first backoff."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     initial_backoff_seconds: float = Field(default=5.0, gt=0)
     max_backoff_seconds: float = Field(default=300.0, gt=0)
-
-    def delay(self, failures_in_a_row: int) -> float:
-        """The wait after the `failures_in_a_row`-th failure in a row (1 for the first)."""
-        doublings = min(max(failures_in_a_row - 1, 0), 62)
-        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0**doublings)
 
 
 class FleetMetrics:
@@ -168,8 +161,7 @@ def failure_reason(error: BaseException) -> str:
     if causes:
         deepest = f"; caused by {causes[-1].line}" if len(causes) > 1 else ""
         return causes[0].line + deepest
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return first_line(error)
 
 
 class Fleet:
@@ -277,7 +269,7 @@ class Fleet:
                 stage = "query"
                 totals = router.run(available_now=available_now)
                 outcome.error = None
-                self._add(outcome.totals, totals)
+                outcome.totals.add(totals)
                 return
             except Exception as error:
                 reason = failure_reason(error)
@@ -329,16 +321,3 @@ class Fleet:
         while not self._stop.is_set():
             attempt += 1
             yield attempt
-
-    @staticmethod
-    def _add(into: RouterTotals, totals: RouterTotals) -> None:
-        into.batches += totals.batches
-        into.replayed_batches += totals.replayed_batches
-        into.read += totals.read
-        into.archived += totals.archived
-        into.dead_lettered += totals.dead_lettered
-        into.files += totals.files
-        into.bytes += totals.bytes
-        into.expired += totals.expired
-        for partition, read in totals.per_partition.items():
-            into.per_partition[partition] = into.per_partition.get(partition, 0) + read

@@ -37,20 +37,36 @@ _TRANSIENT_CLASSES = (
 _TRANSIENT_SQL_STATES = ("08", "53", "57P", "40001")
 
 
-class CommitRetrySettings(BaseModel):
-    """How long a router waits for its catalog and warehouse to come back before it gives up."""
+class Backoff(BaseModel):
+    """Waits that double from `initial_backoff_seconds` on each failure in a row, capped."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     initial_backoff_seconds: float = Field(default=1.0, gt=0)
     max_backoff_seconds: float = Field(default=30.0, gt=0)
+
+    def delay(self, failures_in_a_row: int) -> float:
+        """The wait after the `failures_in_a_row`-th failure in a row (1 for the first)."""
+        doublings = min(max(failures_in_a_row - 1, 0), 62)
+        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0**doublings)
+
+    def delays(self) -> Iterator[float]:
+        """The waits before the second, third, ... attempt."""
+        for failures in itertools.count(1):
+            yield self.delay(failures)
+
+
+class CommitRetrySettings(Backoff):
+    """How long a router waits for its catalog and warehouse to come back before it gives up."""
+
     # Past this the query fails; restarted, the router resumes from its checkpoint.
     give_up_after_seconds: float = Field(default=1800.0, ge=0)
 
-    def delays(self) -> Iterator[float]:
-        """The waits before the second, third, ... attempt: doubling from the first, capped."""
-        for attempt in itertools.count():
-            yield min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0 ** min(attempt, 62))
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text; its type when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from bergstream.timeparse import parse_duration
 from router.config import RouterConfig
 from router.maintain import maintain
 from router.metrics import RouterMetrics
+from router.retry import first_line
 
 log = logging.getLogger("bergstream.router.maintenance")
 # A retention that keeps more snapshots than this makes every commit rewrite a long list (bench/commits).
@@ -72,9 +73,8 @@ class MaintenanceSchedule:
             if self._stop.is_set():
                 return
             metrics.maintenance_runs.labels(topic, "failed").inc()
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log.error("%s: maintenance failed, tried again in %s: %s", topic, self.config.maintenance.every,
-                      first)  # fmt: skip
+                      first_line(error))  # fmt: skip
             log.debug("maintenance of %s failed", topic, exc_info=True)
             return
         seconds = time.monotonic() - started

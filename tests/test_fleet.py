@@ -21,6 +21,7 @@ from bergstream.cli import cli
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
+from router.app import RouterTotals
 from router.config import RouterConfig
 from router.fleet import RestartSettings, check_shared_driver, pool_name
 from tests.routers import (
@@ -66,6 +67,14 @@ def test_restart_backoff_doubles_up_to_its_cap() -> None:
     settings = RestartSettings(initial_backoff_seconds=2, max_backoff_seconds=30)
     assert [settings.delay(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
     assert settings.delay(10_000) == 30
+
+
+def test_a_topics_totals_add_up_over_its_restarts() -> None:
+    into = RouterTotals(batches=2, read=10, archived=9, dead_lettered=1, per_partition={0: 10})
+    into.add(RouterTotals(batches=1, replayed_batches=1, read=5, archived=5, files=2, bytes=300,
+                          expired=4, per_partition={0: 2, 1: 3}))  # fmt: skip
+    assert into == RouterTotals(batches=3, replayed_batches=1, read=15, archived=14, dead_lettered=1,
+                                files=2, bytes=300, expired=4, per_partition={0: 12, 1: 3})  # fmt: skip
 
 
 def test_topics_of_one_driver_must_share_its_catalog_and_spark_settings(tmp_path: Path) -> None:
