@@ -1099,7 +1099,7 @@ def jars_resolve(jar_sets: tuple[str, ...]) -> None:
     chosen = named or pinned.JAR_SETS
     for jar_set, directory in pinned.resolve_all(jar_sets=chosen).items():
         click.echo(f"{jar_set}: {len(pinned.resolved_jars(jar_set))} jars in {directory}")
-    click.echo(f"backfill source: {pinned.backfill_source_jar()}")
+    click.echo(f"bergstream's Java: {pinned.project_jar()}")
 
 
 @jars.command("versions")

@@ -1,5 +1,6 @@
 """The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
-project's own Java (the backfill source), compiled once against the same Spark and Iceberg.
+project's own Java (the backfill source, the router's partition ranges), compiled once against the same
+Spark and Iceberg.
 
 Spark and the broker read the cache; Maven and javac run only when the cache lacks what is pinned.
 """
@@ -20,9 +21,13 @@ from typing import Literal
 from bergstream.errors import BergstreamError, MissingToolError
 
 POM = Path(__file__).parent / "jvm" / "pom.xml"
-# The backfill's Spark source, compiled into the jar below and handed to every SparkSession.
-JAVA_SOURCES = Path(__file__).resolve().parent.parent / "backfill" / "jvm" / "src" / "main"
-BACKFILL_JAR = "bergstream-backfill-source.jar"
+_PROJECT = Path(__file__).resolve().parent.parent
+# bergstream's own Java, each component's beside its Python: compiled into one jar handed to every
+# SparkSession.
+JAVA_SOURCES: tuple[Path, ...] = tuple(
+    _PROJECT / part / "jvm" / "src" / "main" for part in ("router", "backfill")
+)
+PROJECT_JAR = "bergstream-spark.jar"
 JarSet = Literal["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]
 # What the local stack runs, resolved by `make setup`.
 JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka", "rest-catalog")
@@ -145,31 +150,32 @@ def spark_home_jars() -> Path:
 
 
 def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
-    """The jars for spark.jars: the resolved set less the artifacts Spark already ships, and the
-    backfill source."""
+    """The jars for spark.jars: the resolved set less the artifacts Spark already ships, and bergstream's
+    own."""
     shipped = spark_home or spark_home_jars()
     pinned = [jar for jar in resolved_jars("spark", pom) if not ships(shipped, artifact_id(jar))]
-    return [*pinned, backfill_source_jar(shipped, pom)]
+    return [*pinned, project_jar(shipped, pom)]
 
 
-def _sources_digest(sources: Path, pom: Path) -> str:
+def _sources_digest(sources: tuple[Path, ...], pom: Path) -> str:
     digest = hashlib.sha256(pom.read_bytes())
-    for path in sorted(p for p in sources.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(sources)).encode())
-        digest.update(path.read_bytes())
+    for number, root in enumerate(sources):
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(f"{number}/{path.relative_to(root)}".encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def backfill_source_jar(
-    spark_home: Path | None = None, pom: Path = POM, sources: Path = JAVA_SOURCES
+def project_jar(
+    spark_home: Path | None = None, pom: Path = POM, sources: tuple[Path, ...] = JAVA_SOURCES
 ) -> Path:
-    """The backfill source's jar, compiled with javac against Spark's jars and the pinned Iceberg runtime;
-    built once per version of its sources and of the pom."""
-    target = cache_root() / "built" / _sources_digest(sources, pom) / BACKFILL_JAR
+    """bergstream's own Java in one jar, compiled with javac against Spark's jars and the pinned Iceberg
+    runtime; built once per version of its sources and of the pom."""
+    target = cache_root() / "built" / _sources_digest(sources, pom) / PROJECT_JAR
     if target.exists():
         return target
-    javac = require_tool("javac", "compile bergstream's backfill source (a JDK, not only a JRE)")
-    jar_tool = require_tool("jar", "package bergstream's backfill source")
+    javac = require_tool("javac", "compile bergstream's Java (a JDK, not only a JRE)")
+    jar_tool = require_tool("jar", "package bergstream's Java")
     classpath = [
         str((spark_home or spark_home_jars()) / "*"),
         *(str(jar) for jar in resolved_jars("spark", pom)),
@@ -177,7 +183,7 @@ def backfill_source_jar(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        java_files = sorted(str(path) for path in (sources / "java").rglob("*.java"))
+        java_files = sorted(str(path) for root in sources for path in (root / "java").rglob("*.java"))
         compiled = subprocess.run(
             [javac, "--release", "17", "-nowarn", "-d", str(staging / "classes"),
              "-cp", os.pathsep.join(classpath), *java_files],
@@ -186,17 +192,19 @@ def backfill_source_jar(
         if compiled.returncode != 0:
             errors = [line for line in compiled.stderr.splitlines() if ": error:" in line]
             first = (errors or [compiled.stderr.strip()])[0]
-            raise BergstreamError(f"javac could not compile the backfill source: {first[:400]}")
-        shutil.copytree(sources / "resources", staging / "classes", dirs_exist_ok=True)
+            raise BergstreamError(f"javac could not compile bergstream's Java: {first[:400]}")
+        for root in sources:
+            if (root / "resources").is_dir():
+                shutil.copytree(root / "resources", staging / "classes", dirs_exist_ok=True)
         packed = subprocess.run(
-            [jar_tool, "--create", "--file", str(staging / BACKFILL_JAR),
+            [jar_tool, "--create", "--file", str(staging / PROJECT_JAR),
              "-C", str(staging / "classes"), "."],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if packed.returncode != 0:
-            raise BergstreamError(f"jar could not package the backfill source: {packed.stderr.strip()[:400]}")
+            raise BergstreamError(f"jar could not package bergstream's Java: {packed.stderr.strip()[:400]}")
         with contextlib.suppress(OSError):  # another build finished first: its jar is as good
-            (staging / BACKFILL_JAR).rename(target)
+            (staging / PROJECT_JAR).rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

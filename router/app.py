@@ -20,13 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import BergstreamError
 from router.commit import GroupCommitter
 from router.config import RouterConfig
-from router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from router.counts import (
+    BatchCounts,
+    count_batch,
+    from_observation,
+    observed_columns,
+)
 from router.evolve import evolve_metadata, evolve_table
 from router.lag import LagReporter
 from router.metrics import RouterMetrics
@@ -55,13 +60,6 @@ T = TypeVar("T")
 # been committed. Starting the query again resumes normally; a few such restarts in a row are allowed.
 _REPLAY_PROGRESS_FAILURE = 'because the return value of "scala.Option.get()" is null'
 _REPLAY_RESTARTS = 3
-# Above this many partitions a batch is cached and counted by an aggregation of its own (measured:
-# 1,000,000 records counted in the pass cost 7.7 s with 4 partitions, 14.7 s with 256; cached and
-# counted apart, 11.7 s whatever the partitions).
-OBSERVED_PARTITIONS = 128
-# How often a batch asks Kafka for the topic's partitions. A partition added meanwhile is still counted:
-# its records show up as from a partition the batch was not told about (`BatchCounts.other_partitions`).
-PARTITIONS_REFRESH_SECONDS = 60.0
 
 
 class RouterStopped(BergstreamError):
@@ -102,7 +100,7 @@ class Router:
         self.spark = spark
         self.metrics = metrics
         self.totals = RouterTotals()
-        self._counting: tuple[list[int], list[Column]] | None = None
+        self._counting = observed_columns(spark)
         self._query_started = threading.Event()
         self._stop_lag = threading.Event()
         self._stop_requested = threading.Event()
@@ -118,8 +116,6 @@ class Router:
         self._followed_batch: int | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
-        self._known_partitions: list[int] = []
-        self._partitions_read_at: float | None = None
         self._expect_dead_letters = False
         # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
         self._archived: dict[int, int] = {}
@@ -268,11 +264,7 @@ class Router:
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
         # being read a second time for the dead-letter table.
-        # Counting per partition in the same pass costs a few aggregates per partition for every record:
-        # past OBSERVED_PARTITIONS, caching the batch and counting it apart costs less.
-        partitions = self._partitions()
-        observed = partitions if len(partitions) <= OBSERVED_PARTITIONS else []
-        cached = self._expect_dead_letters or not observed
+        cached = self._expect_dead_letters
         if cached:
             stamped = stamped.persist()
         phases: dict[str, float] = {}
@@ -284,17 +276,11 @@ class Router:
 
                 def archive() -> tuple[Appended | None, BatchCounts]:
                     observation = self._observation(batch_id)
-                    rows = self.stamper.archive_rows(stamped, observation, self._observed_columns(observed))
+                    rows = self.stamper.archive_rows(stamped, observation, self._counting)
                     result = self._append(archive_writer, rows, batch_id, phases)
                     if result is None:  # an earlier attempt committed it before its error: count apart
                         return None, count_batch(stamped)
-                    # Records of partitions not counted: too many to count in the pass, or added since
-                    # the metadata was read.
-                    counted = from_observation(observation.get, observed)
-                    if counted.other_partitions:
-                        self._partitions_read_at = None  # the topic has grown: read its partitions again
-                        return result, count_batch(stamped)
-                    return result, counted
+                    return result, from_observation(observation.get)
 
                 result, counts = self._committing(archive_writer, batch_id, archive)
                 appended.append((archive_writer, result))
@@ -385,25 +371,6 @@ class Router:
                 "second read from Kafka; records expired from Kafka in between?",
                 self.config.topic, batch_id, counts.dead_lettered, dead_lettered,
             )  # fmt: skip
-
-    def _observed_columns(self, partitions: list[int]) -> list[Column]:
-        if self._counting is None or self._counting[0] != partitions:
-            self._counting = (partitions, observed_columns(partitions))
-        return self._counting[1]
-
-    def _partitions(self) -> list[int]:
-        """The topic's partitions from Kafka's metadata, read again every PARTITIONS_REFRESH_SECONDS, or
-        at once when a batch held records of a partition not among them; the last known ones if Kafka does
-        not answer."""
-        now, read_at = time.monotonic(), self._partitions_read_at
-        if read_at is not None and now - read_at < PARTITIONS_REFRESH_SECONDS:
-            return self._known_partitions
-        try:
-            self._known_partitions = sorted(set(self._kafka.partitions()) | set(self._next_offsets))
-            self._partitions_read_at = now
-        except Exception as error:
-            log.debug("reading the partitions of %s failed: %s", self.config.topic, error)
-        return self._known_partitions
 
     def _account(
         self,

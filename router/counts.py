@@ -1,9 +1,9 @@
 """What a micro-batch read, counted in the same pass that writes it.
 
 The counts ride along with the archive append as a Spark observation: no second pass over the batch,
-no cached copy of it. Counts per Kafka partition need the partitions up front; the topic's partitions
-are known from Kafka's metadata, and records from a partition added since are counted apart, so that
-the batch can be counted again the slow way instead of losing them.
+no cached copy of it. The count, first offset and last offset per Kafka partition come from one aggregate
+of bergstream's own (`PartitionRanges`, in router/jvm), whose cost per record is the same for a topic of
+one partition or of a thousand, and which needs no list of the partitions up front.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from schemas.parse import ERROR
 
-_READ, _ARCHIVED, _NEWEST, _OTHER = "read", "archived", "newest", "other_partitions"
+_READ, _ARCHIVED, _NEWEST, _RANGES = "read", "archived", "newest", "partition_ranges"
+_PARTITION_RANGES = "io.bergstream.router.PartitionRanges"
+_PARTITION_RANGES_FUNCTION = "bergstream_partition_ranges"  # PartitionRanges.NAME
 
 
 @dataclass(frozen=True)
@@ -34,44 +36,37 @@ class BatchCounts:
     archived: int
     newest: datetime | None
     partitions: tuple[PartitionRead, ...]
-    # Records from partitions that the observation was not told about.
-    other_partitions: int = 0
 
     @property
     def dead_lettered(self) -> int:
         return self.read - self.archived
 
 
-def observed_columns(partitions: list[int]) -> list[Column]:
-    """Aggregates for `DataFrame.observe` over a stamped batch: totals and, per partition, count and range."""
-    partition, offset = F.col("partition"), F.col("offset")
-    columns = [
+def observed_columns(spark: SparkSession) -> list[Column]:
+    """Aggregates for `DataFrame.observe` over a stamped batch: totals and the range read per partition.
+
+    Registers the per-partition aggregate with `spark`'s SQL functions (again, if already there)."""
+    getattr(spark._jvm, _PARTITION_RANGES).register(spark._jsparkSession)
+    return [
         F.count(F.lit(1)).alias(_READ),
         F.count(F.when(F.col(ERROR).isNull(), 1)).alias(_ARCHIVED),
         F.max("timestamp").alias(_NEWEST),
-        F.count(F.when(~partition.isin(partitions), 1)).alias(_OTHER),
+        F.call_function(_PARTITION_RANGES_FUNCTION, F.col("partition"), F.col("offset")).alias(_RANGES),
     ]
-    for p in partitions:
-        mine = partition == p
-        columns += [
-            F.count(F.when(mine, 1)).alias(f"read_{p}"),
-            F.min(F.when(mine, offset)).alias(f"first_{p}"),
-            F.max(F.when(mine, offset)).alias(f"last_{p}"),
-        ]
-    return columns
 
 
-def from_observation(metrics: dict[str, Any], partitions: list[int]) -> BatchCounts:
+def from_observation(metrics: dict[str, Any]) -> BatchCounts:
+    ranges = metrics[_RANGES]
     return BatchCounts(
         read=int(metrics[_READ]),
         archived=int(metrics[_ARCHIVED]),
         newest=metrics[_NEWEST],
         partitions=tuple(
-            PartitionRead(p, int(metrics[f"read_{p}"]), metrics[f"first_{p}"], metrics[f"last_{p}"])
-            for p in partitions
-            if metrics[f"read_{p}"]
+            PartitionRead(int(partition), int(read), int(first), int(last))
+            for partition, read, first, last in zip(
+                ranges.partitions, ranges.counts, ranges.firsts, ranges.lasts, strict=True
+            )
         ),
-        other_partitions=int(metrics[_OTHER]),
     )
 
 

@@ -88,25 +88,29 @@ def test_shuffle_partitions_follow_the_local_cores(master: str, partitions: str,
     assert overridden["spark.sql.shuffle.partitions"] == "16"
 
 
-def test_the_backfill_source_is_built_once_and_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bergstreams_java_is_built_once_and_the_backfill_source_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import zipfile
 
-    jar = jars.backfill_source_jar()
+    jar = jars.project_jar()
     assert jar in jars.spark_jars()
     with zipfile.ZipFile(jar) as built:
         service = built.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()
         assert service.strip() == "io.bergstream.backfill.BackfillSource"
         assert "io/bergstream/backfill/EpochStream.class" in built.namelist()
+        assert "io/bergstream/router/PartitionRanges.class" in built.namelist()
     monkeypatch.setenv("PATH", "/nonexistent")  # no javac: a built jar must not need it
-    assert jars.backfill_source_jar() == jar
+    assert jars.project_jar() == jar
 
 
 def test_a_java_error_names_the_file(tmp_path: Path) -> None:
     import shutil
 
-    sources = tmp_path / "main"
-    shutil.copytree(jars.JAVA_SOURCES, sources)
-    broken = sources / "java" / "io" / "bergstream" / "backfill" / "Plan.java"
+    sources = tuple(tmp_path / str(number) / "main" for number in range(len(jars.JAVA_SOURCES)))
+    for original, copy in zip(jars.JAVA_SOURCES, sources, strict=True):
+        shutil.copytree(original, copy)
+    broken = sources[-1] / "java" / "io" / "bergstream" / "backfill" / "Plan.java"
     broken.write_text(broken.read_text().replace("final String table;", "final Strin table;"))
-    with pytest.raises(BergstreamError, match=r"javac could not compile the backfill source: .*Plan\.java"):
-        jars.backfill_source_jar(sources=sources)
+    with pytest.raises(BergstreamError, match=r"javac could not compile bergstream's Java: .*Plan\.java"):
+        jars.project_jar(sources=sources)

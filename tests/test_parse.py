@@ -142,7 +142,7 @@ def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(
     stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
     stamped = stamper.stamp(spark.createDataFrame([], KAFKA_RECORDS))
     for rows in (
-        stamper.archive_rows(stamped, Observation("archive"), observed_columns([0, 1])),
+        stamper.archive_rows(stamped, Observation("archive"), observed_columns(spark)),
         stamper.dead_letter_rows(stamped, Observation("dead-letters")),
     ):
         plan = rows._jdf.queryExecution().optimizedPlan().toString()
@@ -180,7 +180,7 @@ def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
     def batch() -> tuple[int, list[Any]]:
         before = _compilations(spark)
         stamped = stamper.stamp(spark.createDataFrame(rows, KAFKA_RECORDS))
-        written = stamper.archive_rows(stamped, Observation(), observed_columns([0]))
+        written = stamper.archive_rows(stamped, Observation(), observed_columns(spark))
         archived = written.select("__metadata__.router_write_ts").collect()
         return _compilations(spark) - before, [r.router_write_ts for r in archived]
 
