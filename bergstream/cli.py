@@ -479,7 +479,8 @@ def _configure_logging() -> None:
 @click.option(
     "--maintain-every", default=None, metavar="DURATION",
     help="Maintain the tables inside the router this often (1h, 30m): compact closed hours, expire "
-    "snapshots, remove orphan files (default: maintenance.every of the topic's file; else never).",
+    "snapshots, remove orphan files; never leaves it to `router maintain` (default: maintenance.every "
+    "of the topic's file; else 1h).",
 )  # fmt: skip
 @DATA_DIR
 def router_run(

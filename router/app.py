@@ -117,6 +117,7 @@ class Router:
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._next_offsets: dict[int, int] = {}
         self._expect_dead_letters = False
+        self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
         # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
         self._archived: dict[int, int] = {}
         self._committed: dict[int, int] = {}
@@ -260,7 +261,9 @@ class Router:
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self._evolve)
             self.layout, self.stamper = self.registry.layout, self.registry.stamper
-        stamped = self.stamper.stamp(records)
+        # A topic of many partitions is read by fewer tasks, each reading several partitions in turn:
+        # fewer files per batch, and no more tasks than the cores that run them.
+        stamped = self.stamper.stamp(records.coalesce(self._write_tasks))
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
         # being read a second time for the dead-letter table.

@@ -48,6 +48,9 @@ _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
 # Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
+DEFAULT_MAINTENANCE_INTERVAL = "1h"
+# What turns maintenance inside the router off.
+NEVER = frozenset({"never", "off", "none", "no"})
 
 
 class MaintenanceSettings(BaseModel):
@@ -63,18 +66,22 @@ class MaintenanceSettings(BaseModel):
     retain_last_snapshots: int = Field(default=100, gt=0)
     # Files younger than this are never orphans: a batch may have written them and not committed yet.
     orphan_retention_hours: int = Field(default=72, ge=1)
-    # `router run` maintains the tables itself this often (`1h`, `30m`); None: only `router maintain` does.
-    every: str | None = None
+    # `router run` maintains the tables itself this often (`1h`, `30m`), so that snapshots, manifests and
+    # small files stay bounded without another job; `never` (or null) leaves it to `router maintain`.
+    every: str | None = DEFAULT_MAINTENANCE_INTERVAL
 
-    @field_validator("every")
+    @field_validator("every", mode="before")
     @classmethod
-    def _every(cls, every: str | None) -> str | None:
-        if every is None:
+    def _every(cls, every: object) -> str | None:
+        # YAML reads a bare `off` or `no` as false.
+        if every is None or every is False or (isinstance(every, str) and every.strip().lower() in NEVER):
             return None
+        if not isinstance(every, str):
+            raise ValueError(f"{every!r}: give a duration such as 1h or 30m, or never")
         try:
             span = parse_duration(every, "maintenance every")
         except ConfigError as error:
-            raise ValueError(str(error)) from error
+            raise ValueError(f"{error}; or never, to leave maintenance to `router maintain`") from error
         if span < MIN_MAINTENANCE_INTERVAL:
             raise ValueError(
                 f"{every!r}: give a duration of at least {format_duration(MIN_MAINTENANCE_INTERVAL)}, "
@@ -122,6 +129,9 @@ class RouterConfig(BaseModel):
     trigger_interval: str = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    # At most this many tasks write a micro-batch; Spark's Kafka source makes one per partition, and each
+    # writes a file per hour. Unset: the Spark application's default parallelism (its executor cores).
+    write_tasks: int | None = Field(default=None, gt=0)
     # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
     max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     checkpoint_location: str

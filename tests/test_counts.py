@@ -15,6 +15,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from router import app
 from router.config import RouterConfig
 from router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from schemas.archive import DEAD_LETTER_SUFFIX
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def test_an_empty_batch_counts_nothing(spark: SparkSession) -> None:
     assert observe(records) == BatchCounts(read=0, archived=0, newest=None, partitions=())
 
 
-def test_a_topic_of_many_partitions_is_counted_per_partition_in_one_pass(
+def test_a_topic_of_many_partitions_is_written_by_few_tasks_and_counted_per_partition(
     spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     report = produce(
@@ -81,9 +82,15 @@ def test_a_topic_of_many_partitions_is_counted_per_partition_in_one_pass(
         topic=topic_name, schema="playback", encoding="json", table=topic_name,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog, max_offsets_per_trigger=700,
+        write_tasks=3,
     )  # fmt: skip
     totals = app.archive_available_now(spark, config)
     bad = sum(report.malformed.values())
     assert (totals.read, totals.archived, totals.dead_lettered) == (2000, 2000 - bad, bad)
     assert totals.per_partition == dict(report.per_partition)
     assert totals.batches >= 3
+    # 24 partitions, 3 tasks: a batch writes at most 3 files to each hour it touches, in either table.
+    table = stack.catalog.table_identifier(topic_name)
+    for identifier in (table, f"{table}{DEAD_LETTER_SUFFIX}"):
+        files = spark.sql(f"SELECT partition FROM {identifier}.files").collect()
+        assert 0 < len(files) <= 3 * totals.batches * len({row.partition for row in files}), identifier

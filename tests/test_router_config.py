@@ -71,3 +71,27 @@ def test_the_table_flag_is_held_to_the_same_rules(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="table: String should match pattern"):
         load_router_config("playback", path, defaults={}, overrides={"table": "archive.other"})
     assert load_router_config("playback", path, defaults={}, overrides={}).table == "playback"
+
+
+@pytest.mark.parametrize(
+    ("in_file", "flag", "every"),
+    [
+        (None, None, "1h"),  # maintained by default
+        ("30m", None, "30m"),
+        ("off", None, None),  # YAML reads a bare off as false
+        (None, "never", None),
+        ("never", "2h", "2h"),
+    ],
+)
+def test_the_router_maintains_its_tables_every_hour_unless_told_otherwise(
+    tmp_path: Path, in_file: str | None, flag: str | None, every: str | None
+) -> None:
+    path = tmp_path / "router.yaml"
+    maintenance = "" if in_file is None else f"maintenance:\n  every: {in_file}\n"
+    path.write_text(yaml.safe_dump(SETTINGS) + maintenance)
+    overrides = {"maintenance": None if flag is None else {"every": flag}}
+    config = load_router_config("playback", path, defaults={}, overrides=overrides)
+    assert config.maintenance.every == every
+    assert config.maintenance.every_seconds == (
+        None if every is None else {"1h": 3600, "30m": 1800, "2h": 7200}[every]
+    )

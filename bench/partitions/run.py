@@ -3,8 +3,9 @@
 For each partition count, against the embedded stack, on the same number of events:
   - the router drains the topic's backlog (availableNow, --max-offsets records per batch): events/s, CPU
     per event (the bench's Python and its Spark JVM, from /proc), seconds per batch, files per batch;
-  - the counting alone: the topic is read once, stamped and cached, then written to Spark's noop sink
-    without an observation, with the router's counts (totals and, per Kafka partition, count, first and
+  - the counting alone: the topic is read once, in as many tasks as the router reads it with (the
+    application's default parallelism), stamped and cached, then written to Spark's noop sink without an
+    observation, with the router's counts (totals and, per Kafka partition, count, first and
     last offset), and with the per-partition columns the router used before (three aggregates per
     partition, up to --columns-max partitions). The JVM's CPU per record of each, the best of --repeat.
 
@@ -145,6 +146,8 @@ def main() -> None:
     parser.add_argument("--max-offsets", type=int, default=100_000, help="records per router batch")
     parser.add_argument("--columns-max", type=int, default=128, help="the former counting up to this many")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--name", default="", help="appended to the output files' name")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -160,7 +163,9 @@ def main() -> None:
         "runs": {},
     }
     try:
-        spark = build_spark_session(stack.config.catalog, app_name="bench-partitions")
+        conf = dict(setting.split("=", 1) for setting in args.conf)
+        results["spark_conf"] = conf
+        spark = build_spark_session(stack.config.catalog, app_name="bench-partitions", conf=conf)
         jvm = CpuClock.spark_in_process().pids[1]
         layout = ArchiveLayout(load_event_schema(SCHEMA), SCHEMA)
         stamper = Stamper(layout, "json", cluster="bench", max_value_bytes=1 << 20)
@@ -195,7 +200,9 @@ def main() -> None:
                     .option("includeHeaders", "true")
                     .load()
                 )
-                cost = counting(spark, stamper.stamp(records), partitions, args.columns_max, args.repeat, jvm)
+                tasks = spark.sparkContext.defaultParallelism
+                stamped = stamper.stamp(records.coalesce(tasks))
+                cost = counting(spark, stamped, partitions, args.columns_max, args.repeat, jvm)
                 print(f"{partitions} partitions, counting: {json.dumps(cost)}", flush=True)
                 results["runs"][str(partitions)] = {"router": router, **cost}
         finally:
@@ -204,9 +211,9 @@ def main() -> None:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
     results["load_after"] = os.getloadavg()
-    path = OUT / "partitions.json"
+    path = OUT / f"partitions{args.name}.json"
     path.write_text(json.dumps(results, indent=2))
-    plot(results, OUT / "partitions.png")
+    plot(results, path.with_suffix(".png"))
     print(summary(results))
     print(f"wrote {path}")
 

@@ -95,9 +95,17 @@ def drain(spark: Any, config: RouterConfig, jvm: int) -> dict[str, Any]:
     metrics = RouterMetrics(config.topic)
     durations = BatchDurations(metrics, config.topic)
     started = time.monotonic()
-    totals = Router(config, spark, metrics).run(available_now=True)
+    router = Router(config, spark, metrics)
+    totals = router.run(available_now=True)
     elapsed = time.monotonic() - started
     spent = clock.seconds() - cpu
+    # Spark's own account of each batch (the last 100): planning, offsets, the batch itself, the logs.
+    progress = router._query.recentProgress if router._query is not None else []
+    spark_durations = (
+        {key: [p.durationMs.get(key, 0) for p in progress] for key in progress[0].durationMs}
+        if progress
+        else {}
+    )
     return {
         "batches": totals.batches,
         "records": totals.read,
@@ -108,6 +116,7 @@ def drain(spark: Any, config: RouterConfig, jvm: int) -> dict[str, Any]:
         "cpu_us_per_event": round(1e6 * spent / max(totals.read, 1), 1),
         "codegen_compilations": compilations(spark) - compiled,
         "jvm_cpu_by_thread": by_kind(threads, thread_ticks(jvm)),
+        "spark_ms_p50": {key: sorted(values)[len(values) // 2] for key, values in spark_durations.items()},
     }
 
 
