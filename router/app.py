@@ -60,6 +60,11 @@ T = TypeVar("T")
 # been committed. Starting the query again resumes normally; a few such restarts in a row are allowed.
 _REPLAY_PROGRESS_FAILURE = 'because the return value of "scala.Option.get()" is null'
 _REPLAY_RESTARTS = 3
+# Spark's Kafka reader asks a partition's consumer for the partition's offset range after every poll, on the
+# connection where the consumer's next fetch is already waiting at the end of the batch's range; the broker
+# answers requests on a connection in order, so that fetch holds the answer back for fetch.max.wait.ms
+# (500 ms by default) for every partition of every batch. The topic's file may still set its own.
+SPARK_CONSUMER_DEFAULTS = {"kafka.fetch.max.wait.ms": "10"}
 
 
 class RouterStopped(BergstreamError):
@@ -226,7 +231,7 @@ class Router:
         reader = (
             self.spark.readStream.format("kafka")
             .option("failOnDataLoss", "false")
-            .options(**config.kafka)
+            .options(**{**SPARK_CONSUMER_DEFAULTS, **config.kafka})
             .option("subscribe", config.topic)
             .option("includeHeaders", "true")
         )

@@ -1,13 +1,14 @@
 """bench/router/batches: what a micro-batch costs besides its records.
 
 The router drains the same backlog twice, once in small batches (`--small`, 5,000 records: a quiet topic
-on a 1-second trigger) and once in large ones (`--large`, 250,000: full speed), each after a warm-up run
+on a 1-second trigger) and once in large ones (`--large`, 250,000: full speed), each after --warm-ups runs (3)
 on a table of its own. For each it prints the seconds per batch, the CPU per event (the bench's Python
 and its Spark JVM, from /proc), the JVM's CPU by thread (executor tasks, JIT compiler, GC, the driver's
 threads) and how many classes Spark's code generator compiled during the run. Small batches should cost
 no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
 
     .venv/bin/python -m bench.router.batches [--events 200000] [--small 5000] [--large 250000]
+        [--warm-ups 3] [--jfr DIR]
 
 Writes bench/out/batches-<topic>.json.
 """
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -88,8 +90,17 @@ def compilations(spark: Any) -> int:
     return int(codegen.METRIC_COMPILATION_TIME().getCount())
 
 
-def drain(spark: Any, config: RouterConfig, jvm: int) -> dict[str, Any]:
-    """Archive the topic with an availableNow trigger; what it cost."""
+def flight_recorder(jvm: int, command: str, *settings: str) -> None:
+    """Start or stop a JDK Flight Recorder recording of the Spark JVM."""
+    subprocess.run(["jcmd", str(jvm), command, "name=bench-batches", *settings], check=True,
+                   capture_output=True)  # fmt: skip
+
+
+def drain(spark: Any, config: RouterConfig, jvm: int, jfr: Path | None = None) -> dict[str, Any]:
+    """Archive the topic with an availableNow trigger; what it cost. With `jfr`, the JVM's execution
+    samples of the run are written there."""
+    if jfr is not None:
+        flight_recorder(jvm, "JFR.start", "settings=profile")
     clock = CpuClock.spark_in_process()
     threads, compiled, cpu = thread_ticks(jvm), compilations(spark), clock.seconds()
     metrics = RouterMetrics(config.topic)
@@ -99,6 +110,8 @@ def drain(spark: Any, config: RouterConfig, jvm: int) -> dict[str, Any]:
     totals = router.run(available_now=True)
     elapsed = time.monotonic() - started
     spent = clock.seconds() - cpu
+    if jfr is not None:
+        flight_recorder(jvm, "JFR.stop", f"filename={jfr}")
     # Spark's own account of each batch (the last 100): planning, offsets, the batch itself, the logs.
     progress = router._query.recentProgress if router._query is not None else []
     spark_durations = (
@@ -129,6 +142,19 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=250_000, help="records per large batch")
     parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
     parser.add_argument("--encoding", default="json", choices=("json", "avro"))
+    parser.add_argument(
+        "--warm-ups",
+        type=int,
+        default=3,
+        help="runs of each shape before the measured one: the JIT settles slowly",
+    )
+    parser.add_argument(
+        "--jfr",
+        type=Path,
+        default=None,
+        help="after the measured run, one more with the Flight Recorder on, written here (apart: "
+        "starting a recording makes the JIT compile again)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -151,8 +177,9 @@ def main() -> None:
         jvm = CpuClock.spark_in_process().pids[1]
         try:
             for size in (args.small, args.large):
-                for run in ("warm-up", "measured"):
-                    name = f"{args.topic}_{size}_{run.replace('-', '')}"
+                runs = [*(f"warm-up {n + 1}" for n in range(args.warm_ups)), "measured"]
+                for run in runs + (["profiled"] if args.jfr is not None else []):
+                    name = f"{args.topic}_{size}_{run.replace('-', '').replace(' ', '')}"
                     config = RouterConfig(
                         topic=args.topic, schema=args.topic, encoding=args.encoding, table=name,
                         kafka={"kafka.bootstrap.servers": status.bootstrap_servers,
@@ -160,7 +187,12 @@ def main() -> None:
                         checkpoint_location=str(home / "checkpoints" / name), catalog=stack.config.catalog,
                         max_offsets_per_trigger=size, trigger_interval="1 second",
                     )  # fmt: skip
-                    figures = drain(spark, config, jvm)
+                    jfr = (
+                        args.jfr / f"batches-{size}.jfr"
+                        if args.jfr is not None and run == "profiled"
+                        else None
+                    )
+                    figures = drain(spark, config, jvm, jfr)
                     print(f"{size:,}-record batches, {run}: {json.dumps(figures)}", flush=True)
                     if run == "measured":
                         results[f"batches_of_{size}"] = figures

@@ -1,0 +1,85 @@
+"""Where a Spark JVM's time went, from a JDK Flight Recorder file: its execution samples by stage of the
+router's work, by thread, and the hottest leaf frames.
+
+    .venv/bin/python -m bench.router.profile bench/out/batches-5000.jfr [--top 25]
+
+A sample counts for the first stage, in the order below, that has a frame anywhere on its stack: a
+Parquet page compressed inside a task counts as compression, not as the task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("parquet: compress", ("com.github.luben.zstd", "ZstdCompressor", "ZstandardCodec", "ZstdOutputStream")),
+    ("parquet: encode", ("org.apache.parquet.", "org.apache.iceberg.parquet.")),
+    ("sort", ("UnsafeExternalSorter", "UnsafeInMemorySorter", "SortExec", "UnsafeExternalRowSorter")),
+    ("decode json", ("JacksonParser", "com.fasterxml.jackson", "JsonToStructs", "VariantBuilder")),
+    ("decode avro", ("org.apache.avro", "AvroDeserializer", "AvroDataToCatalyst")),
+    ("kafka read", ("org.apache.kafka", "KafkaDataConsumer", "KafkaBatchPartitionReader",
+                    "KafkaRecordToRow")),
+    ("count (observation)", ("CollectMetrics", "AggregatingAccumulator", "io.bergstream.router")),
+    ("iceberg commit and metadata", ("org.apache.iceberg.",)),
+    ("catalog (jdbc)", ("org.sqlite", "org.postgresql", "java.sql")),
+    ("stamp and project (generated code)", ("GeneratedClass", "GeneratedIterator")),
+    ("spark planning and analysis", ("org.apache.spark.sql.catalyst",
+                                     "org.apache.spark.sql.execution.QueryExecution")),
+    ("spark scheduling and tasks", ("org.apache.spark.scheduler", "org.apache.spark.executor",
+                                    "org.apache.spark.serializer", "org.apache.spark.rpc")),
+    ("py4j", ("py4j.",)),
+    ("spark, other", ("org.apache.spark",)),
+)  # fmt: skip
+
+
+def samples(path: Path) -> list[dict]:
+    printed = subprocess.run(
+        ["jfr", "print", "--json", "--stack-depth", "200", "--events", "jdk.ExecutionSample", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return json.loads(printed)["recording"]["events"]
+
+
+def stage(frames: list[str]) -> str:
+    for name, markers in STAGES:
+        if any(marker in frame for frame in frames for marker in markers):
+            return name
+    return "other"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("recording", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    stages: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    events = samples(args.recording)
+    for event in events:
+        values = event["values"]
+        frames = [
+            f"{f['method']['type']['name']}.{f['method']['name']}" for f in values["stackTrace"]["frames"]
+        ]
+        thread = (values.get("sampledThread") or {}).get("javaName") or "?"
+        threads["Executor task launch worker" if thread.startswith("Executor task") else thread[:50]] += 1
+        stages[stage(frames)] += 1
+        if frames:
+            leaves[frames[0][:110]] += 1
+    total = max(len(events), 1)
+    print(f"{len(events)} samples in {args.recording}")
+    for title, counter, top in (("by stage", stages, len(STAGES) + 1), ("by thread", threads, 12),
+                                ("hottest leaf frames", leaves, args.top)):  # fmt: skip
+        print(f"{title}:")
+        for name, count in counter.most_common(top):
+            print(f"  {count:6d} {100 * count / total:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
