@@ -7,6 +7,7 @@ archived by the router; the backfill source, the applications and the replay the
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -110,10 +111,16 @@ def collect_batches(
     from pyspark.sql import functions as F
 
     seen: list[tuple[int, str, int, int, datetime]] = []
+    # With stop_after, the batch stop_after - 1 holds the query until it is being stopped: a warm backfill
+    # runs its batches faster than they could be watched from here.
+    reached, stopping = threading.Event(), threading.Event()
 
     def keep(frame: Any, batch_id: int) -> None:
         for row in frame.collect():
             seen.append((batch_id, row.source, row.partition, row.offset, row.ts))
+        if stop_after is not None and batch_id >= stop_after - 1:
+            reached.set()
+            stopping.wait(60)
 
     streams = [
         sources.stream(name).select(
@@ -131,8 +138,9 @@ def collect_batches(
         query.awaitTermination()
     else:
         query = writer.trigger(processingTime="0 seconds").start()
-        while query.lastProgress is None or query.lastProgress["batchId"] < stop_after - 1:
-            query.awaitTermination(1)
+        while not reached.wait(1):
+            assert query.isActive, f"the backfill ended before batch {stop_after - 1}: {query.exception()}"
+        threading.Timer(0.5, stopping.set).start()  # let the held batch go once the stop has begun
         query.stop()
     assert query.exception() is None
     return seen
