@@ -26,12 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.errors import BergstreamError
 from router.commit import GroupCommitter
 from router.config import RouterConfig
-from router.counts import (
-    BatchCounts,
-    count_batch,
-    from_observation,
-    observed_columns,
-)
+from router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from router.evolve import evolve_metadata, evolve_table
 from router.lag import LagReporter
 from router.metrics import RouterMetrics

@@ -19,7 +19,6 @@ from schemas.parse import ERROR
 
 _READ, _ARCHIVED, _NEWEST, _RANGES = "read", "archived", "newest", "partition_ranges"
 _PARTITION_RANGES = "io.bergstream.router.PartitionRanges"
-_PARTITION_RANGES_FUNCTION = "bergstream_partition_ranges"  # PartitionRanges.NAME
 
 
 @dataclass(frozen=True)
@@ -46,12 +45,12 @@ def observed_columns(spark: SparkSession) -> list[Column]:
     """Aggregates for `DataFrame.observe` over a stamped batch: totals and the range read per partition.
 
     Registers the per-partition aggregate with `spark`'s SQL functions (again, if already there)."""
-    getattr(spark._jvm, _PARTITION_RANGES).register(spark._jsparkSession)
+    ranges = getattr(spark._jvm, _PARTITION_RANGES).register(spark._jsparkSession)
     return [
         F.count(F.lit(1)).alias(_READ),
         F.count(F.when(F.col(ERROR).isNull(), 1)).alias(_ARCHIVED),
         F.max("timestamp").alias(_NEWEST),
-        F.call_function(_PARTITION_RANGES_FUNCTION, F.col("partition"), F.col("offset")).alias(_RANGES),
+        F.call_function(ranges, F.col("partition"), F.col("offset")).alias(_RANGES),
     ]
 
 

@@ -26,13 +26,14 @@ public final class PartitionRanges
   /** The name the router calls the aggregate by in Spark SQL. */
   public static final String NAME = "bergstream_partition_ranges";
 
-  /** Registers the aggregate as {@link #NAME} in {@code spark}'s function registry. */
-  public static void register(SparkSession spark) {
+  /** Registers the aggregate in {@code spark}'s function registry; returns the name to call it by. */
+  public static String register(SparkSession spark) {
     spark
         .udf()
         .register(
             NAME,
             functions.udaf(new PartitionRanges(), Encoders.tuple(Encoders.INT(), Encoders.LONG())));
+    return NAME;
   }
 
   /** Per partition: {count, first offset, last offset}. */
