@@ -25,7 +25,7 @@ _PROJECT = Path(__file__).resolve().parent.parent
 # bergstream's own Java, each component's beside its Python: compiled into one jar handed to every
 # SparkSession.
 JAVA_SOURCES: tuple[Path, ...] = tuple(
-    _PROJECT / part / "jvm" / "src" / "main" for part in ("router", "backfill")
+    _PROJECT / part / "jvm" / "src" / "main" for part in ("schemas", "router", "backfill")
 )
 PROJECT_JAR = "bergstream-spark.jar"
 JarSet = Literal["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]

@@ -13,12 +13,10 @@ it, every record would run interpreted.
 
 Spark's JSON reader is lenient in ways that lose nothing: a number or an object sent for a string field
 is kept as its JSON text. Where its leniency would lose or change data it is not trusted: it keeps the last
-of two equal keys and ignores whatever follows the first value of the text. A second parse, into a
-variant, refuses what RFC 8259 refuses and duplicate keys too; it reads the value inside brackets, so that
-anything after the value either breaks the array or makes a second element of it. Only a `]` could close
-the array early, and a value holding one is also read inside an object, where a `]` closes nothing.
-The strict parse costs about as much as the first (measured: parsing and stamping 300,000 playback
-values took 5.0 s of CPU instead of 2.7).
+of two equal keys and ignores whatever follows the first value of the text. A second, strict parse
+(`StrictJson`: Jackson's streaming parser over the value's bytes, in bergstream's jar) refuses what
+RFC 8259 refuses, a key twice in any object, and anything after the object. It costs about a sixth of
+Spark's reader (bench/router/breakdown: 1.1 of 7.8 us per playback event).
 
 A topic with a schema registry carries values in the wire format (schemas/wire.py): a header, then the
 payload. The parser checks the header, knows the ids of the subject's versions (`WireSchemas`, fetched by
@@ -29,9 +27,10 @@ resolve goes to the dead-letter table with a reason that names the id.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.avro.functions import from_avro, to_avro
@@ -51,7 +50,7 @@ Check = tuple[Column, Column]
 # Event times outside these years are garbage: milliseconds read as seconds, another schema's numbers.
 _EARLIEST, _LATEST = "2000-01-01 00:00:00", "2200-01-01 00:00:00"
 _EARLIEST_SECONDS, _LATEST_SECONDS = 946_684_800, 7_258_118_400
-# Jackson refuses JSON nested deeper than 1,000 levels; the strict parse adds one.
+# Jackson refuses JSON nested deeper than 1,000 levels; the strict parse, one level less.
 MAX_JSON_DEPTH = 999
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 # An escaped UTF-16 surrogate without its other half: Java would turn it into "?". A literal backslash
@@ -107,8 +106,12 @@ class Parser:
         value = raw if wire_schemas is None else wire.payload(raw)
         if max_value_bytes is not None:
             value = F.when(F.length(raw) <= max_value_bytes, value)
+        self._strict_json: StrictJson | None = None
         if encoding == "json":
-            self.decoded, error = _json_columns(layout, value, _header_checks(wire_schemas, plain_json=True))
+            self._strict_json = StrictJson(_timestamps(layout))
+            self.decoded, error = _json_columns(
+                layout, value, _header_checks(wire_schemas, plain_json=True), self._strict_json
+            )
         else:
             self.decoded, error = _avro_columns(layout, value, wire_schemas)
         self.schema_id = wire.schema_id(raw) if wire_schemas is not None else F.lit(None).cast("int")
@@ -127,6 +130,8 @@ class Parser:
 
         `error` is null for a valid event and final otherwise, except for JSON that does not decode:
         there it is UNDECODABLE_JSON, and `explain` gives the reason."""
+        if self._strict_json is not None:
+            self._strict_json.register(records.sparkSession)
         decoded = records.select("*", *self.decoded.values(), *extra)
         return decoded.select("*", self.error.alias(ERROR)).drop(
             *[name for name in self.decoded if name != EVENT]
@@ -219,8 +224,44 @@ def _time_checks(layout: ArchiveLayout) -> list[Check]:
     ]
 
 
+class StrictJson:
+    """The strict parse of a topic's JSON values (`io.bergstream.schemas.StrictJson`, in schemas/jvm): one
+    pass of Jackson over the value's bytes, strict where Spark's reader is lenient (see the module's
+    docstring), which also finds the top-level timestamp fields sent as numbers out of range.
+
+    It is a Spark SQL function, registered in each session that parses with it, under a name that depends
+    on what it checks: topics of different schemas share a driver. Its result is 0 for a valid value, -1
+    for one that is not a single strict JSON object, and n for a value whose n-th timestamp field (from 1,
+    in `fields` order) holds a number outside the seconds of 2000 to 2200. Values nested deeper than
+    MAX_JSON_DEPTH are refused."""
+
+    _CLASS = "io.bergstream.schemas.StrictJson"
+
+    def __init__(self, fields: list[str]) -> None:
+        self.fields = fields
+        checked = f"{','.join(fields)}/{_EARLIEST_SECONDS}/{_LATEST_SECONDS}/{MAX_JSON_DEPTH}"
+        self.name = f"bergstream_strict_json_{hashlib.sha256(checked.encode()).hexdigest()[:12]}"
+        self._registered: set[int] = set()
+
+    def register(self, spark: SparkSession) -> None:
+        """Make the function known to `spark`, once per session."""
+        session = spark._jsparkSession
+        key = session.hashCode()
+        if key in self._registered:
+            return
+        jvm = spark._jvm
+        assert jvm is not None
+        getattr(jvm, self._CLASS).register(
+            session, self.name, self.fields, _EARLIEST_SECONDS, _LATEST_SECONDS, MAX_JSON_DEPTH
+        )
+        self._registered.add(key)
+
+    def __call__(self, value: Column) -> Column:
+        return F.call_function(self.name, value)
+
+
 def _json_columns(
-    layout: ArchiveLayout, value: Column, header_checks: list[Check]
+    layout: ArchiveLayout, value: Column, header_checks: list[Check], strict_json: StrictJson
 ) -> tuple[dict[str, Column], Column]:
     parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
     text = value.cast("string")
@@ -232,32 +273,23 @@ def _json_columns(
         "allowSingleQuotes": "false",
     }
     event = F.from_json(text, parse_type, options)
-    # The strict parse, inside brackets (see the module's docstring).
-    strict = F.try_parse_json(F.concat(F.lit("["), text, F.lit("]")))
-    in_object = F.json_object_keys(F.concat(F.lit('{"v":'), text, F.lit("}")))
-    one_value = F.try_variant_get(F.col(_STRICT), "$[1]", "variant").isNull() & (
-        ~text.contains("]") | F.coalesce(F.size(in_object) == 1, F.lit(False))
-    )
+    strict = F.col(_STRICT)
     # Spark reads a JSON number into a timestamp as epoch seconds, times a million without overflow
     # checks: milliseconds land tens of thousands of years away, and microseconds or nanoseconds wrap
-    # around into any year at all. The strict parse holds the number itself.
-    numeric_times = []
-    for name in _timestamps(layout):
-        member = f"$[0]['{name}']"
-        number = F.schema_of_variant(F.variant_get(F.col(_STRICT), member, "variant")) == "BIGINT"
-        seconds = F.try_variant_get(F.col(_STRICT), member, "bigint")
-        numeric_times.append(
-            (
-                number & ~seconds.between(_EARLIEST_SECONDS, _LATEST_SECONDS),
-                F.lit(f"field '{name}' is out of range: send ISO-8601 text, not a number of milliseconds"),
-            )
+    # around into any year at all. The strict parse finds those numbers.
+    numeric_times = [
+        (
+            strict == position,
+            F.lit(f"field '{name}' is out of range: send ISO-8601 text, not a number of milliseconds"),
         )
+        for position, name in enumerate(strict_json.fields, start=1)
+    ]
     checks: list[Check] = [
         (F.col("value").isNull(), F.lit("null value")),
         *header_checks,
         (F.length(value) == 0, F.lit("empty value")),
         (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        (F.col(EVENT)[_CORRUPT].isNotNull() | F.col(_STRICT).isNull() | ~one_value, F.lit(UNDECODABLE_JSON)),
+        (F.col(EVENT)[_CORRUPT].isNotNull() | (strict < 0), F.lit(UNDECODABLE_JSON)),
         (
             (text.contains("\\ud") | text.contains("\\uD")) & text.rlike(_LONE_SURROGATE),
             F.lit("a JSON string holds half of a UTF-16 surrogate pair, which is not text"),
@@ -266,7 +298,7 @@ def _json_columns(
         *_time_checks(layout),
         *_content_checks(layout),
     ]
-    return {EVENT: event.alias(EVENT), _STRICT: strict.alias(_STRICT)}, _first_error(checks)
+    return {EVENT: event.alias(EVENT), _STRICT: strict_json(value).alias(_STRICT)}, _first_error(checks)
 
 
 def _parses(text: Column) -> Column:

@@ -16,7 +16,7 @@ from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from router.counts import observed_columns
 from router.transform import Stamper
 from schemas import ArchiveLayout, load_event_schema
-from schemas.parse import ERROR, EVENT, parse_and_explain
+from schemas.parse import ERROR, EVENT, MAX_JSON_DEPTH, parse_and_explain
 from schemas.registry import Encoding
 
 if TYPE_CHECKING:
@@ -99,6 +99,37 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
     assert {bytes(v): e for v, e in errors.items()} == cases
 
 
+def test_the_strict_json_parse_at_its_edges(spark: SparkSession) -> None:
+    """The nesting limit to the level, numbers no timestamp can hold, blanks, a BOM, escaped key names."""
+    schema = load_event_schema("playback")
+    layout = ArchiveLayout(schema, table="playback")
+    valid = schema.encode(next(EventModel(seed=1).events("playback")).event, "json")
+    event = json.loads(valid)
+
+    def nested(depth: int) -> bytes:
+        """The event with an unknown member of arrays, `depth` levels deep counting the event's object."""
+        return valid[:-1] + b',"x":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+    cases = {
+        nested(MAX_JSON_DEPTH): None,
+        nested(MAX_JSON_DEPTH + 1): f"JSON nested deeper than {MAX_JSON_DEPTH} levels",
+        json.dumps({**event, "event_ts": 10**30}).encode(): "field 'event_ts' is not of type timestamp",
+        json.dumps({**event, "event_ts": -5}).encode(): (
+            "field 'event_ts' is out of range: send ISO-8601 text, not a number of milliseconds"
+        ),
+        b"  \n ": "malformed JSON",
+        b"\xef\xbb\xbf" + valid: "malformed JSON",
+        valid.replace(b'"country"', b'"c\\u006fu\\u006etry"'): None,
+        b'{"a":1,"b":{"c":[{"d":1,"d":2}]}}': "a nested JSON object has the same key twice",
+    }
+    records = spark.createDataFrame([(v,) for v in cases], "value binary")
+    errors = {
+        bytes(r.value): r.error
+        for r in parse_and_explain(records, layout, "json").select("value", ERROR).collect()
+    }
+    assert errors == cases
+
+
 def test_avro_strings_must_be_utf8(spark: SparkSession) -> None:
     schema = load_event_schema("impression")
     layout = ArchiveLayout(schema, table="impression")
@@ -133,7 +164,10 @@ KAFKA_RECORDS = (
 
 @pytest.mark.parametrize(
     ("kind", "encoding", "decoders"),
-    [("playback", "json", ("from_json(", "parseJson(concat([,")), ("impression", "avro", ("from_avro(",))],
+    [
+        ("playback", "json", ("from_json(", "bergstream_strict_json_")),
+        ("impression", "avro", ("from_avro(",)),
+    ],
 )
 def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(
     spark: SparkSession, kind: str, encoding: Encoding, decoders: tuple[str, ...]

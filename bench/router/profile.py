@@ -44,6 +44,14 @@ def samples(path: Path) -> list[dict]:
     return json.loads(printed)["recording"]["events"]
 
 
+def frames(event: dict) -> list[str]:
+    """A sample's stack, leaf first, as `package.Class.method`: JFR names classes with slashes."""
+    return [
+        f"{frame['method']['type']['name'].replace('/', '.')}.{frame['method']['name']}"
+        for frame in event["values"]["stackTrace"]["frames"]
+    ]
+
+
 def stage(frames: list[str]) -> str:
     for name, markers in STAGES:
         if any(marker in frame for frame in frames for marker in markers):
@@ -64,14 +72,12 @@ def main() -> None:
     events = samples(args.recording)
     for event in events:
         values = event["values"]
-        frames = [
-            f"{f['method']['type']['name']}.{f['method']['name']}" for f in values["stackTrace"]["frames"]
-        ]
+        stack = frames(event)
         thread = (values.get("sampledThread") or {}).get("javaName") or "?"
         threads["Executor task launch worker" if thread.startswith("Executor task") else thread[:50]] += 1
-        stages[stage(frames)] += 1
-        if frames:
-            leaves[frames[0][:110]] += 1
+        stages[stage(stack)] += 1
+        if stack:
+            leaves[stack[0][:110]] += 1
     total = max(len(events), 1)
     print(f"{len(events)} samples in {args.recording}")
     for title, counter, top in (("by stage", stages, len(STAGES) + 1), ("by thread", threads, 12),
