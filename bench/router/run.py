@@ -71,6 +71,7 @@ AVRO_CONNECT = (
 )
 # Events/s that one producer process keeps up on this machine; faster steady runs use several.
 PRODUCER_RATE = 15_000
+KAFKA_GROUP_DELAY_MS = 3000
 # Freshness may exceed the trigger by this much: the commit itself and the wait for the next trigger.
 FRESHNESS_SLACK_S = 1.5
 
@@ -214,7 +215,16 @@ def main() -> None:
     producer_config = {"compression.type": args.producer_compression}
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-"))
     kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
+    # The brokers wait for a new group's members as production brokers do (Kafka's default): the Kafka
+    # Connect sink's tasks start together and join one assignment, not a rebalance each.
+    stack = LocalStack(
+        StackConfig(
+            data_dir=home,
+            kafka_port=kafka_port,
+            controller_port=controller_port,
+            group_initial_rebalance_delay_ms=KAFKA_GROUP_DELAY_MS,
+        )
+    )
     status = stack.up()
     bootstrap = status.bootstrap_servers
     results: dict[str, Any] = {
@@ -380,9 +390,13 @@ def main() -> None:
             if connect is not None:
                 connect.shut_down()
             spark.stop()
-    finally:
+    except BaseException:
+        # The logs of the broker, Spark's checkpoints and the Kafka Connect worker's log stay for a look.
+        print(f"kept {home} (logs: connect/connect-worker.log, kafka/)")
         stack.down()
-        shutil.rmtree(home, ignore_errors=True)
+        raise
+    stack.down()
+    shutil.rmtree(home, ignore_errors=True)
     results["load_average_after"] = os.getloadavg()
     results["targets"] = targets(results)
     (OUT / f"{run_name(results)}.json").write_text(json.dumps(results, indent=2))

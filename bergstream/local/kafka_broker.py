@@ -38,6 +38,10 @@ class BrokerConfig:
     node_id: int = 1
     # (node id, controller port) of every node of the cluster; empty for a node alone.
     voters: tuple[tuple[int, int], ...] = ()
+    # How long a new consumer group waits for more members before its first assignment. 0: a test's
+    # group forms at once. Kafka's default, 3,000, lets members that start together (a Kafka Connect
+    # sink's tasks) join one assignment instead of a rebalance each.
+    group_initial_rebalance_delay_ms: int = 0
 
     @property
     def cluster_size(self) -> int:
@@ -97,7 +101,7 @@ def server_properties(config: BrokerConfig) -> str:
         "transaction.state.log.min.isr": str(in_sync),
         "share.coordinator.state.topic.replication.factor": str(replicas),
         "share.coordinator.state.topic.min.isr": str(in_sync),
-        "group.initial.rebalance.delay.ms": "0",
+        "group.initial.rebalance.delay.ms": str(config.group_initial_rebalance_delay_ms),
         "auto.create.topics.enable": "false",
         # A short check interval lets small per-topic retention settings take effect quickly.
         "log.retention.check.interval.ms": "10000",

@@ -47,6 +47,8 @@ class StackConfig:
     rest_port: int = rest_catalog.DEFAULT_PORT
     # A schema registry (Confluent's REST API) on this port; None: the stack runs none.
     schema_registry_port: int | None = None
+    # The brokers' group.initial.rebalance.delay.ms (kafka_broker.BrokerConfig).
+    group_initial_rebalance_delay_ms: int = 0
 
     def __post_init__(self) -> None:
         # The catalog's warehouse is a file URI: a stack's folder is always absolute.
@@ -111,6 +113,7 @@ class StackConfig:
                 security=self.kafka_security,
                 node_id=i + 1,
                 voters=voters,
+                group_initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms,
             )
             for i, (port, controller) in enumerate(ports)
         ]
