@@ -122,6 +122,18 @@ def test_the_strict_json_parse_at_its_edges(spark: SparkSession) -> None:
         valid.replace(b'"country"', b'"c\\u006fu\\u006etry"'): None,
         b'{"a":1,"b":{"c":[{"d":1,"d":2}]}}': "a nested JSON object has the same key twice",
     }
+    half_a_pair = "a JSON string holds half of a UTF-16 surrogate pair, which is not text"
+    for escaped, reason in (
+        (rb"\uD83D\uDE00", None),
+        (rb"\ud83d\ude00\ud83d\ude00", None),
+        (rb"\ude00", half_a_pair),
+        (rb"\ude00\ud83d", half_a_pair),
+        (rb"\ud83d\u0041", half_a_pair),
+        (rb"\ud83d", half_a_pair),
+        (rb"\\ud800", half_a_pair),  # a backslash, then text that reads as an escape: refused whole
+        (rb"\ud83", "malformed JSON"),  # not four hexadecimal digits: no escape at all
+    ):
+        cases[valid.replace(b'"country":"', b'"country":"' + escaped, 1)] = reason
     records = spark.createDataFrame([(v,) for v in cases], "value binary")
     errors = {
         bytes(r.value): r.error

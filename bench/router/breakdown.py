@@ -8,8 +8,11 @@ more drain of each in a Flight Recorder recording of its own; its execution samp
 JVM's measured CPU. The JVM then records from its start (all runs pay for that alike).
 
 Shapes of the router's table to compare, on the same run (--shapes, comma separated):
-  archive      the router as it is
-  unordered    the archive table without its local sort order (WRITE UNORDERED)
+  archive         the router as it is
+  unordered       the archive table without its local sort order (WRITE UNORDERED)
+  page-v2         Parquet's version 2 data pages and encodings (delta-encoded integers and strings)
+  page-v2-nodict  the same, and no dictionary tried for the columns whose values are all distinct
+Each writer's table is measured too: bytes per event.
 
     .venv/bin/python -m bench.router.breakdown [--events 500000] [--warm-ups 3] [--repeat 2]
         [--shapes archive,unordered] [--jfr DIR]
@@ -35,7 +38,7 @@ from bench.router.batches import flight_recorder
 from bench.router.cpu import CpuClock
 from bench.router.peers import PlainPeer, RouterPeer, SparkSide, committed_rows
 from bench.router.profile import STAGES, frames, samples, stage
-from bench.router.run import machine
+from bench.router.run import machine, table_storage
 from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -47,7 +50,18 @@ from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4
-SHAPES = ("archive", "unordered")
+PAGE_V2 = {"write.parquet.page-version": "2"}
+# Columns of the archive whose values are (nearly) all distinct: a dictionary is tried, then abandoned.
+DISTINCT_COLUMNS = ("__metadata__.offset", "playback_id")
+SHAPES: dict[str, dict[str, str]] = {
+    "archive": {},
+    "unordered": {},
+    "page-v2": PAGE_V2,
+    "page-v2-nodict": {
+        **PAGE_V2,
+        **{f"write.parquet.dict-encoding-enabled.column.{column}": "false" for column in DISTINCT_COLUMNS},
+    },
+}
 
 
 class Writer:
@@ -59,11 +73,12 @@ class Writer:
         self.peer = PlainPeer(side) if name == "plain" else RouterPeer(side)
 
     def drain(self, topic: str, table: str, events: int) -> None:
-        if self.name == "unordered":
+        if self.name != "plain":
             side = self.side
             layout = ArchiveLayout(load_event_schema(side.schema_name), table)
-            ensure_tables(side.spark, side.catalog, layout)
-            side.spark.sql(f"ALTER TABLE {side.catalog.table_identifier(table)} WRITE UNORDERED")
+            ensure_tables(side.spark, side.catalog, layout, properties=SHAPES[self.name])
+            if self.name == "unordered":
+                side.spark.sql(f"ALTER TABLE {side.catalog.table_identifier(table)} WRITE UNORDERED")
         self.peer.drain(topic, table, events)
         rows = committed_rows(self.side.catalog, table)
         if rows != events:
@@ -71,7 +86,7 @@ class Writer:
 
 
 def measure(
-    writer: Writer, topic: str, table: str, events: int, jvm: int, jfr: Path | None
+    stack: LocalStack, writer: Writer, topic: str, table: str, events: int, jvm: int, jfr: Path | None
 ) -> dict[str, Any]:
     if jfr is not None:
         flight_recorder(jvm, "JFR.start", "settings=profile")
@@ -88,6 +103,7 @@ def measure(
         "cpu_seconds": round(spent, 2),
         "cpu_us_per_event": round(1e6 * spent / events, 2),
         "jvm_cpu_us_per_event": round(1e6 * jvm_spent / events, 2),
+        "bytes_per_event": round(table_storage(stack, table, events)["bytes_per_event"], 2),
     }
 
 
@@ -104,7 +120,7 @@ def stages_per_event(recording: Path, cpu_us_per_event: float) -> dict[str, floa
 
 def shapes_list(text: str) -> list[str]:
     shapes = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = sorted(set(shapes) - set(SHAPES))
+    unknown = sorted(set(shapes) - SHAPES.keys())
     if not shapes or unknown:
         raise argparse.ArgumentTypeError(f"{text!r}: name shapes among {', '.join(SHAPES)}, comma separated")
     return shapes
@@ -163,7 +179,9 @@ def main() -> None:
             ]
             for run in runs:
                 for writer in writers:
-                    figures = measure(writer, args.topic, f"{writer.name}_{run}", args.events, jvm, None)
+                    figures = measure(
+                        stack, writer, args.topic, f"{writer.name}_{run}", args.events, jvm, None
+                    )
                     print(f"{writer.name} {run}: {json.dumps(figures)}", flush=True)
                     if run.startswith("run"):
                         best = results["writers"].get(writer.name)
@@ -204,6 +222,7 @@ def table(results: dict[str, Any]) -> str:
     names = list(writers)
     lines = ["".ljust(40) + "".join(name.rjust(14) for name in names)]
     for label, key in (("events/s", "events_per_s"), ("CPU us per event", "cpu_us_per_event"),
+                       ("bytes per event", "bytes_per_event"),
                        ("events/s against plain", "over_plain_events_per_s"),
                        ("CPU per event against plain", "over_plain_cpu_per_event")):  # fmt: skip
         lines.append(label.ljust(40) + "".join(f"{writers[name][key]:,}".rjust(14) for name in names))

@@ -24,14 +24,20 @@ import org.apache.spark.sql.types.DataTypes;
  * Spark reads a JSON number into a timestamp as epoch seconds, so that milliseconds land tens of
  * thousands of years away.
  *
- * <p>The result is {@link #VALID}, {@link #UNDECODABLE}, or the position (from 1, in the order given)
- * of the first timestamp field out of range; null for a null value.
+ * <p>A value that decodes may still escape half of a UTF-16 surrogate pair ({@code "\\ud83d"} alone),
+ * which Java would turn into "?": {@link #LONE_SURROGATE}. A literal backslash before "ud800" in a
+ * string counts too; such a value goes to the dead-letter table whole, never altered.
+ *
+ * <p>The result is, first that applies: {@link #UNDECODABLE}, {@link #LONE_SURROGATE}, the position
+ * (from 1, in the order given) of the first timestamp field out of range, {@link #VALID}; null for a
+ * null value.
  */
 public final class StrictJson implements UDF1<byte[], Integer> {
   private static final long serialVersionUID = 1L;
 
   public static final int VALID = 0;
   public static final int UNDECODABLE = -1;
+  public static final int LONE_SURROGATE = -2;
 
   private final Map<String, Integer> timestampFields = new HashMap<>();
   private final long earliestSeconds;
@@ -76,11 +82,63 @@ public final class StrictJson implements UDF1<byte[], Integer> {
               .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(maxDepth).build())
               .build();
     }
+    int result;
     try (JsonParser parser = factory.createParser(value)) {
-      return check(parser);
+      result = check(parser);
     } catch (IOException malformed) {
       return UNDECODABLE;
     }
+    return result != UNDECODABLE && hasLoneSurrogate(value) ? LONE_SURROGATE : result;
+  }
+
+  /**
+   * An escaped high surrogate not followed by the escape of a low one, or an escaped low surrogate not
+   * preceded by the escape of a high one. The escapes are ASCII, so bytes are read as characters.
+   */
+  static boolean hasLoneSurrogate(byte[] value) {
+    for (int at = 0; at + 4 <= value.length; at++) {
+      if (value[at] != '\\' || value[at + 1] != 'u' || (value[at + 2] | 0x20) != 'd') {
+        continue;
+      }
+      if (isHigh(value, at) && !startsLow(value, at + 6)) {
+        return true;
+      }
+      if (startsLow(value, at)
+          && at + 6 <= value.length
+          && isHex(value[at + 4])
+          && isHex(value[at + 5])
+          && !(at >= 6 && isHigh(value, at - 6))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /** {@code \\u} then d or D, then 8, 9, a or b (either case), then two hexadecimal digits. */
+  private static boolean isHigh(byte[] value, int at) {
+    if (at + 6 > value.length || value[at] != '\\' || value[at + 1] != 'u') {
+      return false;
+    }
+    byte third = value[at + 3];
+    int letter = third | 0x20;
+    return (value[at + 2] | 0x20) == 'd'
+        && (third == '8' || third == '9' || letter == 'a' || letter == 'b')
+        && isHex(value[at + 4])
+        && isHex(value[at + 5]);
+  }
+
+  /** {@code \\u} then d or D, then c to f (either case): the start of a low surrogate's escape. */
+  private static boolean startsLow(byte[] value, int at) {
+    if (at + 4 > value.length || value[at] != '\\' || value[at + 1] != 'u') {
+      return false;
+    }
+    int third = value[at + 3] | 0x20;
+    return (value[at + 2] | 0x20) == 'd' && third >= 'c' && third <= 'f';
+  }
+
+  private static boolean isHex(byte digit) {
+    int lower = digit | 0x20;
+    return (digit >= '0' && digit <= '9') || (lower >= 'a' && lower <= 'f');
   }
 
   private int check(JsonParser parser) throws IOException {
