@@ -8,7 +8,7 @@ threads) and how many classes Spark's code generator compiled during the run. Sm
 no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
 
     .venv/bin/python -m bench.router.batches [--events 200000] [--small 5000] [--large 250000]
-        [--warm-ups 3] [--jfr DIR]
+        [--warm-ups 3] [--write-tasks N] [--jfr DIR]
 
 Writes bench/out/batches-<topic>.json.
 """
@@ -149,6 +149,9 @@ def main() -> None:
         help="runs of each shape before the measured one: the JIT settles slowly",
     )
     parser.add_argument(
+        "--write-tasks", type=int, default=None, help="the topic's write_tasks (default: its default)"
+    )
+    parser.add_argument(
         "--jfr",
         type=Path,
         default=None,
@@ -186,6 +189,7 @@ def main() -> None:
                                "startingOffsets": "earliest"},
                         checkpoint_location=str(home / "checkpoints" / name), catalog=stack.config.catalog,
                         max_offsets_per_trigger=size, trigger_interval="1 second",
+                        write_tasks=args.write_tasks,
                     )  # fmt: skip
                     jfr = (
                         args.jfr / f"batches-{size}.jfr"

@@ -69,6 +69,7 @@ class Writer:
 
     def __init__(self, name: str, side: SparkSide) -> None:
         self.name = name
+        self.table = name.replace("-", "_")
         self.side = side
         self.peer = PlainPeer(side) if name == "plain" else RouterPeer(side)
 
@@ -180,7 +181,7 @@ def main() -> None:
             for run in runs:
                 for writer in writers:
                     figures = measure(
-                        stack, writer, args.topic, f"{writer.name}_{run}", args.events, jvm, None
+                        stack, writer, args.topic, f"{writer.table}_{run}", args.events, jvm, None
                     )
                     print(f"{writer.name} {run}: {json.dumps(figures)}", flush=True)
                     if run.startswith("run"):
@@ -192,7 +193,7 @@ def main() -> None:
                 for writer in writers:
                     recording = args.jfr / f"breakdown-{writer.name}.jfr"
                     figures = measure(
-                        writer, args.topic, f"{writer.name}_profiled", args.events, jvm, recording
+                        writer, args.topic, f"{writer.table}_profiled", args.events, jvm, recording
                     )
                     figures["us_per_event_by_stage"] = stages_per_event(
                         recording, figures["jvm_cpu_us_per_event"]
