@@ -38,8 +38,10 @@ class GroupCommitter:
                     "group.id": group,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
-                    # It reads one record now and then, for its timestamp: no need to prefetch more.
+                    # It reads one record now and then, for its timestamp: no need to prefetch more. A fetch
+                    # still brings a partition's first record batch whole, however small this is.
                     "queued.max.messages.kbytes": 1024,
+                    "fetch.message.max.bytes": 1024,
                 }
             )
         except KafkaException as error:
@@ -133,7 +135,10 @@ class GroupCommitter:
 
     def record_timestamps(self, positions: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
         """{partition: Kafka timestamp in seconds} of the record at each {partition: offset} (or the first
-        one after it); a partition whose record does not come within `timeout` is left out."""
+        one after it); a partition whose record does not come within `timeout` is left out.
+
+        A partition is paused once its record is found: the records fetched after it are dropped instead of
+        being served one by one, so a deep backlog costs a fetch per partition, not a poll per record."""
         found: dict[int, float] = {}
         if not positions:
             return found
@@ -146,9 +151,13 @@ class GroupCommitter:
                     continue
                 kind, milliseconds = message.timestamp()
                 partition = message.partition()
-                if partition is not None and kind != TIMESTAMP_NOT_AVAILABLE:
-                    found.setdefault(partition, milliseconds / 1000)
+                if partition is None or partition in found or kind == TIMESTAMP_NOT_AVAILABLE:
+                    continue
+                found[partition] = milliseconds / 1000
+                self._consumer.pause([TopicPartition(self.topic, partition)])
         finally:
+            # A pause outlives the assignment in librdkafka: the next assignment must find them resumed.
+            self._consumer.resume([TopicPartition(self.topic, partition) for partition in found])
             self._consumer.unassign()
         return found
 

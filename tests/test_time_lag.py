@@ -1,10 +1,15 @@
-"""Time lag from samples of the log end: how long the first record not yet archived has waited."""
+"""Time lag from samples of the log end: how long the first record not yet archived has waited; and the
+Kafka timestamps of the records a backlog starts at."""
 
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
+from bergstream.loadgen.producer import ProduceRequest, produce
+from router.commit import GroupCommitter
 from router.offsets import LogEndSamples, time_lag
+from tests.services import Services
 
 
 def samples(*points: tuple[int, float]) -> LogEndSamples:
@@ -69,3 +74,48 @@ def test_a_long_table_is_thinned_in_its_older_half_and_keeps_its_ends() -> None:
     assert len(table.samples) <= 10
     assert table.samples[0] == (0, 0.0) and table.samples[-1] == (1000, 10.0)
     assert table.produced_at(450) == pytest.approx(4.51)
+
+
+@pytest.mark.integration
+def test_record_timestamps_at_offsets_deep_in_a_backlog_come_from_those_records(
+    stack: Services, topic_name: str
+) -> None:
+    partitions, events = 4, 400_000
+    backlog = ProduceRequest(
+        topic=topic_name, schema="playback", count=events, partitions=partitions, late_fraction=0.05, seed=5
+    )
+    produce(
+        backlog, stack.bootstrap_servers, producer_config={"compression.type": "lz4"}, show_progress=False
+    )
+    client = {"bootstrap.servers": stack.bootstrap_servers}
+
+    def read_one_by_one(positions: dict[int, int]) -> dict[int, float]:
+        """The timestamp of the record at each position, read by a consumer of its own, partition by
+        partition."""
+        consumer = Consumer({**client, "group.id": f"{topic_name}-check", "enable.auto.commit": False})
+        try:
+            found = {}
+            for partition, offset in positions.items():
+                consumer.assign([TopicPartition(topic_name, partition, offset)])
+                message = consumer.poll(30)
+                assert message is not None and message.error() is None, (partition, offset)
+                found[partition] = message.timestamp()[1] / 1000
+                consumer.unassign()
+            return found
+        finally:
+            consumer.close()
+
+    kafka = GroupCommitter(topic_name, f"{topic_name}-group", client)
+    try:
+        ends = {partition: high for partition, (_, high) in kafka.watermarks().items()}
+        # Read again and again, as a router catching up does, each time at another depth of the backlog,
+        # within the time the router allows it.
+        for depth in (0.0, 0.5, 0.9, 0.3):
+            positions = {p: int(depth * end) + 7 * p for p, end in ends.items()}
+            assert kafka.record_timestamps(positions) == read_one_by_one(positions), depth
+        # A partition with nothing at its position is left out; the others are still read.
+        positions = {0: ends[0], 1: 123, 2: ends[2] - 1}
+        found = kafka.record_timestamps(positions, timeout=2)
+        assert found == read_one_by_one({1: 123, 2: ends[2] - 1})
+    finally:
+        kafka.close()

@@ -11,7 +11,8 @@ Shapes of the router's table to compare, on the same run (--shapes, comma separa
   archive         the router as it is
   unordered       the archive table without its local sort order (WRITE UNORDERED)
   page-v2         Parquet's version 2 data pages and encodings (delta-encoded integers and strings)
-  page-v2-nodict  the same, and no dictionary tried for the columns whose values are all distinct
+  nodict          version 1 pages, no dictionary tried for the columns whose values are all distinct
+  page-v2-nodict  version 2 pages, and no dictionary for those columns
 Each writer's table is measured too: bytes per event.
 
     .venv/bin/python -m bench.router.breakdown [--events 500000] [--warm-ups 3] [--repeat 2]
@@ -50,17 +51,18 @@ from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4
-PAGE_V2 = {"write.parquet.page-version": "2"}
+PAGE_V2 = {"write.parquet.page-version": "v2"}
 # Columns of the archive whose values are (nearly) all distinct: a dictionary is tried, then abandoned.
 DISTINCT_COLUMNS = ("__metadata__.offset", "playback_id")
+NO_DICTIONARY = {
+    f"write.parquet.dict-encoding-enabled.column.{column}": "false" for column in DISTINCT_COLUMNS
+}
 SHAPES: dict[str, dict[str, str]] = {
     "archive": {},
     "unordered": {},
     "page-v2": PAGE_V2,
-    "page-v2-nodict": {
-        **PAGE_V2,
-        **{f"write.parquet.dict-encoding-enabled.column.{column}": "false" for column in DISTINCT_COLUMNS},
-    },
+    "nodict": NO_DICTIONARY,
+    "page-v2-nodict": {**PAGE_V2, **NO_DICTIONARY},
 }
 
 
@@ -193,7 +195,7 @@ def main() -> None:
                 for writer in writers:
                     recording = args.jfr / f"breakdown-{writer.name}.jfr"
                     figures = measure(
-                        writer, args.topic, f"{writer.table}_profiled", args.events, jvm, recording
+                        stack, writer, args.topic, f"{writer.table}_profiled", args.events, jvm, recording
                     )
                     figures["us_per_event_by_stage"] = stages_per_event(
                         recording, figures["jvm_cpu_us_per_event"]

@@ -1,7 +1,12 @@
 """Where a Spark JVM's time went, from a JDK Flight Recorder file: its execution samples by stage of the
 router's work, by thread, and the hottest leaf frames.
 
-    .venv/bin/python -m bench.router.profile bench/out/batches-5000.jfr [--top 25]
+    .venv/bin/python -m bench.router.profile bench/out/batches-5000.jfr [--top 25] [--thread NAME]
+        [--inclusive]
+
+`--thread` keeps the samples of threads whose name starts with NAME (the driver's micro-batches run in
+"stream execution thread for <query>"); `--inclusive` also lists the methods found most often anywhere
+on the stacks, which shows what a thread spends its time under.
 
 A sample counts for the first stage, in the order below, that has a frame anywhere on its stack: a
 Parquet page compressed inside a task counts as compression, not as the task.
@@ -65,23 +70,32 @@ def main() -> None:
     )
     parser.add_argument("recording", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--thread", default=None, help="only threads whose name starts with this")
+    parser.add_argument("--inclusive", action="store_true", help="also the methods most often on the stack")
     args = parser.parse_args()
     stages: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
-    events = samples(args.recording)
-    for event in events:
-        values = event["values"]
+    inclusive: Counter[str] = Counter()
+    events = []
+    for event in samples(args.recording):
+        thread = (event["values"].get("sampledThread") or {}).get("javaName") or "?"
+        if args.thread is None or thread.startswith(args.thread):
+            events.append((thread, event))
+    for thread, event in events:
         stack = frames(event)
-        thread = (values.get("sampledThread") or {}).get("javaName") or "?"
         threads["Executor task launch worker" if thread.startswith("Executor task") else thread[:50]] += 1
         stages[stage(stack)] += 1
         if stack:
             leaves[stack[0][:110]] += 1
+        inclusive.update({frame[:110] for frame in stack})
     total = max(len(events), 1)
     print(f"{len(events)} samples in {args.recording}")
-    for title, counter, top in (("by stage", stages, len(STAGES) + 1), ("by thread", threads, 12),
-                                ("hottest leaf frames", leaves, args.top)):  # fmt: skip
+    views = [("by stage", stages, len(STAGES) + 1), ("by thread", threads, 12),
+             ("hottest leaf frames", leaves, args.top)]  # fmt: skip
+    if args.inclusive:
+        views.append(("methods most often on the stack", inclusive, args.top))
+    for title, counter, top in views:
         print(f"{title}:")
         for name, count in counter.most_common(top):
             print(f"  {count:6d} {100 * count / total:5.1f}%  {name}")
