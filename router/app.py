@@ -38,6 +38,7 @@ from router.table import ensure_tables, maintained_properties
 from router.transform import DEAD_LETTERED, Stamper
 from router.write import Appended, BatchTableWriter
 from schemas.archive import (
+    ENCODING_PROPERTIES,
     ENCODING_PROPERTY,
     SCHEMA_PROPERTY,
     SCHEMA_REGISTRY_PROPERTY,
@@ -140,7 +141,7 @@ class Router:
         if config.schema_registry is not None and config.subject is not None:
             described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
             described[SUBJECT_PROPERTY] = config.subject
-        properties = {**described, **maintained_properties(config.maintenance)}
+        properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config.maintenance)}
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, properties)
         warn_of_long_history(config)
         self._evolve(self.layout)

@@ -71,6 +71,12 @@ SUBJECT_PROPERTY = "bergstream.schema-registry.subject"
 PARTITION_SPEC = f"hours(`{METADATA}`.`{INGESTION_TS}`)"
 SORT_ORDER = f"`{METADATA}`.`{INGESTION_TS}`"
 
+OFFSET_COLUMN = f"{METADATA}.offset"
+# The offsets of a partition are all distinct: Parquet would build a dictionary of them, check it against
+# its limit on every value, give up on it, and keep it, larger than the values it stands for
+# (bench/router/breakdown: 1.1 bytes and about 0.5 us per event). Set on new tables and on existing ones.
+ENCODING_PROPERTIES: dict[str, str] = {f"write.parquet.dict-encoding-enabled.column.{OFFSET_COLUMN}": "false"}
+
 TABLE_PROPERTIES: dict[str, str] = {
     "format-version": "2",
     "write.format.default": "parquet",
@@ -81,6 +87,7 @@ TABLE_PROPERTIES: dict[str, str] = {
     "write.spark.fanout.enabled": "true",
     "write.distribution-mode": "none",
     "write.target-file-size-bytes": str(128 * 1024 * 1024),
+    **ENCODING_PROPERTIES,
 }
 
 

@@ -130,7 +130,14 @@ def test_produce_archive_and_read_back(
         )
         assert lower // 3_600_000_000 == upper // 3_600_000_000 == hour
         parquet = pq.ParquetFile(urlparse(data_file["file_path"]).path)
-        assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
+        columns = parquet.metadata.row_group(0)
+        assert columns.column(0).compression == "ZSTD"
+        encodings = {
+            columns.column(n).path_in_schema: columns.column(n).encodings for n in range(columns.num_columns)
+        }
+        # Offsets are all distinct and stored as they are; a value of few kinds gets its dictionary.
+        assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(encodings["__metadata__.offset"])
+        assert {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(encodings["__metadata__.timestamp_type"])
         ingestion = (
             parquet.read(columns=["__metadata__"]).column(0).combine_chunks().field("kafka_ingestion_ts")
         )

@@ -12,6 +12,7 @@ Shapes of the router's table to compare, on the same run (--shapes, comma separa
   unordered       the archive table without its local sort order (WRITE UNORDERED)
   page-v2         Parquet's version 2 data pages and encodings (delta-encoded integers and strings)
   nodict          version 1 pages, no dictionary tried for the columns whose values are all distinct
+  nodict-offset   version 1 pages, no dictionary for the Kafka offset alone
   page-v2-nodict  version 2 pages, and no dictionary for those columns
 Each writer's table is measured too: bytes per event.
 
@@ -62,6 +63,7 @@ SHAPES: dict[str, dict[str, str]] = {
     "unordered": {},
     "page-v2": PAGE_V2,
     "nodict": NO_DICTIONARY,
+    "nodict-offset": {"write.parquet.dict-encoding-enabled.column.__metadata__.offset": "false"},
     "page-v2-nodict": {**PAGE_V2, **NO_DICTIONARY},
 }
 
