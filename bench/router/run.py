@@ -8,13 +8,14 @@ One run, on one machine, against the embedded stack, on the same events:
   (c) plain confluent-kafka consumption: what a Python consumer reads without Spark
   (d) the plain Spark job a user would write instead: decode, keep the Kafka timestamp, append to Iceberg
   (e) Apache Iceberg's Kafka Connect sink in a standalone Kafka Connect worker, into the layout of (d)
-(b), (d) and (e) each drain the backlog (warm: once before on other tables), with the CPU seconds of
-their own processes; then each runs on a 1-second trigger (commit interval) while events arrive at each
-steady rate, for freshness (Kafka timestamp to committed in the table) and files per hour. Storage: bytes
-per event of each table, the archive's files before and after compaction, and its bytes against the
-Kafka log bytes of the same events.
+(b), (d) and (e) each drain the backlog (warm: --warm-ups times before, into other tables, since the
+JVMs' compilers take a few drains to settle), with the CPU seconds of their own processes; then each runs
+on a 1-second trigger (commit interval) while events arrive at each steady rate, for freshness (Kafka
+timestamp to committed in the table) and files per hour. Storage: bytes per event of each table, the
+archive's files before and after compaction, and its bytes against the Kafka log bytes of the same events.
 
     .venv/bin/python -m bench.router.run [--events 500000] [--rates 3000,30000] [--seconds 90] [--peers b,d,e]
+        [--warm-ups 3]
 
 Prints the numbers and a table against the targets, writes
 bench/out/router-<topic>-<encoding>-<producer compression>.json and .png.
@@ -201,6 +202,9 @@ def main() -> None:
         help="of b (router), d (plain job), e (Kafka Connect)",
     )
     parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
+    parser.add_argument(
+        "--warm-ups", type=int, default=3, help="drains of the backlog by each writer before the measured one"
+    )
     parser.add_argument("--connect-tasks", type=int, default=PARTITIONS, help="tasks.max of the sink (e)")
     parser.add_argument(
         "--producer-compression",
@@ -309,8 +313,9 @@ def main() -> None:
             for peer in peers:
                 results["peers"][peer.key] = {"label": peer.label}
                 table = f"{topic}_{peer.key}"
-                peer.drain(topic, f"{table}_warmup", args.events)
-                peer.stop()
+                for warm_up in range(args.warm_ups):
+                    peer.drain(topic, f"{table}_warmup{warm_up + 1}", args.events)
+                    peer.stop()
                 clock = peer.cpu()
                 cpu_before, started = clock.seconds(), time.monotonic()
                 peer.drain(topic, table, args.events)
