@@ -36,7 +36,7 @@ from router.schedule import MaintenanceSchedule, warn_of_long_history
 from router.schema_registry import RegistryTopic
 from router.table import ensure_tables, maintained_properties
 from router.transform import DEAD_LETTERED, Stamper
-from router.write import Appended, BatchTableWriter
+from router.write import Appended, BatchTableWriter, write_tasks_for
 from schemas.archive import (
     ENCODING_PROPERTIES,
     ENCODING_PROPERTY,
@@ -119,6 +119,7 @@ class Router:
         self._next_offsets: dict[int, int] = {}
         self._expect_dead_letters = False
         self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
+        self._previous_read: int | None = None
         # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
         self._archived: dict[int, int] = {}
         self._committed: dict[int, int] = {}
@@ -263,8 +264,9 @@ class Router:
             self.registry.before_batch(records, batch_id, self._evolve)
             self.layout, self.stamper = self.registry.layout, self.registry.stamper
         # A topic of many partitions is read by fewer tasks, each reading several partitions in turn:
-        # fewer files per batch, and no more tasks than the cores that run them.
-        stamped = self.stamper.stamp(records.coalesce(self._write_tasks))
+        # fewer files per batch, and no more tasks than the cores that run them; a small batch by one.
+        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        stamped = self.stamper.stamp(records.coalesce(tasks))
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
         # being read a second time for the dead-letter table.
@@ -306,6 +308,7 @@ class Router:
             if cached:
                 stamped.unpersist()
         self._expect_dead_letters = counts is None or counts.dead_lettered > 0
+        self._previous_read = None if counts is None else counts.read
         self._account(batch_id, counts, appended, time.monotonic() - started, phases)
 
     def _committing(self, writer: BatchTableWriter, batch_id: int, attempt: Callable[[], T]) -> T:

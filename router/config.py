@@ -132,6 +132,9 @@ class RouterConfig(BaseModel):
     # At most this many tasks write a micro-batch; Spark's Kafka source makes one per partition, and each
     # writes a file per hour. Unset: the Spark application's default parallelism (its executor cores).
     write_tasks: int | None = Field(default=None, gt=0)
+    # A batch gets one write task per this many records its predecessor read, up to write_tasks: a quiet
+    # topic's small batches are written by one task, one file per hour, and the other cores stay free.
+    records_per_write_task: int = Field(default=20_000, gt=0)
     # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
     max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     checkpoint_location: str

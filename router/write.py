@@ -19,6 +19,17 @@ _NEWEST_SNAPSHOTS = 20
 _ADDED = ("added-records", "added-data-files", "added-files-size")
 
 
+def write_tasks_for(previous_read: int | None, most: int, records_per_task: int) -> int:
+    """How many tasks write a batch: one per `records_per_task` records the previous batch read (rounded
+    up), at least 1 and at most `most`; `most` for a query's first batch, which may be a backlog's.
+
+    Each task writes a file per hour and pays a fixed cost (a Parquet writer, a file, its share of the
+    commit's manifest): a 5,000-record batch costs a fifth less CPU in one task than in two."""
+    if previous_read is None:
+        return most
+    return max(1, min(most, -(-previous_read // records_per_task)))
+
+
 @dataclass(frozen=True)
 class Appended:
     records: int

@@ -94,3 +94,39 @@ def test_a_topic_of_many_partitions_is_written_by_few_tasks_and_counted_per_part
     for identifier in (table, f"{table}{DEAD_LETTER_SUFFIX}"):
         files = spark.sql(f"SELECT partition FROM {identifier}.files").collect()
         assert 0 < len(files) <= 3 * totals.batches * len({row.partition for row in files}), identifier
+
+
+def test_small_batches_are_written_by_one_task_and_large_ones_by_several(
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    produce(
+        ProduceRequest(topic=topic_name, schema="playback", count=2400, partitions=4, seed=9),
+        stack.bootstrap_servers,
+        show_progress=False,
+    )
+
+    def files_per_batch_and_hour(records_per_write_task: int) -> list[int]:
+        """Data files each batch's archive snapshot added to each hour, in commit order."""
+        table = f"{topic_name}_per_task_{records_per_write_task}"
+        config = RouterConfig(
+            topic=topic_name, schema="playback", encoding="json", table=table,
+            kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            checkpoint_location=str(tmp_path / table), catalog=stack.catalog, max_offsets_per_trigger=600,
+            write_tasks=2, records_per_write_task=records_per_write_task,
+        )  # fmt: skip
+        totals = app.archive_available_now(spark, config)
+        assert totals.read == 2400 and totals.batches >= 4
+        identifier = stack.catalog.table_identifier(table)
+        rows = spark.sql(
+            f"SELECT s.committed_at, count(*) AS files FROM {identifier}.entries e "
+            f"JOIN {identifier}.snapshots s ON e.snapshot_id = s.snapshot_id "
+            "WHERE e.status = 1 GROUP BY s.committed_at, e.data_file.partition ORDER BY s.committed_at"
+        ).collect()
+        return [row.files for row in rows]
+
+    # 600 records a batch: one task each after the first batch, whose predecessor is unknown.
+    quiet = files_per_batch_and_hour(records_per_write_task=1000)
+    assert quiet[0] == 2 and set(quiet[1:]) == {1}, quiet
+    # 300 records a task: every batch is written by both (the last may hold one partition's remainder).
+    busy = files_per_batch_and_hour(records_per_write_task=300)
+    assert set(busy[:-1]) == {2}, busy

@@ -1,14 +1,16 @@
 """bench/router/batches: what a micro-batch costs besides its records.
 
-The router drains the same backlog twice, once in small batches (`--small`, 5,000 records: a quiet topic
-on a 1-second trigger) and once in large ones (`--large`, 250,000: full speed), each after --warm-ups runs (3)
-on a table of its own. For each it prints the seconds per batch, the CPU per event (the bench's Python
-and its Spark JVM, from /proc), the JVM's CPU by thread (executor tasks, JIT compiler, GC, the driver's
-threads) and how many classes Spark's code generator compiled during the run. Small batches should cost
-no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
+The router drains the same backlog in small batches (`--small`, 5,000 records: a quiet topic on a 1-second
+trigger) and in large ones (`--large`, 250,000: full speed), for each of `--write-tasks` (comma separated,
+`default` for the topic's default). It does so in rounds: --warm-ups rounds (3) of every shape in turn, then
+a measured one, each drain into a table of its own, so that no shape runs on a JVM the others have warmed
+more. For each it prints the seconds per batch, the CPU per event (the bench's Python and its Spark JVM,
+from /proc), the Python process's own CPU, the JVM's CPU by thread (executor tasks, JIT compiler, GC, the
+driver's threads) and how many classes Spark's code generator compiled during the run. Small batches should
+cost no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
 
     .venv/bin/python -m bench.router.batches [--events 200000] [--small 5000] [--large 250000]
-        [--warm-ups 3] [--write-tasks N] [--jfr DIR]
+        [--warm-ups 3] [--write-tasks default,1] [--jfr DIR]
 
 Writes bench/out/batches-<topic>.json.
 """
@@ -103,6 +105,7 @@ def drain(spark: Any, config: RouterConfig, jvm: int, jfr: Path | None = None) -
         flight_recorder(jvm, "JFR.start", "settings=profile")
     clock = CpuClock.spark_in_process()
     threads, compiled, cpu = thread_ticks(jvm), compilations(spark), clock.seconds()
+    python = sum(os.times()[:2])
     metrics = RouterMetrics(config.topic)
     durations = BatchDurations(metrics, config.topic)
     started = time.monotonic()
@@ -110,6 +113,7 @@ def drain(spark: Any, config: RouterConfig, jvm: int, jfr: Path | None = None) -
     totals = router.run(available_now=True)
     elapsed = time.monotonic() - started
     spent = clock.seconds() - cpu
+    python = sum(os.times()[:2]) - python
     if jfr is not None:
         flight_recorder(jvm, "JFR.stop", f"filename={jfr}")
     # Spark's own account of each batch (the last 100): planning, offsets, the batch itself, the logs.
@@ -127,10 +131,25 @@ def drain(spark: Any, config: RouterConfig, jvm: int, jfr: Path | None = None) -
         "batch_seconds_p90": durations.percentile(90),
         "cpu_seconds": round(spent, 2),
         "cpu_us_per_event": round(1e6 * spent / max(totals.read, 1), 1),
+        "python_cpu_seconds": round(python, 2),
         "codegen_compilations": compilations(spark) - compiled,
         "jvm_cpu_by_thread": by_kind(threads, thread_ticks(jvm)),
         "spark_ms_p50": {key: sorted(values)[len(values) // 2] for key, values in spark_durations.items()},
     }
+
+
+def write_tasks_list(text: str) -> list[int | None]:
+    try:
+        return [None if part == "default" else int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write tasks are numbers or default, comma separated"
+        ) from None
+
+
+def shape_name(size: int, tasks: int | None, compared: list[int | None]) -> str:
+    """`5000`, or `5000_tasks1` when several write tasks are compared: names of tables and results."""
+    return f"{size}" if len(compared) == 1 else f"{size}_tasks{tasks or 'default'}"
 
 
 def main() -> None:
@@ -149,7 +168,10 @@ def main() -> None:
         help="runs of each shape before the measured one: the JIT settles slowly",
     )
     parser.add_argument(
-        "--write-tasks", type=int, default=None, help="the topic's write_tasks (default: its default)"
+        "--write-tasks",
+        type=write_tasks_list,
+        default=[None],
+        help="the topic's write_tasks, comma separated: numbers, or default",
     )
     parser.add_argument(
         "--jfr",
@@ -179,44 +201,46 @@ def main() -> None:
         spark = build_spark_session(stack.config.catalog, app_name="bench-batches")
         jvm = CpuClock.spark_in_process().pids[1]
         try:
-            for size in (args.small, args.large):
-                runs = [*(f"warm-up {n + 1}" for n in range(args.warm_ups)), "measured"]
-                for run in runs + (["profiled"] if args.jfr is not None else []):
-                    name = f"{args.topic}_{size}_{run.replace('-', '').replace(' ', '')}"
+            shapes = [(size, tasks) for size in (args.small, args.large) for tasks in args.write_tasks]
+            rounds = [*(f"warm-up {n + 1}" for n in range(args.warm_ups)), "measured"]
+            for run in rounds + (["profiled"] if args.jfr is not None else []):
+                for size, tasks in shapes:
+                    shape = shape_name(size, tasks, args.write_tasks)
+                    name = f"{args.topic}_{shape}_{run.replace('-', '').replace(' ', '')}"
                     config = RouterConfig(
                         topic=args.topic, schema=args.topic, encoding=args.encoding, table=name,
                         kafka={"kafka.bootstrap.servers": status.bootstrap_servers,
                                "startingOffsets": "earliest"},
                         checkpoint_location=str(home / "checkpoints" / name), catalog=stack.config.catalog,
-                        max_offsets_per_trigger=size, trigger_interval="1 second",
-                        write_tasks=args.write_tasks,
+                        max_offsets_per_trigger=size, trigger_interval="1 second", write_tasks=tasks,
                     )  # fmt: skip
-                    jfr = (
-                        args.jfr / f"batches-{size}.jfr"
-                        if args.jfr is not None and run == "profiled"
-                        else None
-                    )
+                    profiled = args.jfr is not None and run == "profiled"
+                    jfr = args.jfr / f"batches-{shape}.jfr" if profiled else None
                     figures = drain(spark, config, jvm, jfr)
-                    print(f"{size:,}-record batches, {run}: {json.dumps(figures)}", flush=True)
+                    print(f"{size:,}-record batches, write tasks {tasks or 'default'}, {run}: "
+                          f"{json.dumps(figures)}", flush=True)  # fmt: skip
                     if run == "measured":
-                        results[f"batches_of_{size}"] = figures
+                        results[f"batches_of_{shape}"] = figures
         finally:
             spark.stop()
     finally:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
-    small, large = results[f"batches_of_{args.small}"], results[f"batches_of_{args.large}"]
-    results["small_over_large_cpu_per_event"] = round(
-        small["cpu_us_per_event"] / large["cpu_us_per_event"], 2
-    )
     results["load_after"] = os.getloadavg()
+    for tasks in args.write_tasks:
+        small = results[f"batches_of_{shape_name(args.small, tasks, args.write_tasks)}"]
+        large = results[f"batches_of_{shape_name(args.large, tasks, args.write_tasks)}"]
+        ratio = round(small["cpu_us_per_event"] / large["cpu_us_per_event"], 2)
+        suffix = "" if len(args.write_tasks) == 1 else f"_tasks{tasks or 'default'}"
+        results[f"small_over_large_cpu_per_event{suffix}"] = ratio
+        print(
+            f"write tasks {tasks or 'default'}: {args.small:,}-record batch "
+            f"p50 {small['batch_seconds_p50']}s, p90 {small['batch_seconds_p90']}s; "
+            f"CPU per event {small['cpu_us_per_event']} us against {large['cpu_us_per_event']} us "
+            f"in {args.large:,}-record batches ({ratio} x; target 2 x)"
+        )
     path = OUT / f"batches-{args.topic}.json"
     path.write_text(json.dumps(results, indent=2))
-    print(
-        f"{args.small:,}-record batch: p50 {small['batch_seconds_p50']}s, p90 {small['batch_seconds_p90']}s; "
-        f"CPU per event {small['cpu_us_per_event']} us against {large['cpu_us_per_event']} us in "
-        f"{args.large:,}-record batches ({results['small_over_large_cpu_per_event']} x; target 2 x)"
-    )
     print(f"wrote {path}")
 
 
