@@ -142,7 +142,7 @@ class Router:
         if config.schema_registry is not None and config.subject is not None:
             described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
             described[SUBJECT_PROPERTY] = config.subject
-        properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config.maintenance)}
+        properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
         ensure_tables(self.spark, config.catalog, self.layout, config.target_file_size_bytes, properties)
         warn_of_long_history(config)
         self._evolve(self.layout)

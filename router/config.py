@@ -51,6 +51,10 @@ MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
 DEFAULT_MAINTENANCE_INTERVAL = "1h"
 # What turns maintenance inside the router off.
 NEVER = frozenset({"never", "off", "none", "no"})
+DEFAULT_SNAPSHOT_RETENTION_HOURS = 72.0
+# A retention that keeps more snapshots than this makes every commit rewrite a long list: metadata.json
+# holds about 1 KB per retained snapshot, written whole by every commit (bench/commits).
+MANY_SNAPSHOTS = 10_000
 
 
 class MaintenanceSettings(BaseModel):
@@ -61,8 +65,9 @@ class MaintenanceSettings(BaseModel):
     # An hour is compacted once it ended this long ago: later records of it are rare by then.
     compaction_grace_minutes: int = Field(default=15, ge=0)
     # Snapshots younger than this are kept for time travel. Every commit rewrites the list of retained
-    # snapshots: on a short trigger, a shorter retention keeps commits cheap (bench/commits).
-    snapshot_retention_hours: float = Field(default=72, gt=0)
+    # snapshots, so unset it is 72 hours, or less where the trigger would commit more than MANY_SNAPSHOTS
+    # snapshots in 72 hours (RouterConfig.snapshot_retention_hours).
+    snapshot_retention_hours: float | None = Field(default=None, gt=0)
     retain_last_snapshots: int = Field(default=100, gt=0)
     # Files younger than this are never orphans: a batch may have written them and not committed yet.
     orphan_retention_hours: int = Field(default=72, ge=1)
@@ -195,6 +200,19 @@ class RouterConfig(BaseModel):
         except ConfigError as error:
             raise ValueError(f"schema: {error}") from error
         return self
+
+    @property
+    def trigger_seconds(self) -> float:
+        return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
+
+    @property
+    def snapshot_retention_hours(self) -> float:
+        """How long snapshots are kept: as set, else 72 hours, or as long as MANY_SNAPSHOTS triggers take
+        when that is shorter (about 2.8 hours at a 1-second trigger): the commit cost stays bounded."""
+        retention = self.maintenance.snapshot_retention_hours
+        if retention is not None:
+            return retention
+        return min(DEFAULT_SNAPSHOT_RETENTION_HOURS, MANY_SNAPSHOTS * self.trigger_seconds / 3600)
 
     @property
     def subject(self) -> str | None:

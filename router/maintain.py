@@ -72,7 +72,7 @@ def maintain(
             f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
         ).first()
         keep_newest_append(spark, identifier)
-        older_than = now - timedelta(hours=settings.snapshot_retention_hours)
+        older_than = now - timedelta(hours=config.snapshot_retention_hours)
         expired = spark.sql(
             f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
             f"older_than => TIMESTAMP '{older_than:%Y-%m-%d %H:%M:%S}+00:00', "

@@ -13,15 +13,12 @@ import time
 
 from pyspark.sql import SparkSession
 
-from bergstream.timeparse import parse_duration
-from router.config import RouterConfig
+from router.config import MANY_SNAPSHOTS, RouterConfig
 from router.maintain import maintain
 from router.metrics import RouterMetrics
 from router.retry import first_line
 
 log = logging.getLogger("bergstream.router.maintenance")
-# A retention that keeps more snapshots than this makes every commit rewrite a long list (bench/commits).
-MANY_SNAPSHOTS = 10_000
 
 
 class MaintenanceSchedule:
@@ -43,7 +40,7 @@ class MaintenanceSchedule:
         settings = self.config.maintenance
         log.info(
             "%s: maintenance every %s (snapshots kept %gh, at least %d)",
-            self.config.topic, settings.every, settings.snapshot_retention_hours,
+            self.config.topic, settings.every, self.config.snapshot_retention_hours,
             settings.retain_last_snapshots,
         )  # fmt: skip
         self._thread.start()
@@ -88,11 +85,10 @@ class MaintenanceSchedule:
 
 def warn_of_long_history(config: RouterConfig) -> None:
     """Say so when the snapshot retention keeps a long history at the router's trigger interval."""
-    trigger = parse_duration(config.trigger_interval, "trigger_interval").total_seconds()
-    retained = config.maintenance.snapshot_retention_hours * 3600 / max(trigger, 1e-3)
+    retained = config.snapshot_retention_hours * 3600 / max(config.trigger_seconds, 1e-3)
     if retained > MANY_SNAPSHOTS:
         log.warning(
             "%s: a commit every %s kept for %gh is about %d snapshots that every commit lists again; "
             "a shorter maintenance.snapshot_retention_hours keeps commits fast",
-            config.topic, config.trigger_interval, config.maintenance.snapshot_retention_hours, retained,
+            config.topic, config.trigger_interval, config.snapshot_retention_hours, retained,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from bergstream.catalog import CatalogConfig
-from router.config import MaintenanceSettings
+from router.config import RouterConfig
 from schemas.archive import ArchiveLayout
 
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
@@ -24,7 +24,7 @@ MANIFESTS_TO_MERGE = 100
 MANIFEST_TARGET_BYTES = 8 * 1024 * 1024
 
 
-def maintained_properties(settings: MaintenanceSettings) -> dict[str, str]:
+def maintained_properties(config: RouterConfig) -> dict[str, str]:
     """The table properties that bound metadata, manifests and snapshots. Snapshot retention is the one
     `router maintain` applies: any engine expiring snapshots with the table's defaults keeps as much."""
     return {
@@ -33,8 +33,8 @@ def maintained_properties(settings: MaintenanceSettings) -> dict[str, str]:
         "commit.manifest-merge.enabled": "true",
         "commit.manifest.min-count-to-merge": str(MANIFESTS_TO_MERGE),
         "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES),
-        "history.expire.max-snapshot-age-ms": str(round(settings.snapshot_retention_hours * 3_600_000)),
-        "history.expire.min-snapshots-to-keep": str(settings.retain_last_snapshots),
+        "history.expire.max-snapshot-age-ms": str(round(config.snapshot_retention_hours * 3_600_000)),
+        "history.expire.min-snapshots-to-keep": str(config.maintenance.retain_last_snapshots),
     }
 
 

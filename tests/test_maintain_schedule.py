@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from router.app import archive_available_now
-from router.config import MaintenanceSettings, RouterConfig, load_router_config
+from router.config import RouterConfig, load_router_config
 from router.maintain import NEWEST_APPEND_TAG, maintain
 from router.table import ensure_tables, maintained_properties
 from router.write import BATCH_ID, QUERY_ID
@@ -41,20 +41,12 @@ def properties(spark: SparkSession, identifier: str) -> dict[str, str]:
     return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
 
 
-def test_properties_derive_from_the_maintenance_settings() -> None:
-    wanted = maintained_properties(MaintenanceSettings(snapshot_retention_hours=0.5, retain_last_snapshots=7))
-    assert wanted["history.expire.max-snapshot-age-ms"] == "1800000"
-    assert wanted["history.expire.min-snapshots-to-keep"] == "7"
-    assert wanted["write.metadata.delete-after-commit.enabled"] == "true"
-    assert wanted["commit.manifest-merge.enabled"] == "true"
-
-
 def test_properties_are_set_on_new_and_existing_tables(
     spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     settings = {"maintenance": {"snapshot_retention_hours": 2, "retain_last_snapshots": 9}}
     config = load_router_config(topic_name, write_config(stack, tmp_path, topic_name, **settings), {}, {})
-    wanted = maintained_properties(config.maintenance)
+    wanted = maintained_properties(config)
     assert wanted["history.expire.max-snapshot-age-ms"] == "7200000"
     catalog = stack.catalog
     layout = ArchiveLayout(load_event_schema("playback"), config.table)

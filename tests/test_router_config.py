@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
 from router.config import RouterConfig, load_router_config
+from router.table import maintained_properties
 
 CATALOG = {"uri": "jdbc:sqlite:/data/catalog.db", "warehouse": "file:///data/warehouse"}
 SETTINGS: dict[str, Any] = {
@@ -95,3 +96,38 @@ def test_the_router_maintains_its_tables_every_hour_unless_told_otherwise(
     assert config.maintenance.every_seconds == (
         None if every is None else {"1h": 3600, "30m": 1800, "2h": 7200}[every]
     )
+
+
+def test_table_properties_derive_from_the_maintenance_settings() -> None:
+    maintenance = {"snapshot_retention_hours": 0.5, "retain_last_snapshots": 7}
+    wanted = maintained_properties(
+        RouterConfig.model_validate({**SETTINGS, "table": "playback", "maintenance": maintenance})
+    )
+    assert wanted["history.expire.max-snapshot-age-ms"] == "1800000"
+    assert wanted["history.expire.min-snapshots-to-keep"] == "7"
+    assert wanted["write.metadata.delete-after-commit.enabled"] == "true"
+    assert wanted["commit.manifest-merge.enabled"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("trigger", "retention", "hours"),
+    [
+        ("30 seconds", None, 72),  # 8,640 snapshots: the default holds
+        ("1 minute", None, 72),
+        ("1 second", None, 10_000 / 3600),  # at most 10,000 snapshots
+        ("10 seconds", None, 100_000 / 3600),
+        ("500 milliseconds", None, 5_000 / 3600),
+        ("1 second", 12, 12),  # as set, however many snapshots that is
+        ("30 seconds", 0.25, 0.25),
+    ],
+)
+def test_snapshot_retention_keeps_a_bounded_number_of_snapshots_unless_set(
+    trigger: str, retention: float | None, hours: float
+) -> None:
+    maintenance = {} if retention is None else {"snapshot_retention_hours": retention}
+    config = RouterConfig.model_validate(
+        {**SETTINGS, "table": "playback", "trigger_interval": trigger, "maintenance": maintenance}
+    )
+    assert config.snapshot_retention_hours == pytest.approx(hours)
+    age_ms = maintained_properties(config)["history.expire.max-snapshot-age-ms"]
+    assert int(age_ms) == round(hours * 3_600_000)

@@ -247,7 +247,7 @@ def main() -> None:
     variant = args.variant
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.
-        router.app.maintained_properties = lambda settings: {}  # type: ignore[attr-defined]
+        router.app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-commits-"))
     kafka_port, controller_port = free_ports(2)
     stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
@@ -330,9 +330,7 @@ def maintain_now(
     """`router maintain` with its clock set so that commits older than `retention` commits are an hour
     and more old: what an hour of a 1-second trigger leaves to expire."""
     oldest_kept = committed_at[-retention] if len(committed_at) >= retention else committed_at[0]
-    now = datetime.fromtimestamp(oldest_kept, UTC) + timedelta(
-        hours=config.maintenance.snapshot_retention_hours
-    )
+    now = datetime.fromtimestamp(oldest_kept, UTC) + timedelta(hours=config.snapshot_retention_hours)
     started = time.monotonic()
     results = maintain(spark, config, now=now)
     seconds = time.monotonic() - started
