@@ -11,12 +11,12 @@ out by `explain`, on dead-lettered rows only. Keeping the diagnosis out of the p
 keeps that expression's generated code under the size the JVM compiles (8,000 bytes of bytecode); above
 it, every record would run interpreted.
 
-Spark's JSON reader is lenient in ways that lose nothing: a number or an object sent for a string field
-is kept as its JSON text. Where its leniency would lose or change data it is not trusted: it keeps the last
-of two equal keys and ignores whatever follows the first value of the text. A second, strict parse
-(`StrictJson`: Jackson's streaming parser over the value's bytes, in bergstream's jar) refuses what
-RFC 8259 refuses, a key twice in any object, and anything after the object. It costs about 1 us per
-playback value on top of Spark's reader's 6.4 (bench/router/breakdown, the "decode json" stage).
+A JSON value is decoded in one strict pass (`StrictJson`: Jackson's streaming parser over the value's
+bytes, in bergstream's jar) that converts each field as Spark's `from_json` does, and keeps its leniency
+where it loses nothing: a number or an object sent for a string field is kept as its JSON text. Where
+Spark's reader would lose or change data, the pass is strict: it refuses what RFC 8259 refuses, a key
+twice in any object (Spark keeps the last), and anything after the object (Spark ignores it). One pass
+instead of Spark's reader and a strict check beside it (bench/router/breakdown, the "decode json" stage).
 
 A topic with a schema registry carries values in the wire format (schemas/wire.py): a header, then the
 payload. The parser checks the header, knows the ids of the subject's versions (`WireSchemas`, fetched by
@@ -38,14 +38,14 @@ from pyspark.sql.avro.functions import from_avro, to_avro
 from schemas import wire
 from schemas.archive import ArchiveLayout
 from schemas.registry import Encoding
-from schemas.spark_types import avro_enums, nested_fields
+from schemas.spark_types import avro_enums, nested_fields, optional
 
 EVENT = "event"
 ERROR = "error"
 # The provisional error of a JSON value that does not decode into the event: `explain` says why.
 UNDECODABLE_JSON = "undecodable JSON"
-_CORRUPT = "_corrupt_record"
-_STRICT = "_strict_json"
+CORRUPT_RECORD = "_corrupt_record"
+_DECODED = "_decoded_json"
 Check = tuple[Column, Column]
 # Event times outside these years are garbage: milliseconds read as seconds, another schema's numbers.
 _EARLIEST, _LATEST = "2000-01-01 00:00:00", "2200-01-01 00:00:00"
@@ -53,7 +53,7 @@ _EARLIEST_SECONDS, _LATEST_SECONDS = 946_684_800, 7_258_118_400
 # Jackson refuses JSON nested deeper than 1,000 levels; the strict parse, one level less.
 MAX_JSON_DEPTH = 999
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
-# The results of the strict parse (StrictJson) other than 0 (valid) and a timestamp field's position.
+# The statuses of the strict parse (StrictJson) other than 0 (valid) and a timestamp field's position.
 _UNDECODABLE, _LONE_SURROGATE = -1, -2
 _NON_NUMBERS = r"(?<![\w\"])[+-]?(?:NaN|Infinity|INF)(?![\w\"])"
 
@@ -103,11 +103,14 @@ class Parser:
         if max_value_bytes is not None:
             value = F.when(F.length(raw) <= max_value_bytes, value)
         self._strict_json: StrictJson | None = None
+        # The event, when the first projection yields it inside another column.
+        self._event: Column | None = None
         if encoding == "json":
-            self._strict_json = StrictJson(_timestamps(layout))
+            self._strict_json = StrictJson(layout.event_type, _timestamps(layout))
             self.decoded, error = _json_columns(
                 layout, value, _header_checks(wire_schemas, plain_json=True), self._strict_json
             )
+            self._event = F.col(_DECODED)[StrictJson.EVENT].alias(EVENT)
         else:
             self.decoded, error = _avro_columns(layout, value, wire_schemas)
         self.schema_id = wire.schema_id(raw) if wire_schemas is not None else F.lit(None).cast("int")
@@ -129,6 +132,8 @@ class Parser:
         if self._strict_json is not None:
             self._strict_json.register(records.sparkSession)
         decoded = records.select("*", *self.decoded.values(), *extra)
+        if self._event is not None:
+            decoded = decoded.select("*", self._event)
         return decoded.select("*", self.error.alias(ERROR)).drop(
             *[name for name in self.decoded if name != EVENT]
         )
@@ -221,22 +226,33 @@ def _time_checks(layout: ArchiveLayout) -> list[Check]:
 
 
 class StrictJson:
-    """The strict parse of a topic's JSON values (`io.bergstream.schemas.StrictJson`, in schemas/jvm): one
-    pass of Jackson over the value's bytes, strict where Spark's reader is lenient (see the module's
-    docstring), which also finds the top-level timestamp fields sent as numbers out of range.
+    """The strict decoding of a topic's JSON values into its event (`io.bergstream.schemas.StrictJson`, in
+    schemas/jvm): one pass of Jackson over the value's bytes, converting as Spark's `from_json` does and
+    strict where Spark's reader is lenient (see the module's docstring), which also finds the top-level
+    timestamp fields sent as numbers out of range.
 
     It is a Spark SQL function, registered in each session that parses with it, under a name that depends
-    on what it checks: topics of different schemas share a driver. Its result is, in this order of
-    precedence: -1 (_UNDECODABLE) for a value that is not a single strict JSON object, nested at most
-    MAX_JSON_DEPTH levels; -2 (_LONE_SURROGATE) for one that escapes half of a UTF-16 surrogate pair,
+    on what it decodes: topics of different schemas share a driver. Its result is a struct of the event
+    (EVENT) and a status (STATUS), in this order of precedence: -1 (_UNDECODABLE, the event null) for a
+    value that is not a single strict JSON object, nested at most MAX_JSON_DEPTH levels, whose fields
+    convert to their types; -2 (_LONE_SURROGATE) for one that escapes half of a UTF-16 surrogate pair,
     which Java would turn into "?"; n for a value whose n-th timestamp field (from 1, in `fields` order)
-    holds a number outside the seconds of 2000 to 2200; 0 otherwise."""
+    holds a number outside the seconds of 2000 to 2200; 0 otherwise. Timestamps without a zone are read
+    in the session's time zone, as Spark reads them."""
 
     _CLASS = "io.bergstream.schemas.StrictJson"
+    EVENT = "event"
+    STATUS = "status"
 
-    def __init__(self, fields: list[str]) -> None:
+    def __init__(self, event_type: T.StructType, fields: list[str]) -> None:
+        # Every field may come back null, required ones too: the checks after the decoding say why.
+        nullable = optional(event_type)
+        assert isinstance(nullable, T.StructType)
+        self.event_type = nullable
         self.fields = fields
-        checked = f"{','.join(fields)}/{_EARLIEST_SECONDS}/{_LATEST_SECONDS}/{MAX_JSON_DEPTH}"
+        checked = (
+            f"{event_type.json()}/{','.join(fields)}/{_EARLIEST_SECONDS}/{_LATEST_SECONDS}/{MAX_JSON_DEPTH}"
+        )
         self.name = f"bergstream_strict_json_{hashlib.sha256(checked.encode()).hexdigest()[:12]}"
         self._registered: set[int] = set()
 
@@ -248,29 +264,35 @@ class StrictJson:
             return
         jvm = spark._jvm
         assert jvm is not None
+        zone = spark.conf.get("spark.sql.session.timeZone")
         getattr(jvm, self._CLASS).register(
-            session, self.name, self.fields, _EARLIEST_SECONDS, _LATEST_SECONDS, MAX_JSON_DEPTH
-        )
+            session, self.name, self.event_type.json(), self.fields, _EARLIEST_SECONDS, _LATEST_SECONDS,
+            MAX_JSON_DEPTH, zone,
+        )  # fmt: skip
         self._registered.add(key)
 
     def __call__(self, value: Column) -> Column:
         return F.call_function(self.name, value)
 
 
-def _json_columns(
-    layout: ArchiveLayout, value: Column, header_checks: list[Check], strict_json: StrictJson
-) -> tuple[dict[str, Column], Column]:
-    parse_type = T.StructType([*layout.event_type.fields, T.StructField(_CORRUPT, T.StringType())])
-    text = value.cast("string")
+def lenient_json(event_type: T.StructType, text: Column) -> Column:
+    """Spark's own reading of a JSON value into the event, with CORRUPT_RECORD set where it fails."""
+    parse_type = T.StructType([*event_type.fields, T.StructField(CORRUPT_RECORD, T.StringType())])
     # Spark takes NaN, Infinity and single-quoted text by default: none of them is JSON.
     options = {
         "mode": "PERMISSIVE",
-        "columnNameOfCorruptRecord": _CORRUPT,
+        "columnNameOfCorruptRecord": CORRUPT_RECORD,
         "allowNonNumericNumbers": "false",
         "allowSingleQuotes": "false",
     }
-    event = F.from_json(text, parse_type, options)
-    strict = F.col(_STRICT)
+    return F.from_json(text, parse_type, options)
+
+
+def _json_columns(
+    layout: ArchiveLayout, value: Column, header_checks: list[Check], strict_json: StrictJson
+) -> tuple[dict[str, Column], Column]:
+    text = value.cast("string")
+    strict = F.col(_DECODED)[StrictJson.STATUS]
     # Spark reads a JSON number into a timestamp as epoch seconds, times a million without overflow
     # checks: milliseconds land tens of thousands of years away, and microseconds or nanoseconds wrap
     # around into any year at all. The strict parse finds those numbers.
@@ -286,7 +308,7 @@ def _json_columns(
         *header_checks,
         (F.length(value) == 0, F.lit("empty value")),
         (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        (F.col(EVENT)[_CORRUPT].isNotNull() | (strict == _UNDECODABLE), F.lit(UNDECODABLE_JSON)),
+        (strict == _UNDECODABLE, F.lit(UNDECODABLE_JSON)),
         (
             strict == _LONE_SURROGATE,
             F.lit("a JSON string holds half of a UTF-16 surrogate pair, which is not text"),
@@ -295,7 +317,7 @@ def _json_columns(
         *_time_checks(layout),
         *_content_checks(layout),
     ]
-    return {EVENT: event.alias(EVENT), _STRICT: strict_json(value).alias(_STRICT)}, _first_error(checks)
+    return {_DECODED: strict_json(value).alias(_DECODED)}, _first_error(checks)
 
 
 def _parses(text: Column) -> Column:
@@ -317,7 +339,9 @@ def _json_reason(layout: ArchiveLayout, value: Column) -> Column:
     text = value.cast("string")
     variant = F.try_parse_json(text)
     kind = F.regexp_extract(F.schema_of_variant(variant), r"^(\w+)", 1)
-    decoded = F.col(EVENT).isNotNull() & F.col(EVENT)[_CORRUPT].isNull()
+    # Whether Spark's lenient reader takes the value: then what is wrong is what the strict pass refuses.
+    lenient = lenient_json(layout.event_type, text)
+    decoded = lenient.isNotNull() & lenient[CORRUPT_RECORD].isNull()
     # Keys (without escapes) and blanks removed, a run of opening brackets is the nesting itself.
     skeleton = F.regexp_replace(F.regexp_replace(text, r'"[^"\\]*"\s*:', ""), r"\s+", "")
     wrong_types = []

@@ -10,14 +10,25 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyspark.sql import Observation
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from router.counts import observed_columns
 from router.transform import Stamper
 from schemas import ArchiveLayout, load_event_schema
-from schemas.parse import ERROR, EVENT, MAX_JSON_DEPTH, parse_and_explain
+from schemas.parse import (
+    CORRUPT_RECORD,
+    ERROR,
+    EVENT,
+    MAX_JSON_DEPTH,
+    StrictJson,
+    lenient_json,
+    parse_and_explain,
+)
 from schemas.registry import Encoding
+from schemas.spark_types import record_to_struct
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,6 +130,7 @@ def test_the_strict_json_parse_at_its_edges(spark: SparkSession) -> None:
         ),
         b"  \n ": "malformed JSON",
         b"\xef\xbb\xbf" + valid: "malformed JSON",
+        valid.decode().encode("utf-16-le"): "malformed JSON",  # Jackson would read it; Spark reads UTF-8
         valid.replace(b'"country"', b'"c\\u006fu\\u006etry"'): None,
         b'{"a":1,"b":{"c":[{"d":1,"d":2}]}}': "a nested JSON object has the same key twice",
     }
@@ -177,7 +189,7 @@ KAFKA_RECORDS = (
 @pytest.mark.parametrize(
     ("kind", "encoding", "decoders"),
     [
-        ("playback", "json", ("from_json(", "bergstream_strict_json_")),
+        ("playback", "json", ("bergstream_strict_json_",)),
         ("impression", "avro", ("from_avro(",)),
     ],
 )
@@ -237,3 +249,87 @@ def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
     assert len(written_at) == len(rows) and len(set(written_at)) == 1, written_at[:3]
     assert started - timedelta(seconds=1) <= written_at[0] <= datetime.now(UTC).replace(tzinfo=None)
     assert compiled == 0
+
+
+# Every type a schema can give a field (schemas/spark_types.py), for the strict decoder against from_json.
+EVERY_TYPE = T.StructType(
+    [
+        T.StructField("s", T.StringType()),
+        T.StructField("b", T.BooleanType()),
+        T.StructField("i", T.IntegerType()),
+        T.StructField("l", T.LongType()),
+        T.StructField("f", T.FloatType()),
+        T.StructField("d", T.DoubleType()),
+        T.StructField("bin", T.BinaryType()),
+        T.StructField("t", T.TimestampType()),
+        T.StructField("dt", T.DateType()),
+        T.StructField(
+            "n", T.StructType([T.StructField("x", T.StringType()), T.StructField("t", T.TimestampType())])
+        ),
+        T.StructField("a", T.ArrayType(T.IntegerType())),
+        T.StructField("m", T.MapType(T.StringType(), T.LongType())),
+        T.StructField("as", T.ArrayType(T.StructType([T.StructField("x", T.LongType())]))),
+    ]
+)
+# JSON texts of every kind of token, and of the strings Spark's readers of each type take or refuse.
+TOKENS = [
+    "null", "true", "false", "0", "-0", "1", "-17", "2147483647", "2147483648", "-2147483649",
+    "9223372036854775807", "9223372036854775808", "1e2", "1.50", "0.1e-2", "3.5e39", "1.7976931348623157E309",
+    '""', '"x"', '"1"', '"true"', '"NaN"', '"aGVsbG8="', '"!!"', '"2026-11-22"', '"2026-11-22T05:06:07Z"',
+    '"2026-11-22 05:06:07.123456789+02:00"', '"2026-11-22T00:00:00GMT"', '" 2026-11-22T00:00:00Z "',
+    '"2026-11-22T00:00"', '"T00:00"', '"99"', '"x\\u00e9\\ud83d\\ude00\\n\\/"', "1700000000",
+    "[]", "[1, null, 3]", '[1, "2"]', '[{"x": 1}, {"x": null}, {}]', "{}", '{"x" : "y",  "t": 1}',
+    '{"x": {"y": [1, 2.5, "z"]}}', '{"k": 1, "j": null}', '{"k": "1"}',
+]  # fmt: skip
+
+
+def test_the_strict_decoder_reads_each_type_as_from_json_does(spark: SparkSession) -> None:
+    """Each kind of JSON token in each field of every type, and the yardstick events: whatever Spark's own
+    reader takes, the strict decoder takes with the same value, and whatever it refuses, the decoder
+    refuses."""
+    cases: dict[str, tuple[T.StructType, list[str]]] = {
+        "every type": (
+            EVERY_TYPE,
+            [
+                f'{{"{field.name}": {token}, "s": "other"}}' if field.name != "s" else f'{{"s": {token}}}'
+                for field in EVERY_TYPE.fields
+                for token in TOKENS
+            ],
+        )
+    }
+    for kind in ("playback", "impression"):
+        event_schema = load_event_schema(kind)
+        events = [event_schema.encode(generated.event, "json").decode() for _, generated in
+                  zip(range(200), EventModel(seed=3).events(kind), strict=False)]  # fmt: skip
+        first = json.loads(events[0])
+        event_type = record_to_struct(event_schema.avro)
+        for field in event_type.fields:
+            others = json.dumps({name: value for name, value in first.items() if name != field.name})
+            events += [f'{others[:-1]}, "{field.name}": {token}}}' for token in TOKENS]
+        cases[kind] = (event_type, events)
+    compared = 0
+    for name, (event_type, texts) in cases.items():
+        decoder = StrictJson(
+            event_type, [f.name for f in event_type.fields if isinstance(f.dataType, T.TimestampType)]
+        )
+        decoder.register(spark)
+        rows = (
+            spark.createDataFrame([(text.encode(),) for text in texts], "value binary")
+            .select(
+                "value",
+                decoder(F.col("value")).alias("strict"),
+                lenient_json(event_type, F.col("value").cast("string")).alias("lenient"),
+            )
+            .collect()
+        )
+        for row in rows:
+            lenient = row.lenient.asDict(recursive=True)
+            value = f"{name}: {bytes(row.value)!r}"
+            if lenient.pop(CORRUPT_RECORD) is not None:
+                assert row.strict.status == -1, f"{value}: from_json refuses it, the decoder took it"
+            else:
+                # A timestamp field sent as a number outside 2000 to 2200 is decoded and flagged (status > 0).
+                assert row.strict.status >= 0, f"{value}: status {row.strict.status}"
+                assert row.strict.event.asDict(recursive=True) == lenient, value
+            compared += 1
+    assert compared == sum(len(texts) for _, texts in cases.values()) > 1000

@@ -1,51 +1,82 @@
 package io.bergstream.schemas;
 
 import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonGenerator;
 import com.fasterxml.jackson.core.JsonParser;
 import com.fasterxml.jackson.core.JsonToken;
 import com.fasterxml.jackson.core.StreamReadConstraints;
 import com.fasterxml.jackson.core.StreamReadFeature;
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.io.Serializable;
+import java.time.Instant;
+import java.time.LocalDate;
+import java.time.ZoneId;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.api.java.UDF1;
+import org.apache.spark.sql.catalyst.util.DateTimeUtils;
+import org.apache.spark.sql.catalyst.util.RebaseDateTime;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import scala.Option;
 
 /**
- * The strict parse of a JSON value, in one pass over its bytes, beside Spark's lenient {@code from_json}
- * (the rules are schemas/parse.py's).
+ * A topic's JSON value decoded into its event in one strict pass of Jackson over the value's bytes (the
+ * rules are schemas/parse.py's).
  *
- * <p>A value passes when it is one JSON object as RFC 8259 writes it (no NaN, no single quotes, no
+ * <p>A value decodes when it is one JSON object as RFC 8259 writes it (no NaN, no single quotes, no
  * comments, no trailing commas, no unescaped control characters), with no key twice in any object, nested
- * at most {@code maxDepth} levels, and nothing but blanks after it. It then says which of the event's
- * top-level timestamp fields, if any, holds an integer outside {@code [earliestSeconds, latestSeconds]}:
- * Spark reads a JSON number into a timestamp as epoch seconds, so that milliseconds land tens of
- * thousands of years away.
+ * at most {@code maxDepth} levels, nothing but blanks after it, and every field of the event convertible
+ * to its type. Conversions are those of Spark's {@code from_json}, so that the archive holds what a Spark
+ * job reading the topic would: a number, a boolean, an object or an array sent for a string field is
+ * kept as its JSON text (as Jackson writes it again); a JSON integer for a timestamp is epoch seconds; a
+ * timestamp or date string is read by Spark's own parser; fields the event does not have are skipped.
  *
- * <p>A value that decodes may still escape half of a UTF-16 surrogate pair ({@code "\\ud83d"} alone),
- * which Java would turn into "?": {@link #LONE_SURROGATE}. A literal backslash before "ud800" in a
- * string counts too; such a value goes to the dead-letter table whole, never altered.
- *
- * <p>The result is, first that applies: {@link #UNDECODABLE}, {@link #LONE_SURROGATE}, the position
- * (from 1, in the order given) of the first timestamp field out of range, {@link #VALID}; null for a
- * null value.
+ * <p>The result is a struct of the event and a status, first that applies: {@link #UNDECODABLE} (the
+ * event null), {@link #LONE_SURROGATE} for a value that escapes half of a UTF-16 surrogate pair ({@code
+ * "\\ud83d"} alone, which Java would turn into "?"; a literal backslash before "ud800" in a string counts
+ * too, so that such a value goes to the dead-letter table whole, never altered), the position (from 1,
+ * in the order given) of the first top-level timestamp field sent as an integer outside {@code
+ * [earliestSeconds, latestSeconds]} (Spark reads it as epoch seconds, unchecked: milliseconds land tens
+ * of thousands of years away), {@link #VALID}. A null value gives null.
  */
-public final class StrictJson implements UDF1<byte[], Integer> {
-  private static final long serialVersionUID = 1L;
+public final class StrictJson implements UDF1<byte[], Row> {
+  private static final long serialVersionUID = 2L;
+  // Writes a value that is not a string again as JSON text; thread-safe, as Jackson's factories are.
+  private static final JsonFactory WRITER = new JsonFactory();
 
+  public static final String EVENT = "event";
+  public static final String STATUS = "status";
   public static final int VALID = 0;
   public static final int UNDECODABLE = -1;
   public static final int LONE_SURROGATE = -2;
 
+  private final Struct event;
   private final Map<String, Integer> timestampFields = new HashMap<>();
   private final long earliestSeconds;
   private final long latestSeconds;
   private final int maxDepth;
   private transient JsonFactory factory;
 
-  public StrictJson(List<String> timestampFields, long earliestSeconds, long latestSeconds, int maxDepth) {
+  public StrictJson(
+      StructType eventType,
+      List<String> timestampFields,
+      long earliestSeconds,
+      long latestSeconds,
+      int maxDepth,
+      String zoneId) {
+    this.event = new Struct(eventType, zoneId);
     for (int position = 0; position < timestampFields.size(); position++) {
       this.timestampFields.putIfAbsent(timestampFields.get(position), position + 1);
     }
@@ -54,24 +85,37 @@ public final class StrictJson implements UDF1<byte[], Integer> {
     this.maxDepth = maxDepth;
   }
 
-  /** Registers the parse in {@code spark}'s function registry as {@code name}. */
+  /** The struct the decoder returns: the event, then the status. */
+  public static StructType resultType(StructType eventType) {
+    return new StructType()
+        .add(EVENT, eventType, true)
+        .add(STATUS, DataTypes.IntegerType, true);
+  }
+
+  /**
+   * Registers the decoder of {@code eventTypeJson} (a Spark struct type as JSON) in {@code spark}'s
+   * function registry as {@code name}; timestamps without a zone are read in {@code zoneId}.
+   */
   public static void register(
       SparkSession spark,
       String name,
+      String eventTypeJson,
       List<String> timestampFields,
       long earliestSeconds,
       long latestSeconds,
-      int maxDepth) {
+      int maxDepth,
+      String zoneId) {
+    StructType eventType = (StructType) DataType.fromJson(eventTypeJson);
     spark
         .udf()
         .register(
             name,
-            new StrictJson(timestampFields, earliestSeconds, latestSeconds, maxDepth),
-            DataTypes.IntegerType);
+            new StrictJson(eventType, timestampFields, earliestSeconds, latestSeconds, maxDepth, zoneId),
+            resultType(eventType));
   }
 
   @Override
-  public Integer call(byte[] value) {
+  public Row call(byte[] value) {
     if (value == null) {
       return null;
     }
@@ -82,13 +126,273 @@ public final class StrictJson implements UDF1<byte[], Integer> {
               .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(maxDepth).build())
               .build();
     }
-    int result;
+    if (!plainUtf8(value)) {
+      return RowFactory.create(null, UNDECODABLE);
+    }
+    Object[] fields = new Object[event.converters.length];
+    int status;
     try (JsonParser parser = factory.createParser(value)) {
-      result = check(parser);
-    } catch (IOException malformed) {
+      status = decode(parser, fields);
+    } catch (IOException | RuntimeException undecodable) {
+      // Malformed JSON, or a field that does not convert to its type: Spark's from_json would mark the
+      // record corrupt.
+      status = UNDECODABLE;
+    }
+    if (status == UNDECODABLE) {
+      return RowFactory.create(null, UNDECODABLE);
+    }
+    if (hasLoneSurrogate(value)) {
+      status = LONE_SURROGATE;
+    }
+    return RowFactory.create(RowFactory.create(fields), status);
+  }
+
+  /**
+   * Whether Jackson reads the value as UTF-8, as Spark does: it would take a byte order mark in front
+   * of the text, or a zero byte among the first four (which a JSON text never holds unescaped), for the
+   * sign of another encoding, and decode UTF-16 or UTF-32 that Spark refuses.
+   */
+  static boolean plainUtf8(byte[] value) {
+    if (value.length >= 3 && value[0] == (byte) 0xEF && value[1] == (byte) 0xBB && value[2] == (byte) 0xBF) {
+      return false;
+    }
+    for (int at = 0; at < Math.min(4, value.length); at++) {
+      if (value[at] == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  private int decode(JsonParser parser, Object[] fields) throws IOException {
+    if (parser.nextToken() != JsonToken.START_OBJECT) {
       return UNDECODABLE;
     }
-    return result != UNDECODABLE && hasLoneSurrogate(value) ? LONE_SURROGATE : result;
+    int firstOutOfRange = Integer.MAX_VALUE;
+    for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
+      if (name == null) {
+        return UNDECODABLE;
+      }
+      String fieldName = parser.currentName();
+      JsonToken token = parser.nextToken();
+      Integer index = event.indexes.get(fieldName);
+      if (index == null) {
+        // Not a field of the event: read through, token by token, so that it is checked too.
+        parser.skipChildren();
+        continue;
+      }
+      Integer position = timestampFields.get(fieldName);
+      if (position != null
+          && token == JsonToken.VALUE_NUMBER_INT
+          && parser.getNumberType() != JsonParser.NumberType.BIG_INTEGER) {
+        long seconds = parser.getLongValue();
+        if (seconds < earliestSeconds || seconds > latestSeconds) {
+          firstOutOfRange = Math.min(firstOutOfRange, position);
+        }
+      }
+      fields[index] = event.converters[index].convert(parser, token);
+    }
+    // Only blanks may follow the object; a second value, or anything else, is not one JSON value.
+    if (parser.nextToken() != null) {
+      return UNDECODABLE;
+    }
+    return firstOutOfRange == Integer.MAX_VALUE ? VALID : firstOutOfRange;
+  }
+
+  /** Turns the value at the parser's current token (not null) into the Java value of a Spark type. */
+  private interface Converter extends Serializable {
+    Object convert(JsonParser parser, JsonToken token) throws IOException;
+  }
+
+  private static final class NotConvertible extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    NotConvertible(JsonToken token, DataType type) {
+      super(token + " is not " + type.simpleString(), null, false, false);
+    }
+  }
+
+  /** A struct's fields by name, and the converter of each. */
+  private static final class Struct implements Serializable {
+    private static final long serialVersionUID = 1L;
+    final Map<String, Integer> indexes = new HashMap<>();
+    final Converter[] converters;
+
+    Struct(StructType type, String zoneId) {
+      StructField[] fields = type.fields();
+      converters = new Converter[fields.length];
+      for (int index = 0; index < fields.length; index++) {
+        indexes.putIfAbsent(fields[index].name(), index);
+        converters[index] = converter(fields[index].dataType(), zoneId);
+      }
+    }
+
+    Row read(JsonParser parser) throws IOException {
+      Object[] values = new Object[converters.length];
+      for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
+        JsonToken token = parser.nextToken();
+        Integer index = indexes.get(parser.currentName());
+        if (index == null) {
+          parser.skipChildren();
+        } else {
+          values[index] = converters[index].convert(parser, token);
+        }
+      }
+      return RowFactory.create(values);
+    }
+  }
+
+  /** A value of {@code type}, or null for JSON null; anything else Spark's from_json refuses throws. */
+  private static Converter converter(DataType type, String zoneId) {
+    Converter convert = nonNull(type, zoneId);
+    return (parser, token) -> token == JsonToken.VALUE_NULL ? null : convert.convert(parser, token);
+  }
+
+  private static Converter nonNull(DataType type, String zoneId) {
+    if (type == DataTypes.StringType) {
+      return (parser, token) -> token == JsonToken.VALUE_STRING ? parser.getText() : asText(parser);
+    }
+    if (type == DataTypes.IntegerType) {
+      return (parser, token) -> {
+        expect(token, JsonToken.VALUE_NUMBER_INT, type);
+        return parser.getIntValue();
+      };
+    }
+    if (type == DataTypes.LongType) {
+      return (parser, token) -> {
+        expect(token, JsonToken.VALUE_NUMBER_INT, type);
+        return parser.getLongValue();
+      };
+    }
+    if (type == DataTypes.BooleanType) {
+      return (parser, token) -> {
+        if (token == JsonToken.VALUE_TRUE || token == JsonToken.VALUE_FALSE) {
+          return token == JsonToken.VALUE_TRUE;
+        }
+        throw new NotConvertible(token, type);
+      };
+    }
+    if (type == DataTypes.DoubleType || type == DataTypes.FloatType) {
+      boolean isDouble = type == DataTypes.DoubleType;
+      return (parser, token) -> {
+        if (token != JsonToken.VALUE_NUMBER_INT && token != JsonToken.VALUE_NUMBER_FLOAT) {
+          throw new NotConvertible(token, type);
+        }
+        return isDouble ? (Object) parser.getDoubleValue() : (Object) parser.getFloatValue();
+      };
+    }
+    if (type == DataTypes.BinaryType) {
+      return (parser, token) -> {
+        expect(token, JsonToken.VALUE_STRING, type);
+        return parser.getBinaryValue();
+      };
+    }
+    if (type == DataTypes.TimestampType) {
+      return new TimestampConverter(zoneId);
+    }
+    if (type == DataTypes.DateType) {
+      return (parser, token) -> {
+        expect(token, JsonToken.VALUE_STRING, type);
+        return LocalDate.ofEpochDay(days(parser.getText()));
+      };
+    }
+    if (type instanceof StructType struct) {
+      Struct nested = new Struct(struct, zoneId);
+      return (parser, token) -> {
+        expect(token, JsonToken.START_OBJECT, type);
+        return nested.read(parser);
+      };
+    }
+    if (type instanceof ArrayType array) {
+      Converter element = converter(array.elementType(), zoneId);
+      return (parser, token) -> {
+        expect(token, JsonToken.START_ARRAY, type);
+        List<Object> values = new ArrayList<>();
+        for (JsonToken item = parser.nextToken(); item != JsonToken.END_ARRAY; item = parser.nextToken()) {
+          values.add(element.convert(parser, item));
+        }
+        return values;
+      };
+    }
+    if (type instanceof MapType map && map.keyType() == DataTypes.StringType) {
+      Converter value = converter(map.valueType(), zoneId);
+      return (parser, token) -> {
+        expect(token, JsonToken.START_OBJECT, type);
+        Map<String, Object> values = new HashMap<>();
+        for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
+          String key = parser.currentName();
+          values.put(key, value.convert(parser, parser.nextToken()));
+        }
+        return values;
+      };
+    }
+    throw new IllegalArgumentException("no JSON decoding for " + type.simpleString());
+  }
+
+  private static void expect(JsonToken token, JsonToken wanted, DataType type) {
+    if (token != wanted) {
+      throw new NotConvertible(token, type);
+    }
+  }
+
+  /** The value at the current token written again as JSON text, as from_json keeps it for a string. */
+  private static String asText(JsonParser parser) throws IOException {
+    ByteArrayOutputStream text = new ByteArrayOutputStream();
+    try (JsonGenerator generator = WRITER.createGenerator(text)) {
+      generator.copyCurrentStructure(parser);
+    }
+    return text.toString(java.nio.charset.StandardCharsets.UTF_8);
+  }
+
+  /** Spark's reading of a date string: ISO-8601, then without "GMT", then days since 1970 as text. */
+  private static int days(String text) {
+    if (text.isEmpty()) {
+      throw new IllegalArgumentException("empty date");
+    }
+    UTF8String utf8 = UTF8String.fromString(text);
+    Option<Object> days = DateTimeUtils.stringToDate(utf8);
+    if (days.isEmpty()) {
+      days = DateTimeUtils.stringToDate(DateTimeUtils.cleanLegacyTimestampStr(utf8));
+    }
+    if (days.isDefined()) {
+      return (Integer) days.get();
+    }
+    return RebaseDateTime.rebaseJulianToGregorianDays(Integer.parseInt(text));
+  }
+
+  /** Spark's reading of a timestamp: a string as Spark casts one, an integer as epoch seconds. */
+  private static final class TimestampConverter implements Converter {
+    private static final long serialVersionUID = 1L;
+    private final String zoneId;
+    private transient ZoneId zone;
+
+    TimestampConverter(String zoneId) {
+      this.zoneId = zoneId;
+    }
+
+    @Override
+    public Object convert(JsonParser parser, JsonToken token) throws IOException {
+      long micros;
+      if (token == JsonToken.VALUE_NUMBER_INT) {
+        micros = parser.getLongValue() * 1_000_000L;
+      } else if (token == JsonToken.VALUE_STRING && parser.getTextLength() >= 1) {
+        if (zone == null) {
+          zone = ZoneId.of(zoneId);
+        }
+        UTF8String text = UTF8String.fromString(parser.getText());
+        Option<Object> parsed = DateTimeUtils.stringToTimestamp(text, zone);
+        if (parsed.isEmpty()) {
+          parsed = DateTimeUtils.stringToTimestamp(DateTimeUtils.cleanLegacyTimestampStr(text), zone);
+        }
+        if (parsed.isEmpty()) {
+          throw new NotConvertible(token, DataTypes.TimestampType);
+        }
+        micros = (Long) parsed.get();
+      } else {
+        throw new NotConvertible(token, DataTypes.TimestampType);
+      }
+      return Instant.ofEpochSecond(Math.floorDiv(micros, 1_000_000L), Math.floorMod(micros, 1_000_000L) * 1_000L);
+    }
   }
 
   /**
@@ -139,36 +443,5 @@ public final class StrictJson implements UDF1<byte[], Integer> {
   private static boolean isHex(byte digit) {
     int lower = digit | 0x20;
     return (digit >= '0' && digit <= '9') || (lower >= 'a' && lower <= 'f');
-  }
-
-  private int check(JsonParser parser) throws IOException {
-    if (parser.nextToken() != JsonToken.START_OBJECT) {
-      return UNDECODABLE;
-    }
-    int firstOutOfRange = Integer.MAX_VALUE;
-    for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
-      if (name == null) {
-        return UNDECODABLE;
-      }
-      // A field of the outer object: its name, then its value. Nested values are read through, token by
-      // token, so that they are checked too.
-      Integer position = timestampFields.get(parser.currentName());
-      JsonToken token = parser.nextToken();
-      if (token == JsonToken.START_OBJECT || token == JsonToken.START_ARRAY) {
-        parser.skipChildren();
-      } else if (position != null
-          && token == JsonToken.VALUE_NUMBER_INT
-          && parser.getNumberType() != JsonParser.NumberType.BIG_INTEGER) {
-        long seconds = parser.getLongValue();
-        if (seconds < earliestSeconds || seconds > latestSeconds) {
-          firstOutOfRange = Math.min(firstOutOfRange, position);
-        }
-      }
-    }
-    // Only blanks may follow the object; a second value, or anything else, is not one JSON value.
-    if (parser.nextToken() != null) {
-      return UNDECODABLE;
-    }
-    return firstOutOfRange == Integer.MAX_VALUE ? VALID : firstOutOfRange;
   }
 }
