@@ -14,6 +14,7 @@ Shapes of the router's table to compare, on the same run (--shapes, comma separa
   nodict          version 1 pages, no dictionary tried for the columns whose values are all distinct
   nodict-offset   version 1 pages, no dictionary for the Kafka offset alone
   page-v2-nodict  version 2 pages, and no dictionary for those columns
+  unordered-v2    no local sort order (Kafka order) and version 2 pages
 Each writer's table is measured too: bytes per event.
 
     .venv/bin/python -m bench.router.breakdown [--events 500000] [--warm-ups 3] [--repeat 2]
@@ -65,6 +66,7 @@ SHAPES: dict[str, dict[str, str]] = {
     "nodict": NO_DICTIONARY,
     "nodict-offset": {"write.parquet.dict-encoding-enabled.column.__metadata__.offset": "false"},
     "page-v2-nodict": {**PAGE_V2, **NO_DICTIONARY},
+    "unordered-v2": PAGE_V2,
 }
 
 
@@ -82,7 +84,7 @@ class Writer:
             side = self.side
             layout = ArchiveLayout(load_event_schema(side.schema_name), table)
             ensure_tables(side.spark, side.catalog, layout, properties=SHAPES[self.name])
-            if self.name == "unordered":
+            if self.name.startswith("unordered"):
                 side.spark.sql(f"ALTER TABLE {side.catalog.table_identifier(table)} WRITE UNORDERED")
         self.peer.drain(topic, table, events)
         rows = committed_rows(self.side.catalog, table)
