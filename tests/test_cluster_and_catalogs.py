@@ -81,7 +81,8 @@ def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
     log = tmp_path / "router.log"
     with spark_cluster(tmp_path / "spark") as cluster:
         config = write_config(
-            stack, tmp_path, topic_name, max_offsets_per_trigger=4000,
+            # Twenty batches: after the first, enough are left to run tasks when the executor is killed.
+            stack, tmp_path, topic_name, max_offsets_per_trigger=1000,
             spark={"master": cluster.master_url, "conf": {
                 "spark.ui.port": str(ui_port), "spark.executor.memory": "1g", "spark.cores.max": "1",
                 "spark.sql.shuffle.partitions": "2"}},
