@@ -4,13 +4,15 @@ The router drains the same backlog in small batches (`--small`, 5,000 records: a
 trigger) and in large ones (`--large`, 250,000: full speed), for each of `--write-tasks` (comma separated,
 `default` for the topic's default). It does so in rounds: --warm-ups rounds (3) of every shape in turn, then
 a measured one, each drain into a table of its own, so that no shape runs on a JVM the others have warmed
-more. For each it prints the seconds per batch, the CPU per event (the bench's Python and its Spark JVM,
-from /proc), the Python process's own CPU, the JVM's CPU by thread (executor tasks, JIT compiler, GC, the
-driver's threads) and how many classes Spark's code generator compiled during the run. Small batches should
+more. With `--peers router,plain` the hand-written Spark job of bench/router (d) drains the same shapes
+beside the router: what Spark's micro-batch costs a job that does less. For each it prints the seconds per
+batch, the CPU per event (the bench's Python and its Spark JVM, from /proc), the Python process's own CPU,
+the JVM's CPU by thread (executor tasks, JIT compiler, GC, the driver's threads) and how many classes
+Spark's code generator compiled during the run. Small batches should
 cost no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
 
     .venv/bin/python -m bench.router.batches [--events 200000] [--small 5000] [--large 250000]
-        [--warm-ups 3] [--write-tasks default,1] [--jfr DIR]
+        [--warm-ups 3] [--write-tasks default,1] [--peers router,plain] [--jfr DIR]
 
 Writes bench/out/batches-<topic>.json.
 """
@@ -31,7 +33,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming.query import StreamingQuery
+
 from bench.router.cpu import CpuClock, command_name, cpu_ticks
+from bench.router.plain import create_plain_table, start_plain_job
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
@@ -80,11 +85,12 @@ class BatchDurations:
 
         histogram.observe = observe  # type: ignore[method-assign]
 
-    def percentile(self, p: float) -> float | None:
-        if not self.seconds:
-            return None
-        ordered = sorted(self.seconds)
-        return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 3)
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 3)
 
 
 def compilations(spark: Any) -> int:
@@ -98,43 +104,75 @@ def flight_recorder(jvm: int, command: str, *settings: str) -> None:
                    capture_output=True)  # fmt: skip
 
 
-def drain(spark: Any, config: RouterConfig, jvm: int, jfr: Path | None = None) -> dict[str, Any]:
-    """Archive the topic with an availableNow trigger; what it cost. With `jfr`, the JVM's execution
-    samples of the run are written there."""
+def spark_durations(query: StreamingQuery | None) -> dict[str, list[int]]:
+    """Spark's own account of each batch of `query` (its last 100): planning, offsets, the batch, the logs."""
+    progress = query.recentProgress if query is not None else []
+    return (
+        {key: [p.durationMs.get(key, 0) for p in progress] for key in progress[0].durationMs}
+        if progress
+        else {}
+    )
+
+
+def run_router(spark: Any, config: RouterConfig) -> tuple[int, int, list[float], dict[str, list[int]]]:
+    """The router over the topic with an availableNow trigger: batches, records, seconds per batch (as it
+    reports them to its `batch_duration_seconds` histogram) and Spark's durations."""
+    metrics = RouterMetrics(config.topic)
+    durations = BatchDurations(metrics, config.topic)
+    router = Router(config, spark, metrics)
+    totals = router.run(available_now=True)
+    return totals.batches, totals.read, durations.seconds, spark_durations(router._query)
+
+
+def run_plain(
+    spark: Any, config: RouterConfig, bootstrap: str
+) -> tuple[int, int, list[float], dict[str, list[int]]]:
+    """The hand-written job (d) over the same topic, same batch size, availableNow; its seconds per batch are
+    Spark's `triggerExecution`."""
+    identifier = config.catalog.table_identifier(config.table)
+    create_plain_table(spark, identifier, config.schema_name)
+    query = start_plain_job(
+        spark, bootstrap, config.topic, config.schema_name, config.encoding, identifier,
+        Path(config.checkpoint_location), config.max_offsets_per_trigger or 0, None,
+    )  # fmt: skip
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p.numInputRows]
+    seconds = [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress]
+    return len(progress), sum(p.numInputRows for p in progress), seconds, spark_durations(query)
+
+
+def drain(
+    spark: Any, config: RouterConfig, jvm: int, peer: str, bootstrap: str, jfr: Path | None = None
+) -> dict[str, Any]:
+    """Archive the topic with `peer` (router or plain) on an availableNow trigger; what it cost. With
+    `jfr`, the JVM's execution samples of the run are written there."""
     if jfr is not None:
         flight_recorder(jvm, "JFR.start", "settings=profile")
     clock = CpuClock.spark_in_process()
     threads, compiled, cpu = thread_ticks(jvm), compilations(spark), clock.seconds()
     python = sum(os.times()[:2])
-    metrics = RouterMetrics(config.topic)
-    durations = BatchDurations(metrics, config.topic)
     started = time.monotonic()
-    router = Router(config, spark, metrics)
-    totals = router.run(available_now=True)
+    if peer == "plain":
+        batches, records, seconds, durations = run_plain(spark, config, bootstrap)
+    else:
+        batches, records, seconds, durations = run_router(spark, config)
     elapsed = time.monotonic() - started
     spent = clock.seconds() - cpu
     python = sum(os.times()[:2]) - python
     if jfr is not None:
         flight_recorder(jvm, "JFR.stop", f"filename={jfr}")
-    # Spark's own account of each batch (the last 100): planning, offsets, the batch itself, the logs.
-    progress = router._query.recentProgress if router._query is not None else []
-    spark_durations = (
-        {key: [p.durationMs.get(key, 0) for p in progress] for key in progress[0].durationMs}
-        if progress
-        else {}
-    )
     return {
-        "batches": totals.batches,
-        "records": totals.read,
+        "batches": batches,
+        "records": records,
         "seconds": round(elapsed, 2),
-        "batch_seconds_p50": durations.percentile(50),
-        "batch_seconds_p90": durations.percentile(90),
+        "batch_seconds_p50": percentile(seconds, 50),
+        "batch_seconds_p90": percentile(seconds, 90),
         "cpu_seconds": round(spent, 2),
-        "cpu_us_per_event": round(1e6 * spent / max(totals.read, 1), 1),
+        "cpu_us_per_event": round(1e6 * spent / max(records, 1), 1),
         "python_cpu_seconds": round(python, 2),
         "codegen_compilations": compilations(spark) - compiled,
         "jvm_cpu_by_thread": by_kind(threads, thread_ticks(jvm)),
-        "spark_ms_p50": {key: sorted(values)[len(values) // 2] for key, values in spark_durations.items()},
+        "spark_ms_p50": {key: sorted(values)[len(values) // 2] for key, values in durations.items()},
     }
 
 
@@ -147,9 +185,28 @@ def write_tasks_list(text: str) -> list[int | None]:
         ) from None
 
 
-def shape_name(size: int, tasks: int | None, compared: list[int | None]) -> str:
-    """`5000`, or `5000_tasks1` when several write tasks are compared: names of tables and results."""
-    return f"{size}" if len(compared) == 1 else f"{size}_tasks{tasks or 'default'}"
+def variants(write_tasks: list[int | None], peers: list[str]) -> list[tuple[str, int | None, str]]:
+    """(peer, write tasks, label) for each job the bench runs: the router once per write-tasks setting,
+    labelled `tasks1`, `tasksdefault` when several are compared; the plain job labelled `plain`."""
+    runs: list[tuple[str, int | None, str]] = []
+    if "router" in peers:
+        several = len(write_tasks) > 1
+        runs += [("router", tasks, f"tasks{tasks or 'default'}" if several else "") for tasks in write_tasks]
+    if "plain" in peers:
+        runs.append(("plain", None, "plain"))
+    return runs
+
+
+def shape_name(size: int, label: str) -> str:
+    """`5000`, `5000_tasks1` or `5000_plain`: names of tables and results."""
+    return f"{size}_{label}" if label else f"{size}"
+
+
+def peers_list(text: str) -> list[str]:
+    peers = text.split(",")
+    if not peers or any(peer not in ("router", "plain") for peer in peers):
+        raise argparse.ArgumentTypeError(f"{text!r}: peers are router and plain, comma separated")
+    return peers
 
 
 def main() -> None:
@@ -172,6 +229,12 @@ def main() -> None:
         type=write_tasks_list,
         default=[None],
         help="the topic's write_tasks, comma separated: numbers, or default",
+    )
+    parser.add_argument(
+        "--peers",
+        type=peers_list,
+        default=["router"],
+        help="router, plain (the hand-written Spark job of bench/router), comma separated",
     )
     parser.add_argument(
         "--jfr",
@@ -201,11 +264,12 @@ def main() -> None:
         spark = build_spark_session(stack.config.catalog, app_name="bench-batches")
         jvm = CpuClock.spark_in_process().pids[1]
         try:
-            shapes = [(size, tasks) for size in (args.small, args.large) for tasks in args.write_tasks]
+            jobs = variants(args.write_tasks, args.peers)
+            shapes = [(size, job) for size in (args.small, args.large) for job in jobs]
             rounds = [*(f"warm-up {n + 1}" for n in range(args.warm_ups)), "measured"]
             for run in rounds + (["profiled"] if args.jfr is not None else []):
-                for size, tasks in shapes:
-                    shape = shape_name(size, tasks, args.write_tasks)
+                for size, (peer, tasks, label) in shapes:
+                    shape = shape_name(size, label)
                     name = f"{args.topic}_{shape}_{run.replace('-', '').replace(' ', '')}"
                     config = RouterConfig(
                         topic=args.topic, schema=args.topic, encoding=args.encoding, table=name,
@@ -216,9 +280,9 @@ def main() -> None:
                     )  # fmt: skip
                     profiled = args.jfr is not None and run == "profiled"
                     jfr = args.jfr / f"batches-{shape}.jfr" if profiled else None
-                    figures = drain(spark, config, jvm, jfr)
-                    print(f"{size:,}-record batches, write tasks {tasks or 'default'}, {run}: "
-                          f"{json.dumps(figures)}", flush=True)  # fmt: skip
+                    figures = drain(spark, config, jvm, peer, status.bootstrap_servers, jfr)
+                    what = "plain job" if peer == "plain" else f"router, write tasks {tasks or 'default'}"
+                    print(f"{size:,}-record batches, {what}, {run}: {json.dumps(figures)}", flush=True)
                     if run == "measured":
                         results[f"batches_of_{shape}"] = figures
         finally:
@@ -227,14 +291,14 @@ def main() -> None:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
     results["load_after"] = os.getloadavg()
-    for tasks in args.write_tasks:
-        small = results[f"batches_of_{shape_name(args.small, tasks, args.write_tasks)}"]
-        large = results[f"batches_of_{shape_name(args.large, tasks, args.write_tasks)}"]
+    for peer, tasks, label in variants(args.write_tasks, args.peers):
+        small = results[f"batches_of_{shape_name(args.small, label)}"]
+        large = results[f"batches_of_{shape_name(args.large, label)}"]
         ratio = round(small["cpu_us_per_event"] / large["cpu_us_per_event"], 2)
-        suffix = "" if len(args.write_tasks) == 1 else f"_tasks{tasks or 'default'}"
-        results[f"small_over_large_cpu_per_event{suffix}"] = ratio
+        results[f"small_over_large_cpu_per_event{'_' + label if label else ''}"] = ratio
+        what = "plain job" if peer == "plain" else f"router, write tasks {tasks or 'default'}"
         print(
-            f"write tasks {tasks or 'default'}: {args.small:,}-record batch "
+            f"{what}: {args.small:,}-record batch "
             f"p50 {small['batch_seconds_p50']}s, p90 {small['batch_seconds_p90']}s; "
             f"CPU per event {small['cpu_us_per_event']} us against {large['cpu_us_per_event']} us "
             f"in {args.large:,}-record batches ({ratio} x; target 2 x)"
