@@ -49,19 +49,24 @@ class SparkCluster:
         return state
 
     def executor_pids(self) -> list[int]:
-        """The executors this cluster's worker runs now: their working folders are under its work dir."""
-        pids = []
+        """The executors this cluster's worker runs now: their working folders are under its work dir.
+
+        An executor that starts a process (Hadoop's local file system runs `chmod`) has, for a moment, a
+        forked child with its command line and folder; a process whose parent is an executor is not one."""
+        parents: dict[int, int] = {}
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
                 command = (proc / "cmdline").read_bytes().split(b"\0")
                 folder = (proc / "cwd").resolve()
+                stat = (proc / "stat").read_text()
             except OSError:  # ended meanwhile, or not ours to read
                 continue
             if EXECUTOR_CLASS.encode() in command and folder.is_relative_to(self.work_dir):
-                pids.append(int(proc.name))
-        return sorted(pids)
+                # The parent's pid is the second field after the command name, which ends at the last ')'.
+                parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        return sorted(pid for pid, parent in parents.items() if parent not in parents)
 
     def alive_workers(self) -> int:
         try:
