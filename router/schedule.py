@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from router.config import MANY_SNAPSHOTS, RouterConfig
 from router.maintain import maintain
 from router.metrics import RouterMetrics
-from router.retry import first_line
+from router.retry import first_line, java_causes
 
 log = logging.getLogger("bergstream.router.maintenance")
 
@@ -70,8 +70,9 @@ class MaintenanceSchedule:
             if self._stop.is_set():
                 return
             metrics.maintenance_runs.labels(topic, "failed").inc()
+            causes = java_causes(error)  # the Java exception at the root says what went wrong
             log.error("%s: maintenance failed, tried again in %s: %s", topic, self.config.maintenance.every,
-                      first_line(error))  # fmt: skip
+                      causes[-1].line if causes else first_line(error))  # fmt: skip
             log.debug("maintenance of %s failed", topic, exc_info=True)
             return
         seconds = time.monotonic() - started
