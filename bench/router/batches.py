@@ -7,9 +7,10 @@ a measured one, each drain into a table of its own, so that no shape runs on a J
 more. With `--peers router,plain` the hand-written Spark job of bench/router (d) drains the same shapes
 beside the router: what Spark's micro-batch costs a job that does less. For each it prints the seconds per
 batch, the CPU per event (the bench's Python and its Spark JVM, from /proc), the Python process's own CPU,
-the JVM's CPU by thread (executor tasks, JIT compiler, GC, the driver's threads) and how many classes
-Spark's code generator compiled during the run. Small batches should
-cost no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under a second.
+the JVM's CPU by thread (executor tasks, JIT compiler, GC, the driver's threads; threads that ended with
+the query are not in it) and how many classes Spark's code generator compiled during the run. Small
+batches should cost no more than 2 x the CPU per event of large ones, and a 5,000-record batch well under
+a second.
 
     .venv/bin/python -m bench.router.batches [--events 200000] [--small 5000] [--large 250000]
         [--warm-ups 3] [--write-tasks default,1] [--peers router,plain] [--jfr DIR]
@@ -37,6 +38,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.router.cpu import CpuClock, command_name, cpu_ticks
 from bench.router.plain import create_plain_table, start_plain_job
+from bench.router.run import percentile
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
@@ -84,13 +86,6 @@ class BatchDurations:
             report(seconds)
 
         histogram.observe = observe  # type: ignore[method-assign]
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 3)
 
 
 def compilations(spark: Any) -> int:
@@ -165,8 +160,8 @@ def drain(
         "batches": batches,
         "records": records,
         "seconds": round(elapsed, 2),
-        "batch_seconds_p50": percentile(seconds, 50),
-        "batch_seconds_p90": percentile(seconds, 90),
+        "batch_seconds_p50": round(percentile(seconds, 50), 3) if seconds else None,
+        "batch_seconds_p90": round(percentile(seconds, 90), 3) if seconds else None,
         "cpu_seconds": round(spent, 2),
         "cpu_us_per_event": round(1e6 * spent / max(records, 1), 1),
         "python_cpu_seconds": round(python, 2),
@@ -197,6 +192,10 @@ def variants(write_tasks: list[int | None], peers: list[str]) -> list[tuple[str,
     return runs
 
 
+def described(peer: str, tasks: int | None) -> str:
+    return "plain job" if peer == "plain" else f"router, write tasks {tasks or 'default'}"
+
+
 def shape_name(size: int, label: str) -> str:
     """`5000`, `5000_tasks1` or `5000_plain`: names of tables and results."""
     return f"{size}_{label}" if label else f"{size}"
@@ -204,7 +203,7 @@ def shape_name(size: int, label: str) -> str:
 
 def peers_list(text: str) -> list[str]:
     peers = text.split(",")
-    if not peers or any(peer not in ("router", "plain") for peer in peers):
+    if any(peer not in ("router", "plain") for peer in peers):
         raise argparse.ArgumentTypeError(f"{text!r}: peers are router and plain, comma separated")
     return peers
 
@@ -281,8 +280,8 @@ def main() -> None:
                     profiled = args.jfr is not None and run == "profiled"
                     jfr = args.jfr / f"batches-{shape}.jfr" if profiled else None
                     figures = drain(spark, config, jvm, peer, status.bootstrap_servers, jfr)
-                    what = "plain job" if peer == "plain" else f"router, write tasks {tasks or 'default'}"
-                    print(f"{size:,}-record batches, {what}, {run}: {json.dumps(figures)}", flush=True)
+                    print(f"{size:,}-record batches, {described(peer, tasks)}, {run}: {json.dumps(figures)}",
+                          flush=True)  # fmt: skip
                     if run == "measured":
                         results[f"batches_of_{shape}"] = figures
         finally:
@@ -296,9 +295,8 @@ def main() -> None:
         large = results[f"batches_of_{shape_name(args.large, label)}"]
         ratio = round(small["cpu_us_per_event"] / large["cpu_us_per_event"], 2)
         results[f"small_over_large_cpu_per_event{'_' + label if label else ''}"] = ratio
-        what = "plain job" if peer == "plain" else f"router, write tasks {tasks or 'default'}"
         print(
-            f"{what}: {args.small:,}-record batch "
+            f"{described(peer, tasks)}: {args.small:,}-record batch "
             f"p50 {small['batch_seconds_p50']}s, p90 {small['batch_seconds_p90']}s; "
             f"CPU per event {small['cpu_us_per_event']} us against {large['cpu_us_per_event']} us "
             f"in {args.large:,}-record batches ({ratio} x; target 2 x)"
