@@ -1,6 +1,6 @@
 # bergstream's image: the routers, the backfill, and the Spark master and worker of docker-compose.yml all
 # run from it. It holds bergstream with its Python dependencies and the jars pinned in
-# bergstream/jvm/pom.xml, resolved at build time; nothing is fetched when a container starts.
+# core/src/bergstream/jvm/pom.xml, resolved at build time; nothing is fetched when a container starts.
 #
 #   docker build -t bergstream:latest .
 #   docker run --rm bergstream:latest bergstream jars versions
@@ -27,9 +27,9 @@ RUN python3 -m venv /opt/bergstream/venv \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
     && if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
     && /opt/bergstream/venv/bin/pip install -q "$@" -r /tmp/requirements.txt
-COPY bergstream/jvm/pom.xml bergstream/jvm/pom.xml
+COPY core/src/bergstream/jvm/pom.xml core/src/bergstream/jvm/pom.xml
 RUN for jars in spark kafka; do \
-        mvn -q -B -f bergstream/jvm/pom.xml -P "$jars" dependency:copy-dependencies -DincludeScope=runtime \
+        mvn -q -B -f core/src/bergstream/jvm/pom.xml -P "$jars" dependency:copy-dependencies -DincludeScope=runtime \
             -DoutputDirectory="/tmp/warm/$jars" || exit 1; \
     done && rm -rf /tmp/warm
 COPY . .

@@ -1,5 +1,5 @@
 # Everything a fresh machine needs is installed on first use: a virtualenv with bergstream and its Python
-# dependencies at the versions of constraints.txt, and the JVM jars pinned in bergstream/jvm/pom.xml
+# dependencies at the versions of constraints.txt, and the JVM jars pinned in core/src/bergstream/jvm/pom.xml
 # (resolved once with Maven).
 #
 # PYTHON picks the interpreter, 3.11 to 3.13: python3.11 (the default) lives in .venv, any other in
@@ -89,10 +89,14 @@ test-pythons:
 	if [ -n "$$failed" ]; then echo "make test-pythons: tests failed on$$failed" >&2; exit 1; fi; \
 	echo "make test-pythons: the tests passed on $(OTHER_PYTHONS)"
 
+# The source roots (setup.py's ROOTS), for tools that walk the bergstream namespace on sys.path.
+SOURCE_ROOTS := core/src:schemas/src:router/src:backfill/src:apps/src:deploy/src:local/src:cli/src
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	PYTHONPATH=$(SOURCE_ROOTS) $(BIN)/lint-imports --no-cache
 
 # constraints.txt pins every Python package, for every Python bergstream supports: one resolution whose
 # markers split a package only where a version drops a Python. `make lock` keeps the pins that still satisfy

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from backfill.order import (
+from bergstream.backfill.read.order import (
     BoundedOrder,
     Epoch,
     OrderingPolicy,
@@ -28,7 +28,7 @@ from backfill.order import (
     ordering,
     selected,
 )
-from backfill.split import HOUR, Split
+from bergstream.backfill.read.split import HOUR, Split
 
 MINUTE = 60_000_000
 DAY_START = 1_795_305_600_000_000  # 2026-11-22T00:00:00Z

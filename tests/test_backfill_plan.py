@@ -26,11 +26,11 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from backfill import read_batches
-from backfill.errors import PlanError
-from backfill.order import BoundedOrder, Unordered, Window
-from backfill.planner import plan, split_bounds, table_ref, to_micros
-from backfill.split import HOUR
+from bergstream.backfill import read_batches
+from bergstream.backfill.errors import PlanError
+from bergstream.backfill.read.order import BoundedOrder, Unordered, Window
+from bergstream.backfill.read.planner import plan, split_bounds, table_ref, to_micros
+from bergstream.backfill.read.split import HOUR
 from bergstream.catalog import CatalogConfig
 
 START = datetime(2026, 11, 22, tzinfo=UTC)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from backfill.errors import BackfillConfigError
-from backfill.settings import backfill_checkpoint, load_app_settings
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.runtime.settings import backfill_checkpoint, load_app_settings
 
 CATALOG = {"uri": "jdbc:sqlite:/tmp/catalog.db", "warehouse": "file:///tmp/warehouse"}
 DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": CATALOG,
@@ -20,7 +20,7 @@ DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": C
 def write(tmp_path: Path, **settings: Any) -> Path:
     content = {
         "app": "sessionizer",
-        "entry": "apps.sessionizer:sessionizer",
+        "entry": "bergstream.apps.sessionizer:sessionizer",
         "sources": {"playback": {"topic": "playback", "encoding": "json"}},
         "output_table": "apps.sessions",
         **settings,
@@ -57,7 +57,7 @@ def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
     ("settings", "overrides", "message"),
     [
         ({"sources": {}}, {}, "sources: .*at least one named source"),
-        ({"entry": "apps.sessionizer"}, {}, "entry: .*module:function"),
+        ({"entry": "bergstream.apps.sessionizer"}, {}, "entry: .*module:function"),
         ({"sources": {"playback": {"topic": "playback", "schema": "nope"}}}, {}, "sources.playback.schema"),
         ({"sources": {"playback": {"topic": "playback", "kafka": {"subscribe": "x"}}}}, {},
          "set by bergstream"),

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backfill.planner import to_micros
-from backfill.run import run_app
-from backfill.settings import AppSettings
-from backfill.sources import Sources
+from bergstream.backfill.read.planner import to_micros
+from bergstream.backfill.runtime.run import run_app
+from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.backfill.runtime.sources import Sources
 from bergstream.loadgen.producer import ProduceRequest, produce
-from router.app import archive_available_now
-from router.config import RouterConfig
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def app_settings(
     return AppSettings.model_validate(
         {
             "app": app,
-            "entry": f"apps.{app}:{app}" if app != "probe" else "apps.sessionizer:sessionizer",
+            "entry": "bergstream.apps.{0}:{0}".format(app if app != "probe" else "sessionizer"),
             "mode": mode,
             "sources": {
                 kind: {"topic": archived.topics[kind], "table": archived.tables[kind], "schema": kind,
@@ -183,9 +183,9 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
 ) -> None:
     import json
 
-    from backfill.batches import window_of
-    from backfill.order import BoundedOrder
-    from backfill.planner import plan
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.read.planner import plan
 
     source = stack.catalog.table_identifier(archived.tables["impression"])
     copy = stack.catalog.table_identifier("bf_impression_row_groups")
@@ -276,7 +276,7 @@ def test_a_checkpoint_is_refused_to_another_backfill(
 ) -> None:
     import json
 
-    from backfill.errors import CheckpointMismatch
+    from bergstream.backfill.errors import CheckpointMismatch
 
     settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused")
     collect_batches(spark, Sources(spark, settings), tmp_path, stop_after=2)
@@ -350,10 +350,10 @@ def consume_all(bootstrap: str, topic: str, count: int) -> list[Any]:
 def test_replay_republishes_the_window_in_backfill_order(
     stack: Services, archived: Archived, tmp_path: Path
 ) -> None:
-    from backfill.batches import window_of
-    from backfill.order import BoundedOrder
-    from backfill.replay import replay
-    from schemas.registry import load_event_schema
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.replay import replay
+    from bergstream.schemas.event_schema import load_event_schema
 
     table = archived.tables["playback"]
     report = replay(
@@ -399,10 +399,10 @@ def test_replay_republishes_the_window_in_backfill_order(
 
 
 def test_replay_encodes_avro_values_as_the_topic_does(stack: Services, archived: Archived) -> None:
-    from backfill.batches import window_of
-    from backfill.order import BoundedOrder
-    from backfill.replay import replay
-    from schemas.registry import load_event_schema
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.replay import replay
+    from bergstream.schemas.event_schema import load_event_schema
 
     table = archived.tables["impression"]
     start = archived.start + timedelta(minutes=20)
@@ -435,10 +435,10 @@ def test_replay_encodes_avro_values_as_the_topic_does(stack: Services, archived:
 def test_a_replay_that_fails_says_where_it_stopped(stack: Services, archived: Archived) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from backfill.batches import window_of
-    from backfill.errors import BackfillError
-    from backfill.order import BoundedOrder
-    from backfill.replay import replay
+    from bergstream.backfill.errors import BackfillError
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.replay import replay
 
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     small = NewTopic(

@@ -18,11 +18,11 @@ from pyiceberg import types as it
 
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local.postgres import USER, postgres_server
 from bergstream.local.processes import free_ports
-from bergstream.local.spark_cluster import spark_cluster
+from tests.postgres import USER, postgres_server
 from tests.routers import archived_offsets, start_router, write_config
 from tests.services import Services
+from tests.spark_cluster import spark_cluster
 from tests.test_router import wait_for_line
 
 pytestmark = pytest.mark.integration

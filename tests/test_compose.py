@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
+from bergstream import jars
+from bergstream.deploy import ALERT_RULES
 from bergstream.jars import pinned_versions
+from bergstream.local import schema_registry
 from bergstream.local.object_store import VERSITYGW_VERSION
+from bergstream.router.config import load_router_config
 from bergstream.site import read_site, router_defaults
-from router.config import load_router_config
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -63,11 +66,11 @@ def test_images_match_the_versions_bergstream_pins(compose: dict[str, Any]) -> N
     services = _services(compose)
     assert _image_tag(services["kafka"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["create-topics"]) == ("apache/kafka", pinned.kafka)
-    rest = re.search(r"<iceberg-rest.version>([^<]+)<", (ROOT / "bergstream" / "jvm" / "pom.xml").read_text())
+    rest = re.search(r"<iceberg-rest.version>([^<]+)<", jars.POM.read_text())
     assert rest is not None
     assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", rest.group(1))
     assert _image_tag(services["object-store"]) == ("versity/versitygw", VERSITYGW_VERSION)
-    go_mod = (ROOT / "bergstream" / "local" / "schema-registry" / "go.mod").read_text()
+    go_mod = (schema_registry.MODULE_DIR / "go.mod").read_text()
     registry = re.search(r"github.com/axonops/axonops-schema-registry v(\S+)", go_mod)
     assert registry is not None
     assert _image_tag(services["schema-registry"]) == (
@@ -142,7 +145,7 @@ def test_prometheus_loads_the_rules_of_deploy_prometheus(compose: dict[str, Any]
     prometheus = _services(compose)["prometheus"]
     config = _host_path(prometheus, "/etc/prometheus/prometheus.yml")
     rules = _host_path(prometheus, "/etc/prometheus/alerts.yml")
-    assert rules == ROOT / "deploy" / "prometheus" / "alerts.yml"
+    assert rules == ALERT_RULES
     # Checked as the container sees it: both files in one folder.
     shutil.copy(config, tmp_path / "prometheus.yml")
     shutil.copy(rules, tmp_path / "alerts.yml")

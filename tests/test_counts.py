@@ -12,10 +12,10 @@ import pytest
 from pyspark.sql import Observation
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from router import app
-from router.config import RouterConfig
-from router.counts import BatchCounts, count_batch, from_observation, observed_columns
-from schemas.archive import DEAD_LETTER_SUFFIX
+from bergstream.router import app
+from bergstream.router.config import RouterConfig
+from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from tests.services import Services
 
 if TYPE_CHECKING:

@@ -17,10 +17,7 @@ from click.testing import CliRunner
 
 from bergstream.catalog import CatalogConfig
 from bergstream.cli import cli
-from bergstream.errors import ConfigError
-from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local.processes import free_ports
-from deploy.render import (
+from bergstream.deploy.render import (
     DRIVER_PORT,
     group_manifests,
     kubernetes_manifests,
@@ -28,7 +25,10 @@ from deploy.render import (
     spark_submit,
     spark_submit_group,
 )
-from router.config import RouterConfig, load_router_config
+from bergstream.errors import ConfigError
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
+from bergstream.router.config import RouterConfig, load_router_config
 from tests.routers import ROOT, archived_offsets, write_config
 from tests.services import Services
 

@@ -21,9 +21,9 @@ from bergstream.cli import cli
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from router.app import RouterTotals
-from router.config import RouterConfig
-from router.fleet import RestartSettings, check_shared_driver, pool_name
+from bergstream.router.app import RouterTotals
+from bergstream.router.config import RouterConfig
+from bergstream.router.fleet import RestartSettings, check_shared_driver, pool_name
 from tests.routers import (
     ROOT,
     archived_offsets,

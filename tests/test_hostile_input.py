@@ -20,9 +20,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bergstream.loadgen.events import EventModel
-from schemas import load_event_schema
-from schemas.parse import MAX_JSON_DEPTH
-from schemas.registry import Encoding, EventSchema
+from bergstream.schemas import load_event_schema
+from bergstream.schemas.event_schema import Encoding, EventSchema
+from bergstream.schemas.parse import MAX_JSON_DEPTH
 from tests.routers import ROOT, router_command, write_config
 from tests.services import Services
 

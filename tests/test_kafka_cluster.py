@@ -15,9 +15,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from backfill.batches import window_of
-from backfill.order import BoundedOrder
-from backfill.replay import ReplayReport, replay
+from bergstream.backfill.read.batches import window_of
+from bergstream.backfill.read.order import BoundedOrder
+from bergstream.backfill.replay import ReplayReport, replay
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig, kafka_broker
 from bergstream.local.processes import free_ports

@@ -29,10 +29,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from bergstream.kafka_settings import librdkafka_settings, read_properties, write_properties
+from bergstream.kafka_topics import ensure_topic
 from bergstream.local import LocalStack, certificates, kafka_security
 from bergstream.local.kafka_security import ADMIN, PRODUCER, BrokerSecurity, jaas_login
 from bergstream.local.processes import free_ports
-from bergstream.topics import ensure_topic
+from bergstream.spark import LOCAL_LOG_CONFIG
 from tests.routers import ROOT, archived_offsets, eventually, run_router, start_router, write_config
 from tests.services import Services
 
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.integration
 TOPIC = "secured_playback"
 ROUTER_USER = kafka_security.router_user(TOPIC)
 COUNT = 3000
-SPARK_LOG_CONFIG = ROOT / "bergstream" / "spark-log4j2.properties"
+SPARK_LOG_CONFIG = LOCAL_LOG_CONFIG
 
 
 def bergstream(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

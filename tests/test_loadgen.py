@@ -14,7 +14,7 @@ import pytest
 
 from bergstream.loadgen.events import TOPICS, EventModel, GeneratedEvent
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
-from schemas.registry import ENCODINGS, Encoding, EventSchema, load_event_schema
+from bergstream.schemas.event_schema import ENCODINGS, Encoding, EventSchema, load_event_schema
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from bergstream.deploy import ALERT_RULES
 from bergstream.local.processes import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +57,7 @@ def test_local_prometheus_scrapes_its_targets_with_the_alert_rules(tmp_path: Pat
         loaded = {rule["name"] for group in groups for rule in group["rules"]}
         expected = {
             rule["alert"]
-            for group in yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]
+            for group in yaml.safe_load((ALERT_RULES).read_text())["groups"]
             for rule in group["rules"]
         }
         assert loaded == expected and expected

@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bergstream.loadgen.events import EventModel
-from router.maintain import closed_before
-from schemas.registry import load_event_schema
+from bergstream.router.maintain import closed_before
+from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import ROOT, archived_offsets, run_router, start_router, write_config
 from tests.services import Services
 

@@ -16,13 +16,13 @@ from pyspark.sql import SparkSession
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from router.app import archive_available_now
-from router.config import RouterConfig, load_router_config
-from router.maintain import NEWEST_APPEND_TAG, maintain
-from router.table import ensure_tables, maintained_properties
-from router.write import BATCH_ID, QUERY_ID
-from schemas.archive import ArchiveLayout
-from schemas.registry import load_event_schema
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.router.maintain import NEWEST_APPEND_TAG, maintain
+from bergstream.router.table import ensure_tables, maintained_properties
+from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import (
     archived_offsets,
     eventually,

@@ -23,19 +23,19 @@ from urllib.parse import urlparse
 import pytest
 from pyarrow.fs import FileSelector, FileType
 
-from backfill.batches import read_batches, window_of
-from backfill.order import BoundedOrder
-from backfill.replay import replay
-from backfill.settings import AppSettings
-from backfill.sources import Sources
+from bergstream.backfill.read.batches import read_batches, window_of
+from bergstream.backfill.read.order import BoundedOrder
+from bergstream.backfill.replay import replay
+from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.backfill.runtime.sources import Sources
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, rest_catalog
 from bergstream.local import object_store as store_server
 from bergstream.local.processes import alive, free_port, free_ports
-from router.app import archive_available_now
-from router.config import RouterConfig
-from router.maintain import maintain
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.maintain import maintain
 from tests.routers import ROOT, produced_offsets
 from tests.services import Services
 from tests.test_backfill_spark import consume_all
@@ -132,7 +132,7 @@ def backfill_offsets(
     """(partition, offset) of every row the backfill source emits for the window."""
     settings = AppSettings.model_validate(
         {
-            "app": "s3-probe", "entry": "apps.sessionizer:sessionizer", "mode": "backfill",
+            "app": "s3-probe", "entry": "bergstream.apps.sessionizer:sessionizer", "mode": "backfill",
             "sources": {"playback": {"topic": topic, "table": topic, "schema": "playback"}},
             "catalog": catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(checkpoint), "output_table": "unused",

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local.postgres import USER, postgres_server
 from bergstream.local.processes import free_ports
-from router.retry import CommitRetrySettings, JavaCause, transient_reason
+from bergstream.router.retry import CommitRetrySettings, JavaCause, transient_reason
+from tests.postgres import USER, postgres_server
 from tests.routers import archived_offsets, eventually, produced_offsets, start_router, write_config
 from tests.services import Services
 

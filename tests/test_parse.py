@@ -15,10 +15,11 @@ from pyspark.sql import types as T
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
-from router.counts import observed_columns
-from router.transform import Stamper
-from schemas import ArchiveLayout, load_event_schema
-from schemas.parse import (
+from bergstream.router.counts import observed_columns
+from bergstream.router.transform import Stamper
+from bergstream.schemas import ArchiveLayout, load_event_schema
+from bergstream.schemas.event_schema import Encoding
+from bergstream.schemas.parse import (
     CORRUPT_RECORD,
     ERROR,
     EVENT,
@@ -27,8 +28,7 @@ from schemas.parse import (
     lenient_json,
     parse_and_explain,
 )
-from schemas.registry import Encoding
-from schemas.spark_types import record_to_struct
+from bergstream.schemas.spark_types import record_to_struct
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

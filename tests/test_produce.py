@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from schemas import load_event_schema
+from bergstream.schemas import load_event_schema
 from tests.services import Services
 
 pytestmark = pytest.mark.integration

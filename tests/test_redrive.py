@@ -21,14 +21,14 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import types as T
 
-from backfill.batches import window_of
-from backfill.order import ordering
-from backfill.replay import replay
+from bergstream.backfill.read.batches import window_of
+from bergstream.backfill.read.order import ordering
+from bergstream.backfill.replay import replay
+from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.events import EventModel
-from bergstream.topics import ensure_topic
-from router.app import archive_available_now
-from router.config import RouterConfig
-from router.redrive import (
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.redrive import (
     ALREADY_ARCHIVED,
     FINISHED_LATER_PROPERTY,
     ID_PROPERTY,
@@ -42,9 +42,9 @@ from router.redrive import (
     redrive,
     unfinished,
 )
-from schemas.archive import DEAD_LETTER_TYPE, PARTITION_SPEC
-from schemas.registry import AVRO_DIR, load_event_schema
-from schemas.spark_types import ddl_columns
+from bergstream.schemas.archive import DEAD_LETTER_TYPE, PARTITION_SPEC
+from bergstream.schemas.event_schema import AVRO_DIR, load_event_schema
+from bergstream.schemas.spark_types import ddl_columns
 from tests.routers import ROOT, write_config
 from tests.services import Services
 

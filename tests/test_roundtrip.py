@@ -15,11 +15,11 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.transforms import HourTransform
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from router.app import archive_available_now
-from router.config import RouterConfig
-from schemas import ArchiveLayout, load_event_schema
-from schemas.parse import ERROR, UNDECODABLE_JSON, parse_and_explain
-from schemas.registry import Encoding
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.schemas import ArchiveLayout, load_event_schema
+from bergstream.schemas.event_schema import Encoding
+from bergstream.schemas.parse import ERROR, UNDECODABLE_JSON, parse_and_explain
 from tests.services import Services
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import yaml
 from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
-from router.config import RouterConfig, load_router_config
-from router.table import maintained_properties
+from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.router.table import maintained_properties
 
 CATALOG = {"uri": "jdbc:sqlite:/data/catalog.db", "warehouse": "file:///data/warehouse"}
 SETTINGS: dict[str, Any] = {

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bergstream.deploy import PROMETHEUS_DIR, grafana
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.local.prometheus import prometheus_server
-from deploy import grafana
-from tests.routers import ROOT, eventually, start_router, write_config
+from tests.routers import eventually, start_router, write_config
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -157,7 +157,7 @@ def test_time_lag_dates_a_backlog_reads_zero_caught_up_and_grows_while_the_route
 
 def test_alert_rules_and_scrape_config_are_valid() -> None:
     done = subprocess.run(
-        ["promtool", "check", "config", str(ROOT / "deploy" / "prometheus" / "prometheus.yml")],
+        ["promtool", "check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -165,9 +165,10 @@ def test_alert_rules_and_scrape_config_are_valid() -> None:
 
 
 def test_every_alert_fires_and_stays_quiet_in_its_unit_tests() -> None:
-    """promtool runs deploy/prometheus/alerts.test.yml: a stuck router alerts, a quiet topic all archived
-    does not, and so on for every alert of alerts.yml, each with a case that fires and one that does not."""
-    folder = ROOT / "deploy" / "prometheus"
+    """promtool runs bergstream/deploy/prometheus/alerts.test.yml: a stuck router alerts, a quiet topic all
+    archived does not, and so on for every alert of alerts.yml, each with a case that fires and one that
+    does not."""
+    folder = PROMETHEUS_DIR
     done = subprocess.run(
         ["promtool", "test", "rules", "alerts.test.yml"],
         cwd=folder,
@@ -204,7 +205,7 @@ def test_a_taken_metrics_port_is_refused_with_the_port_named() -> None:
     import socket
 
     from bergstream.errors import BergstreamError
-    from router.metrics import RouterMetrics
+    from bergstream.router.metrics import RouterMetrics
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from pyiceberg import types as it
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
-from schemas.registry import AVRO_DIR, load_event_schema
+from bergstream.schemas.event_schema import AVRO_DIR, load_event_schema
 from tests.routers import run_router, write_config
 from tests.services import Services
 

@@ -22,23 +22,23 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
-from backfill.batches import window_of
-from backfill.order import Unordered
-from backfill.replay import replay
+from bergstream.backfill.read.batches import window_of
+from bergstream.backfill.read.order import Unordered
+from bergstream.backfill.replay import replay
 from bergstream.errors import ConfigError
+from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import schema_registry as registry_server
 from bergstream.local.processes import free_port
-from bergstream.topics import ensure_topic
-from router.app import archive_available_now
-from router.config import RouterConfig
-from router.schema_registry import RegistryTopic
-from schemas import wire
-from schemas.json_schema import avro_from_json_schema, json_schema_from_avro
-from schemas.registry import load_event_schema
-from schemas.schema_registry import SchemaRegistrySettings
-from schemas.spark_types import record_to_struct
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.registry_topic import RegistryTopic
+from bergstream.schemas import wire
+from bergstream.schemas.event_schema import load_event_schema
+from bergstream.schemas.json_schema import avro_from_json_schema, json_schema_from_avro
+from bergstream.schemas.schema_registry import SchemaRegistrySettings
+from bergstream.schemas.spark_types import record_to_struct
 from tests.services import Services
 
 
@@ -128,7 +128,7 @@ def test_a_login_the_registry_refuses_is_one_line_without_the_password(
         settings = SchemaRegistrySettings.model_validate(
             {"url": secured.url, "basic.auth.user.info": "router:right-pw"}
         )
-        from schemas.schema_registry import register
+        from bergstream.schemas.schema_registry import register
 
         schema_id = register(settings, "guarded-value", "AVRO", load_event_schema("playback").avro_json)
         config = _config(
@@ -258,8 +258,8 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
         known = client.register_schema(f"{topic_name}-value", Schema(playback.avro_json, "AVRO"))
         config = _config(stack, topic_name, tmp_path, "avro", url=server.url, timeout_seconds=1,
                          give_up_after_seconds=4, initial_backoff_seconds=0.5)  # fmt: skip
-        from router.app import Router
-        from router.metrics import RouterMetrics
+        from bergstream.router.app import Router
+        from bergstream.router.metrics import RouterMetrics
 
         router = Router(config, spark, RouterMetrics(topic_name))  # knows the first version only
         quality = {"name": "quality", "type": ["null", "string"], "default": None}

@@ -4,10 +4,10 @@ import pytest
 from pyspark.sql import types as T
 
 from bergstream.errors import ConfigError
-from schemas import ArchiveLayout, load_event_schema
-from schemas.archive import METADATA, TABLE_PROPERTIES
-from schemas.registry import available_schemas
-from schemas.spark_types import avro_to_spark, ddl_type
+from bergstream.schemas import ArchiveLayout, load_event_schema
+from bergstream.schemas.archive import METADATA, TABLE_PROPERTIES
+from bergstream.schemas.event_schema import available_schemas
+from bergstream.schemas.spark_types import avro_to_spark, ddl_type
 
 
 def test_both_topics_have_a_schema() -> None:

@@ -7,8 +7,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from router.commit import GroupCommitter
-from router.offsets import LogEndSamples, time_lag
+from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.offsets import LogEndSamples, time_lag
 from tests.services import Services
 
 

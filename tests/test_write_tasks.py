@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.write import write_tasks_for
+from bergstream.router.write import write_tasks_for
 
 
 @pytest.mark.parametrize(

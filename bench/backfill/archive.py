@@ -18,12 +18,12 @@ from pathlib import Path
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.maintain import maintain
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.spark import build_spark_session
 from bergstream.timeparse import format_instant
-from router.app import archive_available_now
-from router.config import RouterConfig
-from router.maintain import maintain
-from schemas.archive import DEAD_LETTER_SUFFIX
 
 log = logging.getLogger("bench.backfill")
 ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"

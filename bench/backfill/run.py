@@ -22,14 +22,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from backfill.app import output_identifier
-from backfill.batches import window_of
-from backfill.order import BoundedOrder
-from backfill.replay import replay
-from backfill.run import run_app
-from backfill.settings import AppSettings
-from backfill.sources import Sources
 from bench.backfill.archive import OUT, ArchiveRequest, BenchArchive, build, default_start
+from bergstream.backfill.read.batches import window_of
+from bergstream.backfill.read.order import BoundedOrder
+from bergstream.backfill.replay import replay
+from bergstream.backfill.runtime.app import output_identifier
+from bergstream.backfill.runtime.run import run_app
+from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.backfill.runtime.sources import Sources
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.backfill")
@@ -57,7 +57,7 @@ def settings(
     return AppSettings.model_validate(
         {
             "app": app,
-            "entry": "apps.sessionizer:sessionizer",
+            "entry": "bergstream.apps.sessionizer:sessionizer",
             "mode": mode,
             "sources": {k: {"topic": k, "table": k, "schema": k, "encoding": encodings[k]} for k in sources},
             "kafka": {"kafka.bootstrap.servers": archive.bootstrap_servers, "startingOffsets": "earliest"},
@@ -121,9 +121,9 @@ def source_scan(spark: Any, archive: BenchArchive, bound: str | None, work: Path
 
 
 def strict_reader(archive: BenchArchive) -> tuple[float, int]:
-    from backfill.batches import plan_batches
-    from backfill.order import StrictOrder
-    from backfill.planner import plan
+    from bergstream.backfill.read.batches import plan_batches
+    from bergstream.backfill.read.order import StrictOrder
+    from bergstream.backfill.read.planner import plan
 
     catalog = archive.stack.config.catalog
     made = plan(catalog, list(TABLES), window_of(archive.start, archive.end), StrictOrder())

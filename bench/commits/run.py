@@ -46,16 +46,16 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-import router.app
 from bench.router.run import machine, percentile
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router import app as router_app
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import MaintenanceSettings, RouterConfig
+from bergstream.router.maintain import maintain
+from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter
 from bergstream.spark import build_spark_session
-from router.app import archive_available_now
-from router.config import MaintenanceSettings, RouterConfig
-from router.maintain import maintain
-from router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter
 
 OUT = Path(__file__).parent.parent / "out" / "commits"
 TOPIC = "playback"
@@ -247,7 +247,7 @@ def main() -> None:
     variant = args.variant
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.
-        router.app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
+        router_app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-commits-"))
     kafka_port, controller_port = free_ports(2)
     stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))

@@ -36,15 +36,15 @@ from bench.router.run import machine
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.app import Router
+from bergstream.router.config import RouterConfig
+from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.transform import Stamper
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
+from bergstream.schemas.parse import ERROR
 from bergstream.spark import build_spark_session
-from router.app import Router
-from router.config import RouterConfig
-from router.counts import from_observation, observed_columns
-from router.metrics import RouterMetrics
-from router.transform import Stamper
-from schemas.archive import ArchiveLayout
-from schemas.parse import ERROR
-from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 SCHEMA = "playback"

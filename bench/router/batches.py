@@ -42,10 +42,10 @@ from bench.router.run import percentile
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.app import Router
+from bergstream.router.config import RouterConfig
+from bergstream.router.metrics import RouterMetrics
 from bergstream.spark import build_spark_session
-from router.app import Router
-from router.config import RouterConfig
-from router.metrics import RouterMetrics
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4

@@ -46,10 +46,10 @@ from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.table import ensure_tables
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from bergstream.spark import build_spark_session
-from router.table import ensure_tables
-from schemas.archive import ArchiveLayout
-from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4

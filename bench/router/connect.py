@@ -21,8 +21,8 @@ from bench.router.plain import TIMESTAMP
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
+from bergstream.kafka_topics import ensure_topic
 from bergstream.local import processes
-from bergstream.topics import ensure_topic
 
 WORKER_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 SINK_CLASS = "org.apache.iceberg.connect.IcebergSinkConnector"

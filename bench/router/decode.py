@@ -33,12 +33,12 @@ from bench.router.run import machine
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.counts import observed_columns
+from bergstream.router.transform import Stamper
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
+from bergstream.schemas.stamp import metadata
 from bergstream.spark import build_spark_session
-from router.counts import observed_columns
-from router.transform import Stamper
-from schemas.archive import ArchiveLayout
-from schemas.registry import load_event_schema
-from schemas.stamp import metadata
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4

@@ -19,10 +19,10 @@ from bench.router.cpu import CpuClock
 from bench.router.plain import TIMESTAMP, create_plain_table, start_plain_job
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
-from router.app import Router, archive_available_now
-from router.config import RouterConfig
-from router.metrics import RouterMetrics
-from schemas.archive import INGESTION_TS, METADATA
+from bergstream.router.app import Router, archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.metrics import RouterMetrics
+from bergstream.schemas.archive import INGESTION_TS, METADATA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

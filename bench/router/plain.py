@@ -14,9 +14,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.avro.functions import from_avro
 
-from schemas.archive import ArchiveLayout
-from schemas.registry import load_event_schema
-from schemas.spark_types import ddl_columns, optional
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
+from bergstream.schemas.spark_types import ddl_columns, optional
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -55,14 +55,14 @@ from bench.router.peers import (
     committed_rows,
     wait_for_rows,
 )
+from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.router.maintain import maintain
+from bergstream.schemas.archive import INGESTION_TS, METADATA, ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from bergstream.spark import build_spark_session
-from bergstream.topics import ensure_topic
-from router.maintain import maintain
-from schemas.archive import INGESTION_TS, METADATA, ArchiveLayout
-from schemas.registry import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4

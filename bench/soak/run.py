@@ -43,8 +43,8 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig, kafka_broker
-from bergstream.local.postgres import USER, PostgresServer, postgres_server
 from bergstream.local.processes import free_ports
+from tests.postgres import USER, PostgresServer, postgres_server
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "out" / "soak"

@@ -11,9 +11,9 @@ import json
 from dataclasses import asdict
 
 from bergstream.catalog import CatalogConfig
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
 from bergstream.spark import build_spark_session
-from router.app import archive_available_now
-from router.config import RouterConfig
 
 
 def main() -> None:

@@ -1,0 +1,231 @@
+"""An application's settings: deploy/apps/<app>.yaml, then command-line flags, validated once at start.
+
+An application reads named sources ("playback", "impression"). Each named source has a live side (a Kafka
+topic, parsed as the router parses it) and a backfill side (the topic's archive table). `mode` picks one
+for every source of the application; the `backfill` section says which window, which bound and which
+regions a backfill reads. The application's code is the same either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
+from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
+from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.spark import SparkSettings
+from bergstream.timeparse import format_duration, parse_duration, parse_instant
+
+log = logging.getLogger(__name__)
+APPS_DIR = Path("deploy/apps")
+BOOTSTRAP = "kafka.bootstrap.servers"
+Mode = Literal["live", "backfill"]
+# As max_misalignment: read the window in one epoch, in no order.
+UNORDERED = "unordered"
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Set per source by bergstream: each named source reads exactly its topic.
+_RESERVED_KAFKA_OPTIONS = ("subscribe", "subscribePattern", "assign")
+
+
+class SourceSettings(BaseModel):
+    """One named source: its topic when live, its archive table when backfilled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    schema_name: str | None = Field(default=None, alias="schema")  # default: the topic's name
+    encoding: Encoding = "json"
+    # Live rows get this as __metadata__.cluster, as the router stamps it.
+    cluster: str = "local"
+    max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # The archive table: T, namespace.T or catalog.namespace.T; default: the topic's name.
+    table: str | None = None
+    # Options of Spark's Kafka source for this topic alone, over the application's `kafka`.
+    kafka: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def schema_or_topic(self) -> str:
+        return self.schema_name or self.topic
+
+    @property
+    def table_or_topic(self) -> str:
+        return self.table or self.topic
+
+
+class BackfillSettings(BaseModel):
+    """The window a backfill reads, and how much out of order it may read it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    start: datetime | None = None
+    end: datetime | None = None
+    # B: None reads the window unordered, in one epoch.
+    max_misalignment: timedelta | None = timedelta(minutes=15)
+    strict: bool = False
+    regions: list[str] | None = None
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _instant(cls, value: Any) -> Any:
+        try:
+            return parse_instant(value) if value is not None else None
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
+
+    @field_validator("max_misalignment", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is None or isinstance(value, timedelta):
+            return value
+        if str(value).strip().lower() == UNORDERED:
+            return None
+        try:
+            bound = parse_duration(str(value), "max_misalignment")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
+        if bound <= timedelta(0):
+            raise ValueError(f"{value!r}: the bound must be above zero; use strict for exact order")
+        return bound
+
+    @model_validator(mode="after")
+    def _window(self) -> BackfillSettings:
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise ValueError(f"end ({self.end.isoformat()}) is not after start ({self.start.isoformat()})")
+        if self.regions is not None and not self.regions:
+            raise ValueError("regions is empty: leave it out to read every region")
+        return self
+
+
+class AppSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    # The application: a function of the module that takes the run's context and returns its writer.
+    entry: str
+    mode: Mode = "live"
+    sources: dict[str, SourceSettings]
+    backfill: BackfillSettings = Field(default_factory=BackfillSettings)
+    # Options of Spark's Kafka source shared by every live source (kafka.bootstrap.servers, ...).
+    kafka: dict[str, str] = Field(default_factory=dict)
+    catalog: CatalogConfig
+    checkpoint_location: str
+    trigger_interval: str = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    # Where the application's output is appended: T (in namespace apps), namespace.T or catalog.namespace.T.
+    output_table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
+    # The application's own settings (its session gap, its watermark delay, ...), passed to it as they are.
+    options: dict[str, Any] = Field(default_factory=dict)
+    schema_dir: Path = AVRO_DIR
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, entry: str) -> str:
+        if not _ENTRY.match(entry):
+            raise ValueError(
+                f"{entry!r} is not module:function, such as bergstream.apps.sessionizer:sessionizer"
+            )
+        return entry
+
+    @model_validator(mode="after")
+    def _complete(self) -> AppSettings:
+        if not self.sources:
+            raise ValueError("sources: an application reads at least one named source")
+        for name, source in self.sources.items():
+            try:
+                load_event_schema(source.schema_or_topic, self.schema_dir)
+            except BackfillConfigError as error:
+                raise ValueError(f"sources.{name}.schema: {error}") from error
+            except Exception as error:
+                raise ValueError(f"sources.{name}.schema: {error}") from error
+            for key in {**self.kafka, **source.kafka}:
+                if key in _RESERVED_KAFKA_OPTIONS:
+                    raise ValueError(f"sources.{name}: option {key!r} is set by bergstream from `topic`")
+        if self.mode == "live":
+            missing = [n for n, s in self.sources.items() if BOOTSTRAP not in {**self.kafka, **s.kafka}]
+            if missing:
+                raise ValueError(f"kafka: {BOOTSTRAP} is missing for live source(s) {', '.join(missing)}")
+        else:
+            if self.backfill.start is None or self.backfill.end is None:
+                raise ValueError("backfill: a backfill needs start and end (--start, --end)")
+        return self
+
+    def kafka_options(self, source: str) -> dict[str, str]:
+        return {**self.kafka, **self.sources[source].kafka}
+
+
+def app_file(app: str, directory: Path = APPS_DIR) -> Path:
+    return directory / f"{app}.yaml"
+
+
+def load_app_settings(
+    app: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> AppSettings:
+    """Merge, from weakest to strongest: `defaults` (the local stack), the app's YAML file, the flags."""
+    path = config_file if config_file is not None else app_file(app)
+    if not path.exists():
+        raise BackfillConfigError(
+            f"{path}: no such file; an application's settings live in {APPS_DIR}/<app>.yaml"
+        )
+    loaded = read_mapping(path)
+    if loaded.get("app", app) != app:
+        raise BackfillConfigError(f"{path}: app is {loaded['app']!r} but {app!r} was asked for")
+    if "catalog" in loaded:  # another catalog entirely: nothing of the local one may leak into it
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
+    merged = merge(merge(defaults, loaded), _without_none(overrides))
+    merged.setdefault("app", app)
+    try:
+        return AppSettings.model_validate(merged)
+    except ValidationError as error:
+        raise BackfillConfigError(f"{path}: {problems(error)}") from error
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    cleaned: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            value = _without_none(value)
+            if value:
+                cleaned[key] = value
+        elif value is not None:
+            cleaned[key] = value
+    return cleaned
+
+
+def catalog_from_file(path: Path) -> CatalogConfig:
+    """The `catalog` section of a settings file: an application's or a topic's."""
+    if not path.exists():
+        raise BackfillConfigError(f"{path}: no such file")
+    loaded = read_mapping(path)
+    if not isinstance(loaded.get("catalog"), dict):
+        raise BackfillConfigError(f"{path}: has no catalog section")
+    try:
+        return CatalogConfig.model_validate(loaded["catalog"])
+    except ValidationError as error:
+        raise BackfillConfigError(f"{path}: {problems(error, 'catalog.')}") from error
+
+
+def backfill_checkpoint(settings: AppSettings) -> str:
+    """A checkpoint of its own for each backfill request, beside the live one: the same command resumes
+    the same backfill, and no backfill ever starts from the live query's checkpoint or another's."""
+    backfill = settings.backfill
+    assert backfill.start is not None and backfill.end is not None
+    bound = "unordered" if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
+    if backfill.strict:
+        bound = "strict"
+    parts = [
+        backfill.start.strftime("%Y%m%dT%H%M%S"),
+        backfill.end.strftime("%Y%m%dT%H%M%S"),
+        bound,
+        *sorted(backfill.regions or []),
+    ]
+    name = "_".join(re.sub(r"[^A-Za-z0-9-]", "-", part) for part in parts)
+    return f"{settings.checkpoint_location.rstrip('/')}-backfill-{name}"

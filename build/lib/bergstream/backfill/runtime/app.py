@@ -1,0 +1,82 @@
+"""Starting an application's streaming query: its function, its named sources, its output table.
+
+An application is a function, named `module:function` in its settings, that takes an `AppRun` and returns
+the streaming DataFrame it produces; bergstream appends that to the application's output table. Live, the
+query runs on the settings' trigger; as a backfill, it runs with an availableNow trigger, one epoch per
+micro-batch, and stops by itself at the end of the window.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.runtime.settings import AppSettings, Mode
+from bergstream.backfill.runtime.sources import Sources
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+Application = Callable[["AppRun"], "DataFrame"]
+
+
+@dataclass(frozen=True)
+class AppRun:
+    """What an application is given: its named sources and its own options."""
+
+    spark: SparkSession
+    sources: Sources
+    options: dict[str, Any]
+    mode: Mode
+
+
+def load_entry(entry: str) -> Application:
+    """The function `module:function`, or an error naming what is missing."""
+    module_name, _, function_name = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise BackfillConfigError(f"entry {entry}: cannot import module {module_name}: {error}") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise BackfillConfigError(f"entry {entry}: module {module_name} has no function {function_name}")
+    application: Application = function
+    return application
+
+
+def output_identifier(settings: AppSettings) -> str:
+    """`catalog.namespace.table` of the application's output; a bare name lives in namespace `apps`."""
+    parts = settings.output_table.split(".")
+    if len(parts) == 1:
+        parts = ["apps", *parts]
+    if len(parts) == 2:
+        parts = [settings.catalog.name, *parts]
+    return ".".join(parts)
+
+
+def start_query(
+    spark: SparkSession, settings: AppSettings, available_now: bool = False
+) -> tuple[StreamingQuery, Sources]:
+    """Start the application as the settings say; `available_now` makes a live run stop when caught up."""
+    sources = Sources(spark, settings)
+    result = load_entry(settings.entry)(AppRun(spark, sources, dict(settings.options), settings.mode))
+    if not result.isStreaming:
+        raise BackfillConfigError(
+            f"entry {settings.entry} returned a batch DataFrame: build it from run.sources.stream(...)"
+        )
+    output = output_identifier(settings)
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {output.rpartition('.')[0]}")
+    writer = (
+        result.writeStream.queryName(f"bergstream-app-{settings.app}-{settings.mode}")
+        .outputMode("append")
+        .option("checkpointLocation", settings.checkpoint_location)
+    )
+    if settings.mode == "backfill" or available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=settings.trigger_interval)
+    return writer.toTable(output), sources

@@ -1,0 +1,326 @@
+"""What an operator deploys for one topic's router, rendered from its settings.
+
+- `spark_submit`: the spark-submit command of the router, for a Spark cluster (standalone, YARN, or
+  Kubernetes in client mode), with every setting bergstream's own session would have.
+- `kubernetes_manifests`: the router as a one-replica Deployment on Kubernetes. The driver runs in that
+  pod, Spark starts the executors as pods beside it; the topic's settings travel in a Secret; a
+  headless Service gives executors a name to reach the driver by and Prometheus its metrics port.
+
+Both are built from a validated RouterConfig: what renders is what `bergstream router run` accepts.
+
+A group of topics renders the same way as one driver running a query per topic (router/fleet.py):
+`spark_submit_group` and `group_manifests`. The topics of a group share their catalog, their `spark`
+and their `deploy` settings, since they share a driver, its executors and its pod.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bergstream.errors import ConfigError
+from bergstream.router.config import RouterConfig
+from bergstream.router.fleet import check_shared_driver, fleet_app_name, fleet_spark_conf
+from bergstream.schemas.event_schema import AVRO_DIR
+from bergstream.spark import REDACTION_REGEX, session_conf
+
+# The file spark-submit runs: the `bergstream` command in the driver.
+SUBMIT_ENTRY = Path(__file__).parent / "submit.py"
+CONFIG_MOUNT = "/etc/bergstream"
+DRIVER_PORT, BLOCK_MANAGER_PORT = 7078, 7079
+# A router stops after its current batch on SIGTERM: give a large batch time to commit.
+GRACE_SECONDS = 300
+# Set by spark-submit itself, or by the cluster manager.
+_SUBMIT_FLAGS = {"spark.master", "spark.app.name"}
+
+
+def app_name(topic: str) -> str:
+    return f"bergstream-router-{topic}"
+
+
+def _name(topic: str) -> str:
+    """A Kubernetes object name for the topic's router: lower case, at most 63 characters."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in topic.lower()).strip("-")
+    return f"bergstream-router-{cleaned}"[:63].rstrip("-")
+
+
+def group_app_name(group: str) -> str:
+    return fleet_app_name([], group)
+
+
+def _group_name(group: str) -> str:
+    """The Kubernetes object name of a group's driver; `bergstream-routers-` keeps it apart from topics'."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in group.lower()).strip("-")
+    if not cleaned:
+        raise ConfigError(f"--group {group!r}: name the group with letters or digits")
+    return group_app_name(cleaned)[:63].rstrip("-")
+
+
+def check_group(configs: list[RouterConfig]) -> None:
+    """The topics of a group share one driver: its catalog, Spark settings, and how it is deployed."""
+    if not configs:
+        raise ConfigError("a group needs at least one topic: give --topic")
+    first = configs[0]
+    topics = [config.topic for config in configs]
+    if len(set(topics)) != len(topics):
+        raise ConfigError(f"a topic is named twice: {', '.join(topics)}")
+    for config in configs[1:]:
+        check_shared_driver(config, first)
+        if config.deploy != first.deploy:
+            raise ConfigError(
+                f"topic {config.topic}: its deploy settings differ from those of topic {first.topic}; "
+                "the topics of a group share one driver's pod and executors: make them the same"
+            )
+
+
+def metrics_port(config: RouterConfig) -> int:
+    """The router's own metrics_port when it sets one, else the deployment's."""
+    return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
+
+
+def spark_submit(config: RouterConfig, config_file: Path | None, available_now: bool = False) -> list[str]:
+    """The spark-submit command that runs the router of `config`, whose settings are in `config_file`."""
+    arguments = [
+        "--topic", config.topic,
+        *(["--config", str(config_file.absolute())] if config_file is not None else []),
+    ]  # fmt: skip
+    return _spark_submit(config, app_name(config.topic), config.spark.conf, arguments, available_now)
+
+
+def spark_submit_group(
+    group: str, configs: list[RouterConfig], topics_dir: Path, available_now: bool = False
+) -> list[str]:
+    """The spark-submit command of one driver archiving every topic of `configs`, read from `topics_dir`."""
+    check_group(configs)
+    first = configs[0]
+    arguments = ["--group", group]
+    for config in configs:
+        arguments += ["--topic", config.topic]
+    arguments += ["--topics-dir", str(topics_dir.absolute())]
+    conf = fleet_spark_conf(first.spark.conf)
+    return _spark_submit(first, group_app_name(group), conf, arguments, available_now)
+
+
+def _spark_submit(
+    config: RouterConfig, name: str, spark_conf: dict[str, str], arguments: list[str], available_now: bool
+) -> list[str]:
+    conf = session_conf(config.catalog, config.spark.master, name, spark_conf)
+    command = [
+        "spark-submit",
+        "--master", config.spark.master,
+        "--deploy-mode", "client",
+        "--name", name,
+    ]  # fmt: skip
+    # The driver runs bergstream's own code: the interpreter that has it installed.
+    conf.setdefault("spark.pyspark.driver.python", sys.executable)
+    for key, value in conf.items():
+        # Secrets stay off the command line: the driver's own session takes them from the settings file.
+        if key not in _SUBMIT_FLAGS and not re.search(REDACTION_REGEX, key):
+            command += ["--conf", f"{key}={value}"]
+    command += [str(SUBMIT_ENTRY), "router", "run", *arguments, "--metrics-port", str(metrics_port(config))]
+    if available_now:
+        command.append("--available-now")
+    return command
+
+
+def shell_command(command: list[str]) -> str:
+    """A command as a shell line, one option per line."""
+    lines, current = [], [shlex.quote(command[0])]
+    for part in command[1:]:
+        if part.startswith("--"):
+            lines.append(" ".join(current))
+            current = []
+        current.append(shlex.quote(part))
+    lines.append(" ".join(current))
+    return " \\\n  ".join(lines)
+
+
+def kubernetes_config(config: RouterConfig, name: str | None = None) -> RouterConfig:
+    """The settings of the router inside Kubernetes, in the pod `name` (by default, the topic's own):
+    Spark's master is the cluster's API server."""
+    deploy = config.deploy
+    name = name if name is not None else _name(config.topic)
+    master = (
+        config.spark.master if config.spark.master.startswith("k8s://") else f"k8s://{deploy.kubernetes_api}"
+    )
+    conf = {
+        "spark.kubernetes.namespace": deploy.namespace,
+        "spark.kubernetes.container.image": deploy.image,
+        "spark.kubernetes.executor.podNamePrefix": name,
+        "spark.driver.host": f"{name}.{deploy.namespace}.svc",
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.driver.memory": deploy.driver_memory,
+        "spark.executor.instances": str(deploy.executor_instances),
+        "spark.executor.cores": str(deploy.executor_cores),
+        "spark.executor.memory": deploy.executor_memory,
+        **config.spark.conf,
+    }
+    spark = config.spark.model_copy(update={"master": master, "conf": conf})
+    return config.model_copy(
+        update={"spark": spark, "metrics_port": metrics_port(config), "metrics_host": "0.0.0.0"}
+    )
+
+
+def settings_file(config: RouterConfig) -> str:
+    """A router's settings as the YAML file `bergstream router run --config` reads."""
+    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if config.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
+        del data["schema_dir"]
+    if config.catalog.password is not None:
+        data["catalog"]["password"] = config.catalog.password.get_secret_value()
+    registry = config.schema_registry
+    if registry is not None and registry.basic_auth_user_info is not None:
+        data["schema_registry"]["basic.auth.user.info"] = registry.basic_auth_user_info.get_secret_value()
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
+    """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
+    name = _name(config.topic)
+    arguments = ["--topic", config.topic, "--config", f"{CONFIG_MOUNT}/{config.topic}.yaml"]
+    return _manifests(name, [kubernetes_config(config, name)], arguments)
+
+
+def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
+    """The same objects for one driver archiving every topic of `configs`, a query each; the Secret holds
+    each topic's settings file."""
+    check_group(configs)
+    name = _group_name(group)
+    inside = [kubernetes_config(config, name) for config in configs]
+    arguments = ["--group", group]
+    for config in configs:
+        arguments += ["--topic", config.topic]
+    return _manifests(name, inside, [*arguments, "--topics-dir", CONFIG_MOUNT])
+
+
+def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> list[dict[str, Any]]:
+    inside = configs[0]
+    deploy = inside.deploy
+    port = metrics_port(inside)
+    namespace = deploy.namespace
+    labels = {"app.kubernetes.io/name": "bergstream-router", "app.kubernetes.io/instance": name}
+    metadata = {"name": name, "namespace": namespace, "labels": labels}
+    ports = [
+        {"name": "metrics", "containerPort": port},
+        {"name": "driver", "containerPort": DRIVER_PORT},
+        {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT},
+    ]
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": deploy.image,
+        "args": ["bergstream", "router", "run", *arguments, "--metrics-port", str(port)],
+        "ports": ports,
+        "resources": {
+            "requests": {
+                "cpu": deploy.driver_cpu,
+                "memory": _with_overhead(inside.spark.conf["spark.driver.memory"]),
+            }
+        },
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
+        "volumeMounts": [{"name": "settings", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+                    "verbs": ["create", "get", "list", "watch", "delete", "deletecollection", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        # A Secret, not a ConfigMap: the settings may hold the catalog's password and Kafka credentials.
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata,
+            "type": "Opaque",
+            "stringData": {f"{config.topic}.yaml": settings_file(config) for config in configs},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                **metadata,
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(port),
+                    "prometheus.io/path": "/metrics",
+                },
+            },
+            # Headless: the name resolves to the driver pod itself, which the executors connect to.
+            "spec": {
+                "clusterIP": "None",
+                "selector": labels,
+                "ports": [
+                    {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"]}
+                    for port in ports
+                ],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                # One router per topic, ever: a new pod starts only after the old one stopped.
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "containers": [container],
+                        "volumes": [{"name": "settings", "secret": {"secretName": name}}],
+                    },
+                },
+            },
+        },
+    ]
+
+
+def _with_overhead(memory: str) -> str:
+    """Spark's own default overhead on top of the JVM heap: 10%, at least 384 MiB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+    amount, unit = (memory[:-1], memory[-1]) if memory[-1] in units else (memory, "m")
+    mib = int(int(amount) * units[unit])
+    return f"{mib + max(384, mib // 10)}Mi"
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Plain YAML for kubectl and for people: no anchors, multi-line strings as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _string(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ManifestDumper.add_representer(str, _string)
+
+
+def manifests_yaml(manifests: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(manifests, Dumper=_ManifestDumper, sort_keys=False)

@@ -1,0 +1,112 @@
+"""`bergstream router maintain`: compact closed hours, expire old snapshots, remove orphan files.
+
+Safe while the router runs: compaction rewrites only hours that closed a grace period ago, Iceberg retries
+commits that lose a race with the router's appends, and orphan removal spares files younger than its
+retention, which covers any file an in-flight batch has written but not committed yet.
+
+Safe for the router's exactly-once too. A router that stops after committing a batch to the table and
+before checkpointing it runs that batch again when it restarts, and skips it only if it finds the batch
+among the table's snapshots (router/write.py). However long it stayed down, expiry never takes that
+snapshot: before expiring, the newest snapshot the router appended is tagged (NEWEST_APPEND_TAG), and
+Iceberg keeps tagged snapshots. Only the newest matters: batches run in order, and a query that appends
+after another has replaced its checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import SparkSession
+
+from bergstream.router.config import RouterConfig
+from bergstream.router.write import QUERY_ID
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, INGESTION_TS_COLUMN
+
+log = logging.getLogger(__name__)
+NEWEST_APPEND_TAG = "bergstream-router-newest-append"
+
+
+@dataclass(frozen=True)
+class MaintenanceResult:
+    table: str
+    rewritten_files: int
+    added_files: int
+    rewritten_bytes: int
+    expired_snapshots: int
+    orphan_files: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"{self.table}: compacted {self.rewritten_files} files into {self.added_files} "
+            f"({self.rewritten_bytes / 1e6:.1f} MB), expired {self.expired_snapshots} snapshots, "
+            f"removed {self.orphan_files} orphan files in {self.seconds:.1f}s"
+        )
+
+
+def closed_before(now: datetime, grace: timedelta) -> datetime:
+    """Hours that ended at least `grace` ago are closed: the start of the hour `grace` before now."""
+    boundary = now.astimezone(UTC) - grace
+    return boundary.replace(minute=0, second=0, microsecond=0)
+
+
+def maintain(
+    spark: SparkSession, config: RouterConfig, now: datetime | None = None
+) -> list[MaintenanceResult]:
+    now = now or datetime.now(UTC)
+    settings = config.maintenance
+    catalog = config.catalog
+    closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
+    results = []
+    for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
+        identifier = catalog.table_identifier(table)
+        started = time.monotonic()
+        compacted = spark.sql(
+            f"CALL {catalog.name}.system.rewrite_data_files("
+            f"table => '{identifier}', strategy => 'sort', "
+            f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
+            f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
+            f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
+        ).first()
+        keep_newest_append(spark, identifier)
+        older_than = now - timedelta(hours=config.snapshot_retention_hours)
+        expired = spark.sql(
+            f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
+            f"older_than => TIMESTAMP '{older_than:%Y-%m-%d %H:%M:%S}+00:00', "
+            f"retain_last => {settings.retain_last_snapshots})"
+        ).first()
+        orphans_before = now - timedelta(hours=settings.orphan_retention_hours)
+        # An object store is listed through the table's FileIO: Hadoop has no file system for s3://.
+        prefix_listing = ", prefix_listing => true" if catalog.object_storage else ""
+        orphans = spark.sql(
+            f"CALL {catalog.name}.system.remove_orphan_files(table => '{identifier}', "
+            f"older_than => TIMESTAMP '{orphans_before:%Y-%m-%d %H:%M:%S}+00:00'{prefix_listing})"
+        ).count()
+        result = MaintenanceResult(
+            table=identifier,
+            rewritten_files=int(compacted.rewritten_data_files_count) if compacted else 0,
+            added_files=int(compacted.added_data_files_count) if compacted else 0,
+            rewritten_bytes=int(compacted.rewritten_bytes_count) if compacted else 0,
+            expired_snapshots=int(expired.deleted_manifest_lists_count) if expired else 0,
+            orphan_files=orphans,
+            seconds=time.monotonic() - started,
+        )
+        log.info(result.summary())
+        results.append(result)
+    return results
+
+
+def keep_newest_append(spark: SparkSession, identifier: str) -> None:
+    """Tag the newest snapshot the router appended to `identifier`, so that expiry keeps it."""
+    newest = spark.sql(
+        f"SELECT snapshot_id FROM {identifier}.snapshots WHERE summary['{QUERY_ID}'] IS NOT NULL "
+        "ORDER BY committed_at DESC, snapshot_id LIMIT 1"
+    ).first()
+    if newest is not None:
+        spark.sql(
+            f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{NEWEST_APPEND_TAG}` "
+            f"AS OF VERSION {int(newest.snapshot_id)}"
+        )

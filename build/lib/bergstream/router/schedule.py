@@ -1,0 +1,95 @@
+"""Maintenance inside the router: `router maintain` every `maintenance.every`, in a thread of the driver.
+
+Compaction and snapshot expiry commit beside the router's appends; Iceberg retries whichever loses the race,
+and expiry keeps what a restart needs (router/maintain.py). A run that fails is logged and counted, and the
+next one comes at its time: archiving never waits for maintenance.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pyspark.sql import SparkSession
+
+from bergstream.router.config import MANY_SNAPSHOTS, RouterConfig
+from bergstream.router.maintain import maintain
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.retry import first_line, java_causes
+
+log = logging.getLogger("bergstream.router.maintenance")
+
+
+class MaintenanceSchedule:
+    """Runs `maintain` every `config.maintenance.every`, the first time one interval after `start`."""
+
+    def __init__(self, spark: SparkSession, config: RouterConfig, metrics: RouterMetrics) -> None:
+        every = config.maintenance.every_seconds
+        if every is None:
+            raise ValueError(f"{config.topic}: maintenance.every is not set")
+        self.spark = spark
+        self.config = config
+        self.metrics = metrics
+        self.every = every
+        self._job_group = f"bergstream-maintenance-{config.topic}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=self._job_group, daemon=True)
+
+    def start(self) -> None:
+        settings = self.config.maintenance
+        log.info(
+            "%s: maintenance every %s (snapshots kept %gh, at least %d)",
+            self.config.topic, settings.every, self.config.snapshot_retention_hours,
+            settings.retain_last_snapshots,
+        )  # fmt: skip
+        self._thread.start()
+
+    def stop(self, timeout: float = 60) -> None:
+        """Stop after the current run; a run still going after `timeout` has its Spark jobs cancelled."""
+        self._stop.set()
+        if not self._thread.is_alive():
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s: cancelling the maintenance run still going", self.config.topic)
+            self.spark.sparkContext.cancelJobGroup(self._job_group)
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        self.spark.sparkContext.setJobGroup(self._job_group, "bergstream router maintenance", True)
+        while not self._stop.wait(self.every):
+            self.run_once()
+
+    def run_once(self) -> None:
+        topic, metrics = self.config.topic, self.metrics
+        started = time.monotonic()
+        try:
+            results = maintain(self.spark, self.config)
+        except Exception as error:
+            if self._stop.is_set():
+                return
+            metrics.maintenance_runs.labels(topic, "failed").inc()
+            causes = java_causes(error)  # the Java exception at the root says what went wrong
+            log.error("%s: maintenance failed, tried again in %s: %s", topic, self.config.maintenance.every,
+                      causes[-1].line if causes else first_line(error))  # fmt: skip
+            log.debug("maintenance of %s failed", topic, exc_info=True)
+            return
+        seconds = time.monotonic() - started
+        metrics.maintenance_runs.labels(topic, "done").inc()
+        metrics.maintenance_duration.labels(topic).observe(seconds)
+        metrics.maintenance_last_success.labels(topic).set(time.time())
+        for result in results:  # each table's summary is logged by maintain
+            metrics.maintenance_expired_snapshots.labels(topic, result.table).inc(result.expired_snapshots)
+        log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, self.config.maintenance.every)
+
+
+def warn_of_long_history(config: RouterConfig) -> None:
+    """Say so when the snapshot retention keeps a long history at the router's trigger interval."""
+    retained = config.snapshot_retention_hours * 3600 / max(config.trigger_seconds, 1e-3)
+    if retained > MANY_SNAPSHOTS:
+        log.warning(
+            "%s: a commit every %s kept for %gh is about %d snapshots that every commit lists again; "
+            "a shorter maintenance.snapshot_retention_hours keeps commits fast",
+            config.topic, config.trigger_interval, config.snapshot_retention_hours, retained,
+        )  # fmt: skip

@@ -1,0 +1,3 @@
+from bergstream.cli import main
+
+main()

@@ -1,0 +1,223 @@
+"""The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
+project's own Java (the backfill source, the router's partition ranges), compiled once against the same
+Spark and Iceberg.
+
+Spark and the broker read the cache; Maven and javac run only when the cache lacks what is pinned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from bergstream.errors import BergstreamError, MissingToolError
+
+POM = Path(__file__).parent / "jvm" / "pom.xml"
+# The repository's root, from core/src/bergstream/jars.py.
+_PROJECT = Path(__file__).resolve().parents[3]
+# bergstream's own Java, each component's beside its Python: compiled into one jar handed to every
+# SparkSession.
+JAVA_SOURCES: tuple[Path, ...] = tuple(
+    _PROJECT / part / "jvm" / "src" / "main" for part in ("schemas", "router", "backfill")
+)
+PROJECT_JAR = "bergstream-spark.jar"
+JarSet = Literal["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]
+# What the local stack runs, resolved by `make setup`.
+JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka", "rest-catalog")
+# A Kafka Connect worker and Iceberg's sink as its plugin, resolved when asked for (bench/router's peer).
+ON_DEMAND_JAR_SETS: tuple[JarSet, ...] = ("kafka-connect", "iceberg-kafka-connect")
+_COMPLETE = ".complete"
+
+
+@dataclass(frozen=True)
+class PinnedVersions:
+    spark: str
+    iceberg: str
+    kafka: str
+    scala_binary: str
+    iceberg_rest: str  # Iceberg's REST catalog server (`local up --catalog rest`)
+
+
+def pinned_versions(pom: Path = POM) -> PinnedVersions:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(pom).getroot().find("m:properties", ns)
+    assert props is not None, f"{pom} has no <properties>"
+
+    def prop(name: str) -> str:
+        node = props.find(f"m:{name}", ns)
+        if node is None or not node.text:
+            raise BergstreamError(f"{pom}: property <{name}> is missing")
+        return node.text.strip()
+
+    return PinnedVersions(
+        spark=prop("spark.version"),
+        iceberg=prop("iceberg.version"),
+        kafka=prop("kafka.version"),
+        scala_binary=prop("scala.binary.version"),
+        iceberg_rest=prop("iceberg-rest.version"),
+    )
+
+
+def cache_root() -> Path:
+    base = os.environ.get("BERGSTREAM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bergstream"
+    )
+    return Path(base) / "jars"
+
+
+def _pom_digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+
+
+def jar_dir(jar_set: JarSet, pom: Path = POM) -> Path:
+    return cache_root() / _pom_digest(pom) / jar_set
+
+
+def require_tool(name: str, purpose: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise MissingToolError(
+            f"'{name}' was not found on PATH; it is needed to {purpose}. Install it and retry."
+        )
+    return path
+
+
+def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
+    """Copy one set's jars and their runtime dependencies into the cache; a no-op when already there."""
+    target = jar_dir(jar_set, pom)
+    if (target / _COMPLETE).exists():
+        return target
+    mvn = require_tool("mvn", f"resolve the {jar_set} jars pinned in {pom}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A staging folder of its own, so that two resolves at once cannot spoil each other's files.
+    staging = Path(tempfile.mkdtemp(prefix=f".{jar_set}-", dir=target.parent))
+    command = [
+        mvn, "-q", "-B", "-f", str(pom), "-P", jar_set,
+        "dependency:copy-dependencies", "-DincludeScope=runtime", "-Dmdep.useRepositoryLayout=true",
+        f"-DoutputDirectory={staging}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        reason = next((line for line in output if "ERROR" in line), output[-1] if output else "no output")
+        raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}: {reason[:400]}")
+    (staging / _COMPLETE).write_text(_pom_digest(pom))
+    try:
+        staging.rename(target)
+    except OSError:  # another resolve finished first: its copy is as good
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_all(pom: Path = POM, jar_sets: tuple[JarSet, ...] = JAR_SETS) -> dict[JarSet, Path]:
+    return {jar_set: resolve(jar_set, pom) for jar_set in jar_sets}
+
+
+def resolved_jars(jar_set: JarSet, pom: Path = POM) -> list[Path]:
+    """The set's jars, in Maven's repository layout: <group path>/<artifact>/<version>/<file>.jar."""
+    return sorted(resolve(jar_set, pom).rglob("*.jar"))
+
+
+def artifact_id(jar: Path) -> str:
+    return jar.parent.parent.name
+
+
+def ships(spark_home_jars: Path, artifact: str) -> bool:
+    """Whether Spark's own jars folder has this artifact, in whatever version."""
+    prefix = f"{artifact}-"
+    return any(
+        jar.name.startswith(prefix) and jar.name[len(prefix) : len(prefix) + 1].isdigit()
+        for jar in spark_home_jars.glob("*.jar")
+    )
+
+
+def spark_home_jars() -> Path:
+    """The jars Spark itself ships: $SPARK_HOME/jars, or those inside the pyspark package."""
+    spark_home = os.environ.get("SPARK_HOME")
+    if spark_home:
+        return Path(spark_home) / "jars"
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
+    """The jars for spark.jars: the resolved set less the artifacts Spark already ships, and bergstream's
+    own."""
+    shipped = spark_home or spark_home_jars()
+    pinned = [jar for jar in resolved_jars("spark", pom) if not ships(shipped, artifact_id(jar))]
+    return [*pinned, project_jar(shipped, pom)]
+
+
+def _sources_digest(sources: tuple[Path, ...], pom: Path) -> str:
+    digest = hashlib.sha256(pom.read_bytes())
+    for number, root in enumerate(sources):
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(f"{number}/{path.relative_to(root)}".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def project_jar(
+    spark_home: Path | None = None, pom: Path = POM, sources: tuple[Path, ...] = JAVA_SOURCES
+) -> Path:
+    """bergstream's own Java in one jar, compiled with javac against Spark's jars and the pinned Iceberg
+    runtime; built once per version of its sources and of the pom."""
+    target = cache_root() / "built" / _sources_digest(sources, pom) / PROJECT_JAR
+    if target.exists():
+        return target
+    javac = require_tool("javac", "compile bergstream's Java (a JDK, not only a JRE)")
+    jar_tool = require_tool("jar", "package bergstream's Java")
+    classpath = [
+        str((spark_home or spark_home_jars()) / "*"),
+        *(str(jar) for jar in resolved_jars("spark", pom)),
+    ]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+        java_files = sorted(str(path) for root in sources for path in (root / "java").rglob("*.java"))
+        compiled = subprocess.run(
+            [javac, "--release", "17", "-nowarn", "-d", str(staging / "classes"),
+             "-cp", os.pathsep.join(classpath), *java_files],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if compiled.returncode != 0:
+            errors = [line for line in compiled.stderr.splitlines() if ": error:" in line]
+            first = (errors or [compiled.stderr.strip()])[0]
+            raise BergstreamError(f"javac could not compile bergstream's Java: {first[:400]}")
+        for root in sources:
+            if (root / "resources").is_dir():
+                shutil.copytree(root / "resources", staging / "classes", dirs_exist_ok=True)
+        packed = subprocess.run(
+            [jar_tool, "--create", "--file", str(staging / PROJECT_JAR),
+             "-C", str(staging / "classes"), "."],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if packed.returncode != 0:
+            raise BergstreamError(f"jar could not package bergstream's Java: {packed.stderr.strip()[:400]}")
+        with contextlib.suppress(OSError):  # another build finished first: its jar is as good
+            (staging / PROJECT_JAR).rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def kafka_classpath(pom: Path = POM) -> list[Path]:
+    return resolved_jars("kafka", pom)
+
+
+def rest_catalog_classpath(pom: Path = POM) -> list[Path]:
+    return resolved_jars("rest-catalog", pom)
+
+
+def kafka_connect_classpath(pom: Path = POM) -> list[Path]:
+    return resolved_jars("kafka-connect", pom)

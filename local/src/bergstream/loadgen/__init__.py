@@ -1,0 +1,1 @@
+"""Synthetic Kafka records for load tests: realistic events and the malformed ones real producers send."""

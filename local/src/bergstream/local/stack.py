@@ -1,0 +1,438 @@
+"""`bergstream local up | down | status`: the embedded stack on the loopback interface."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from bergstream import jars
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError, StackError
+from bergstream.local import kafka_broker, kafka_security, processes, rest_catalog, schema_registry
+from bergstream.local import object_store as store_server
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_CONTROLLER_PORT = 9093
+LOOPBACK = ("127.0.0.1", "::1")
+# none: plain text, anyone may do anything. sasl_ssl: TLS, SCRAM-SHA-512 logins, ACLs (kafka_security.py).
+Security = Literal["none", "sasl_ssl"]
+# Where table files go: none, the stack's warehouse folder; s3, a bucket of an S3 object store (versitygw).
+ObjectStore = Literal["none", "s3"]
+# The Iceberg catalog: jdbc, on a SQLite file; rest, Iceberg's REST catalog server over its own SQLite file.
+CatalogKind = Literal["jdbc", "rest"]
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("BERGSTREAM_HOME", ".bergstream")).absolute()
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    data_dir: Path
+    host: str = DEFAULT_HOST
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    security: Security = "none"
+    brokers: int = 1
+    # (kafka port, controller port) of the nodes after the first; by default two up from the previous node's.
+    other_ports: tuple[tuple[int, int], ...] = ()
+    object_store: ObjectStore = "none"
+    catalog_kind: CatalogKind = "jdbc"
+    object_store_port: int = store_server.DEFAULT_PORT
+    rest_port: int = rest_catalog.DEFAULT_PORT
+    # A schema registry (Confluent's REST API) on this port; None: the stack runs none.
+    schema_registry_port: int | None = None
+    # The brokers' group.initial.rebalance.delay.ms (kafka_broker.BrokerConfig).
+    group_initial_rebalance_delay_ms: int = 0
+
+    def __post_init__(self) -> None:
+        # The catalog's warehouse is a file URI: a stack's folder is always absolute.
+        object.__setattr__(self, "data_dir", Path(self.data_dir).resolve())
+        if self.host not in LOOPBACK:
+            raise ConfigError(
+                f"host {self.host!r}: the local stack listens on loopback only (127.0.0.1 or ::1)"
+            )
+        if self.brokers not in (1, 3):
+            raise ConfigError(f"--brokers {self.brokers}: the local stack runs 1 broker, or a cluster of 3")
+        object.__setattr__(self, "other_ports", tuple(tuple(pair) for pair in self.other_ports))
+        if self.other_ports and len(self.other_ports) != self.brokers - 1:
+            raise ConfigError(f"{self.brokers} brokers need {self.brokers - 1} more pairs of ports")
+        ports = [port for pair in self.ports for port in pair] + self.service_ports
+        for port in ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"port {port} is not a TCP port (1-65535)")
+        if len(set(ports)) != len(ports):
+            raise ConfigError(
+                f"the stack's ports {ports} repeat a port; pick --kafka-port, --controller-port, "
+                "--object-store-port and --rest-port further apart"
+            )
+        if self.security not in get_args(Security):
+            raise ConfigError(f"security {self.security!r}: use one of {', '.join(get_args(Security))}")
+        if self.object_store not in get_args(ObjectStore):
+            raise ConfigError(
+                f"--object-store {self.object_store!r}: use one of {', '.join(get_args(ObjectStore))}"
+            )
+        if self.catalog_kind not in get_args(CatalogKind):
+            kinds = ", ".join(get_args(CatalogKind))
+            raise ConfigError(f"--catalog {self.catalog_kind!r}: use one of {kinds}")
+
+    @property
+    def service_ports(self) -> list[int]:
+        """The ports of the object store and the REST catalog, where the stack runs them."""
+        registry = self.schema_registry_port
+        return [port for port, used in ((self.object_store_port, self.object_store == "s3"),
+                                        (self.rest_port, self.catalog_kind == "rest"),
+                                        (registry or 0, registry is not None)) if used]  # fmt: skip
+
+    @property
+    def ports(self) -> list[tuple[int, int]]:
+        """(kafka port, controller port) of each node."""
+        others = self.other_ports or tuple(
+            (self.kafka_port + 2 * i, self.controller_port + 2 * i) for i in range(1, self.brokers)
+        )
+        return [(self.kafka_port, self.controller_port), *others]
+
+    @property
+    def nodes(self) -> list[kafka_broker.BrokerConfig]:
+        """The Kafka nodes: node 1 in kafka/, the others of a cluster in kafka-2/, kafka-3/."""
+        ports = self.ports
+        voters = (
+            tuple((i + 1, controller) for i, (_, controller) in enumerate(ports)) if len(ports) > 1 else ()
+        )
+        return [
+            kafka_broker.BrokerConfig(
+                home=self.data_dir / ("kafka" if i == 0 else f"kafka-{i + 1}"),
+                host=self.host,
+                port=port,
+                controller_port=controller,
+                security=self.kafka_security,
+                node_id=i + 1,
+                voters=voters,
+                group_initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms,
+            )
+            for i, (port, controller) in enumerate(ports)
+        ]
+
+    @property
+    def broker(self) -> kafka_broker.BrokerConfig:
+        """The first node."""
+        return self.nodes[0]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    @property
+    def kafka_security(self) -> kafka_security.BrokerSecurity | None:
+        if self.security == "none":
+            return None
+        return kafka_security.BrokerSecurity(self.data_dir / "security")
+
+    @property
+    def object_store_config(self) -> store_server.ObjectStoreConfig | None:
+        if self.object_store == "none":
+            return None
+        home = self.data_dir / "object-store"
+        return store_server.ObjectStoreConfig(home, self.host, self.object_store_port)
+
+    @property
+    def schema_registry_config(self) -> schema_registry.SchemaRegistryConfig | None:
+        if self.schema_registry_port is None:
+            return None
+        return schema_registry.SchemaRegistryConfig(self.data_dir / "schema-registry", self.host,
+                                                    self.schema_registry_port)  # fmt: skip
+
+    @property
+    def rest_catalog_config(self) -> rest_catalog.RestCatalogConfig | None:
+        if self.catalog_kind != "rest":
+            return None
+        warehouse, properties = self._warehouse()
+        return rest_catalog.RestCatalogConfig(
+            self.data_dir / "rest-catalog", warehouse, self.host, self.rest_port, properties
+        )
+
+    def _warehouse(self) -> tuple[str, dict[str, str]]:
+        """Where table files go, and the catalog properties that reach it."""
+        store = self.object_store_config
+        if store is None:
+            return (self.data_dir / "warehouse").as_uri(), {}
+        return store.warehouse, store.catalog_properties()
+
+    @property
+    def catalog(self) -> CatalogConfig:
+        warehouse, properties = self._warehouse()
+        rest = self.rest_catalog_config
+        if rest is not None:
+            return CatalogConfig(type="rest", uri=rest.uri, warehouse=warehouse, properties=properties)
+        sqlite = self.data_dir / "catalog" / "catalog.db"
+        return CatalogConfig(uri=f"jdbc:sqlite:{sqlite}", warehouse=warehouse, properties=properties)
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "stack.json"
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    running: bool
+    data_dir: str
+    bootstrap_servers: str
+    broker_pid: int | None
+    catalog_name: str
+    catalog_uri: str
+    catalog_sqlalchemy_uri: str | None  # of a jdbc catalog
+    catalog_namespace: str
+    warehouse: str
+    catalog_type: str = "jdbc"
+    rest_catalog_pid: int | None = None
+    # With --object-store s3: its endpoint, bucket and server pid, and the file of its keys (never the keys).
+    object_store: str = "none"
+    object_store_endpoint: str | None = None
+    object_store_bucket: str | None = None
+    object_store_credentials: str | None = None
+    object_store_pid: int | None = None
+    # With --schema-registry: where it answers. It keeps schemas in memory: `down` forgets them.
+    schema_registry_url: str | None = None
+    schema_registry_pid: int | None = None
+    security: str = "none"
+    broker_pids: list[int | None] | None = None  # of each node of a cluster
+    # Secured: the authority's certificate that clients trust, and the client settings (Java client names,
+    # passwords included) of the admin and of the producer that `produce` and replay use.
+    ca_file: str | None = None
+    admin_config: str | None = None
+    producer_config: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def at(cls, data_dir: Path) -> LocalStack:
+        """The stack last started in `data_dir`, with the ports it was started with."""
+        state = data_dir / "stack.json"
+        if not state.exists():
+            return cls(StackConfig(data_dir=data_dir))
+        try:
+            saved = json.loads(state.read_text())
+        except json.JSONDecodeError as error:
+            raise StackError(
+                f"{state} is not valid JSON ({error}); remove it and run `bergstream local up`"
+            ) from error
+        return cls(
+            StackConfig(
+                data_dir=data_dir,
+                host=saved["host"],
+                kafka_port=saved["kafka_port"],
+                controller_port=saved["controller_port"],
+                security=saved.get("security", "none"),
+                brokers=saved.get("brokers", 1),
+                other_ports=saved.get("other_ports", ()),
+                object_store=saved.get("object_store", "none"),
+                catalog_kind=saved.get("catalog", "jdbc"),
+                object_store_port=saved.get("object_store_port", store_server.DEFAULT_PORT),
+                rest_port=saved.get("rest_port", rest_catalog.DEFAULT_PORT),
+                schema_registry_port=saved.get("schema_registry_port"),
+            )
+        )
+
+    def up(self) -> StackStatus:
+        with processes.locked(self.config.data_dir / "stack.lock"):
+            return self._up()
+
+    def _up(self) -> StackStatus:
+        config = self.config
+        pid = next(filter(None, (kafka_broker.running_pid(node) for node in config.nodes)), None)
+        pid = pid or self._service_pid()
+        if pid is not None:
+            running = LocalStack.at(config.data_dir).status()
+            raise StackError(
+                f"the local stack in {config.data_dir} is already running (broker pid {pid}, "
+                f"{running.bootstrap_servers}); stop it with `bergstream local down`"
+            )
+        for kafka_port, controller_port in config.ports:
+            for name, port in (("--kafka-port", kafka_port), ("--controller-port", controller_port)):
+                if processes.port_in_use(config.host, port):
+                    raise StackError(
+                        f"port {port} on {config.host} is already in use; choose another with {name}"
+                    )
+        self._refuse_other_layout()
+        jars.resolve_all()
+        (config.data_dir / "catalog").mkdir(parents=True, exist_ok=True)
+        if config.object_store_config is None:
+            (config.data_dir / "warehouse").mkdir(parents=True, exist_ok=True)
+        self._start_services_and(lambda: kafka_broker.start_cluster(config.nodes))
+        config.state_file.write_text(
+            json.dumps(
+                {
+                    "host": config.host,
+                    "kafka_port": config.kafka_port,
+                    "controller_port": config.controller_port,
+                    "security": config.security,
+                    "brokers": config.brokers,
+                    "other_ports": config.other_ports,
+                    "object_store": config.object_store,
+                    "catalog": config.catalog_kind,
+                    "object_store_port": config.object_store_port,
+                    "rest_port": config.rest_port,
+                    "schema_registry_port": config.schema_registry_port,
+                }
+            )
+        )
+        security = config.kafka_security
+        if security is not None:
+            bootstrap = config.bootstrap_servers
+            security.write_client_files(bootstrap)
+            if security.password(kafka_security.PRODUCER) is None:
+                security.add_user(
+                    kafka_security.PRODUCER, bootstrap, kafka_security.producer_acls(kafka_security.PRODUCER)
+                )
+        return self.status()
+
+    def _start_services_and(self, start_kafka: Callable[[], object]) -> None:
+        """Start the object store, the REST catalog, the schema registry, then Kafka; stop what started if
+        one fails."""
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        registry = self.config.schema_registry_config
+        try:
+            if store is not None:
+                store_server.start(store)
+            if rest is not None:
+                rest_catalog.start(rest)
+            if registry is not None:
+                schema_registry.start(registry)
+            start_kafka()
+        except BaseException:
+            if registry is not None:
+                schema_registry.stop(registry)
+            if rest is not None:
+                rest_catalog.stop(rest)
+            if store is not None:
+                store_server.stop(store)
+            raise
+
+    def _service_pid(self) -> int | None:
+        """The pid of the stack's object store or REST catalog, when one runs."""
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        registry = self.config.schema_registry_config
+        pids = (
+            store_server.running_pid(store) if store is not None else None,
+            rest_catalog.running_pid(rest) if rest is not None else None,
+            schema_registry.running_pid(registry) if registry is not None else None,
+        )
+        return next(filter(None, pids), None)
+
+    def _refuse_other_layout(self) -> None:
+        """A broker's log directory is formatted for its security: plain text, or with the admin's login. A
+        catalog's tables keep the warehouse they were made in, and each kind of catalog has its own tables."""
+        config = self.config
+        if not config.state_file.exists():
+            return
+        before = LocalStack.at(config.data_dir).config
+        formatted = (config.broker.log_dir / "meta.properties").exists()
+        for flag, old, new in (
+            ("--security", before.security if formatted else config.security, config.security),
+            ("--object-store", before.object_store, config.object_store),
+            ("--catalog", before.catalog_kind, config.catalog_kind),
+        ):
+            if old != new:
+                raise StackError(
+                    f"the local stack in {config.data_dir} was made with {flag} {old}: start it so again, "
+                    "or remove the folder for a new stack"
+                )
+
+    def router_client(self, topic: str) -> dict[str, str]:
+        """The Java client settings of the user of `topic`'s router, made on first use: it may read the
+        topic and commit group bergstream-router.<topic>, nothing else. Empty on a stack without security."""
+        security = self.config.kafka_security
+        if security is None:
+            return {}
+        user = kafka_security.router_user(topic)
+        bootstrap = self.config.bootstrap_servers
+        if security.password(user) is None:
+            with processes.locked(self.config.data_dir / "stack.lock"):
+                if security.password(user) is None:
+                    security.add_user(user, bootstrap, kafka_security.router_acls(user, topic))
+        return security.client_settings(user, bootstrap)
+
+    def producer_client(self) -> dict[str, str]:
+        """The Java client settings that `produce` and replay use: the producer's, when secured."""
+        security = self.config.kafka_security
+        bootstrap = self.config.bootstrap_servers
+        if security is None:
+            return {"bootstrap.servers": bootstrap}
+        return security.client_settings(kafka_security.PRODUCER, bootstrap)
+
+    def down(self) -> None:
+        with processes.locked(self.config.data_dir / "stack.lock"):
+            stopped = [kafka_broker.stop(node) for node in self.config.nodes]
+            store, rest = self.config.object_store_config, self.config.rest_catalog_config
+            if rest is not None:
+                stopped.append(rest_catalog.stop(rest))
+            if store is not None:
+                stopped.append(store_server.stop(store))
+            registry = self.config.schema_registry_config
+            if registry is not None:
+                stopped.append(schema_registry.stop(registry))
+            if not any(stopped):
+                raise StackError(
+                    f"nothing is running in {self.config.data_dir}; `bergstream local up` starts the stack"
+                )
+
+    def status(self) -> StackStatus:
+        config = self.config
+        catalog = config.catalog
+        pids = [kafka_broker.running_pid(node) for node in config.nodes]
+        return StackStatus(
+            running=any(pid is not None for pid in pids),
+            data_dir=str(config.data_dir),
+            bootstrap_servers=config.bootstrap_servers,
+            broker_pid=pids[0],
+            broker_pids=pids if config.brokers > 1 else None,
+            catalog_name=catalog.name,
+            catalog_uri=catalog.uri,
+            catalog_sqlalchemy_uri=catalog.sqlalchemy_uri() if catalog.type == "jdbc" else None,
+            catalog_namespace=catalog.namespace,
+            warehouse=catalog.warehouse,
+            **self._security_status(),
+            **self._services_status(),
+        )
+
+    def _services_status(self) -> dict[str, Any]:
+        store, rest = self.config.object_store_config, self.config.rest_catalog_config
+        status: dict[str, Any] = {}
+        registry = self.config.schema_registry_config
+        if registry is not None:
+            status.update(
+                schema_registry_url=registry.url, schema_registry_pid=schema_registry.running_pid(registry)
+            )
+        if rest is not None:
+            status.update(catalog_type="rest", rest_catalog_pid=rest_catalog.running_pid(rest))
+        if store is not None:
+            status.update(
+                object_store=self.config.object_store,
+                object_store_endpoint=store.endpoint,
+                object_store_bucket=store.bucket,
+                object_store_credentials=str(store.credentials_file),
+                object_store_pid=store_server.running_pid(store),
+            )
+        return status
+
+    def _security_status(self) -> dict[str, Any]:
+        security = self.config.kafka_security
+        if security is None:
+            return {}
+        return {
+            "security": self.config.security,
+            "ca_file": str(security.ca_file),
+            "admin_config": str(security.client_file(kafka_security.ADMIN)),
+            "producer_config": str(security.client_file(kafka_security.PRODUCER)),
+        }

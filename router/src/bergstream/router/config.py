@@ -1,0 +1,271 @@
+"""A router's settings: deploy/topics/<topic>.yaml, then command-line flags, validated once at start.
+
+Kafka options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`, `kafka.security.protocol`,
+`startingOffsets`, ...). Endpoints left out (bootstrap servers, catalog) come from the local stack.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
+from bergstream.kafka_settings import librdkafka_settings
+from bergstream.router.retry import CommitRetrySettings
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
+from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
+from bergstream.schemas.schema_registry import SchemaRegistrySettings
+from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.spark import SparkSettings
+from bergstream.timeparse import format_duration, parse_duration
+
+log = logging.getLogger(__name__)
+TOPICS_DIR = Path("deploy/topics")
+BOOTSTRAP = "kafka.bootstrap.servers"
+# Set by the router itself: one topic per router, its own rate limit and its own consumer group.
+_RESERVED_KAFKA_OPTIONS = {
+    "subscribe": "the router reads exactly its topic; set `topic`",
+    "subscribePattern": "the router reads exactly its topic; set `topic`",
+    "assign": "the router reads exactly its topic; set `topic`",
+    "maxOffsetsPerTrigger": "use `max_offsets_per_trigger`",
+    "includeHeaders": "the router always archives headers",
+    "kafka.group.id": "Spark keeps its own group; the router commits to bergstream-router.<topic>",
+}
+_SOURCE_OPTIONS = {
+    "startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
+    "minOffsetsPerTrigger", "maxTriggerDelay", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs", "groupIdPrefix",
+}  # fmt: skip
+# What Spark's processing-time trigger accepts: a number, a space, a whole unit name.
+_INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
+# Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
+DEFAULT_MAINTENANCE_INTERVAL = "1h"
+# What turns maintenance inside the router off.
+NEVER = frozenset({"never", "off", "none", "no"})
+DEFAULT_SNAPSHOT_RETENTION_HOURS = 72.0
+# A retention that keeps more snapshots than this makes every commit rewrite a long list: metadata.json
+# holds about 1 KB per retained snapshot, written whole by every commit (bench/commits).
+MANY_SNAPSHOTS = 10_000
+
+
+class MaintenanceSettings(BaseModel):
+    """How `bergstream router maintain` treats the topic's tables, and how often the router runs it itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # An hour is compacted once it ended this long ago: later records of it are rare by then.
+    compaction_grace_minutes: int = Field(default=15, ge=0)
+    # Snapshots younger than this are kept for time travel. Every commit rewrites the list of retained
+    # snapshots, so unset it is 72 hours, or less where the trigger would commit more than MANY_SNAPSHOTS
+    # snapshots in 72 hours (RouterConfig.snapshot_retention_hours).
+    snapshot_retention_hours: float | None = Field(default=None, gt=0)
+    retain_last_snapshots: int = Field(default=100, gt=0)
+    # Files younger than this are never orphans: a batch may have written them and not committed yet.
+    orphan_retention_hours: int = Field(default=72, ge=1)
+    # `router run` maintains the tables itself this often (`1h`, `30m`), so that snapshots, manifests and
+    # small files stay bounded without another job; `never` (or null) leaves it to `router maintain`.
+    every: str | None = DEFAULT_MAINTENANCE_INTERVAL
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, every: object) -> str | None:
+        # YAML reads a bare `off` or `no` as false.
+        if every is None or every is False or (isinstance(every, str) and every.strip().lower() in NEVER):
+            return None
+        if not isinstance(every, str):
+            raise ValueError(f"{every!r}: give a duration such as 1h or 30m, or never")
+        try:
+            span = parse_duration(every, "maintenance every")
+        except ConfigError as error:
+            raise ValueError(f"{error}; or never, to leave maintenance to `router maintain`") from error
+        if span < MIN_MAINTENANCE_INTERVAL:
+            raise ValueError(
+                f"{every!r}: give a duration of at least {format_duration(MIN_MAINTENANCE_INTERVAL)}, "
+                "such as 1h or 30m"
+            )
+        return every
+
+    @property
+    def every_seconds(self) -> float | None:
+        return None if self.every is None else parse_duration(self.every).total_seconds()
+
+
+class DeploySettings(BaseModel):
+    """How `bergstream deploy` renders the router for a Spark cluster and for Kubernetes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The image holds bergstream, its Python dependencies and its jars (`bergstream jars resolve`).
+    image: str = "bergstream:latest"
+    namespace: str = Field(default="bergstream", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    kubernetes_api: str = "https://kubernetes.default.svc"
+    executor_instances: int = Field(default=2, gt=0)
+    executor_cores: int = Field(default=2, gt=0)
+    executor_memory: str = Field(default="4g", pattern=r"^\d+[kmgt]?$")
+    driver_memory: str = Field(default="2g", pattern=r"^\d+[kmgt]?$")
+    driver_cpu: str = "1"
+    metrics_port: int = Field(default=9464, gt=0, le=65535)
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    topic: str
+    # A file name in `schema_dir`, never a path out of it. With a schema registry, only the schema's name.
+    schema_name: str = Field(alias="schema", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    schema_dir: Path = AVRO_DIR
+    encoding: Encoding
+    # Values in a schema registry's wire format; the table's schema is the subject's newest version.
+    schema_registry: SchemaRegistrySettings | None = None
+    # One plain name inside the catalog's namespace: no dots, quotes or backquotes.
+    table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    cluster: str = "local"
+    # Never printed: kafka.sasl.jaas.config holds a password.
+    kafka: dict[str, str] = Field(repr=False)
+    trigger_interval: str = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
+    target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    # At most this many tasks write a micro-batch; Spark's Kafka source makes one per partition, and each
+    # writes a file per hour. Unset: the Spark application's default parallelism (its executor cores).
+    write_tasks: int | None = Field(default=None, gt=0)
+    # A batch gets one write task per this many records its predecessor read, up to write_tasks: a quiet
+    # topic's small batches are written by one task, one file per hour, and the other cores stay free.
+    records_per_write_task: int = Field(default=20_000, gt=0)
+    # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
+    max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    checkpoint_location: str
+    catalog: CatalogConfig
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, topic: str) -> str:
+        check_topic_name(topic)
+        return topic
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, table: str) -> str:
+        if table.endswith(DEAD_LETTER_SUFFIX):
+            raise ValueError(f"{table!r} ends in {DEAD_LETTER_SUFFIX}, which names the dead-letter tables")
+        return table
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka_options(cls, options: dict[str, str]) -> dict[str, str]:
+        for key in options:
+            if key in _RESERVED_KAFKA_OPTIONS:
+                raise ValueError(f"option {key!r} is not allowed here: {_RESERVED_KAFKA_OPTIONS[key]}")
+            if not key.startswith("kafka.") and key not in _SOURCE_OPTIONS:
+                raise ValueError(
+                    f"unknown option {key!r}: Kafka client settings start with 'kafka.' "
+                    f"(kafka.security.protocol, ...); source options are {', '.join(sorted(_SOURCE_OPTIONS))}"
+                )
+        if BOOTSTRAP not in options:
+            raise ValueError(f"{BOOTSTRAP} is missing")
+        try:
+            librdkafka_settings(options, prefix="kafka.")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
+        return options
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _interval(cls, interval: str) -> str:
+        if not _INTERVAL.match(interval.strip()):
+            raise ValueError(f"{interval!r} is not an interval such as '30 seconds' or '2 minutes'")
+        return interval.strip()
+
+    @model_validator(mode="after")
+    def _schema_exists(self) -> RouterConfig:
+        if self.schema_registry is not None:
+            return self
+        try:
+            load_event_schema(self.schema_name, self.schema_dir)
+        except ConfigError as error:
+            raise ValueError(f"schema: {error}") from error
+        return self
+
+    @property
+    def trigger_seconds(self) -> float:
+        return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
+
+    @property
+    def snapshot_retention_hours(self) -> float:
+        """How long snapshots are kept: as set, else 72 hours, or as long as MANY_SNAPSHOTS triggers take
+        when that is shorter (about 2.8 hours at a 1-second trigger): the commit cost stays bounded."""
+        retention = self.maintenance.snapshot_retention_hours
+        if retention is not None:
+            return retention
+        return min(DEFAULT_SNAPSHOT_RETENTION_HOURS, MANY_SNAPSHOTS * self.trigger_seconds / 3600)
+
+    @property
+    def subject(self) -> str | None:
+        """The schema registry's subject of the topic's values."""
+        return None if self.schema_registry is None else self.schema_registry.subject_of(self.topic)
+
+    @property
+    def consumer_group(self) -> str:
+        return f"bergstream-router.{self.topic}"
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """The connection settings among the `kafka.*` options, for the router's own (librdkafka) clients."""
+        return librdkafka_settings(self.kafka, prefix="kafka.")
+
+
+def check_topic_name(topic: str) -> None:
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(
+            f"{topic!r} is not a Kafka topic name: 1 to 249 of A-Z a-z 0-9 . _ -, and neither '.' nor '..'"
+        )
+
+
+def topic_file(topic: str, directory: Path = TOPICS_DIR) -> Path:
+    return directory / f"{topic}.yaml"
+
+
+def load_router_config(
+    topic: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> RouterConfig:
+    """Merge, from weakest to strongest: `defaults`, the topic's YAML file, `overrides` (the flags)."""
+    try:
+        check_topic_name(topic)  # before it names a file to read
+    except ValueError as error:
+        raise ConfigError(f"topic: {error}") from error
+    path = config_file if config_file is not None else topic_file(topic)
+    from_file: dict[str, Any] = {}
+    if config_file is not None and not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if path.exists():
+        from_file = read_mapping(path)
+        log.info("router settings for %s from %s", topic, path)
+        if from_file.get("topic", topic) != topic:
+            raise ConfigError(
+                f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}"
+            )
+    if "catalog" in from_file:  # another catalog entirely: nothing of the local one may leak into it
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
+    merged = merge(merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
+    merged.setdefault("topic", topic)
+    merged.setdefault("schema", topic)
+    merged.setdefault("table", topic)
+    try:
+        return RouterConfig.model_validate(merged)
+    except ValidationError as error:
+        where = path if path.exists() else "router settings"
+        raise ConfigError(f"{where}: {problems(error)}") from error

@@ -1,0 +1,174 @@
+"""The router's own Kafka client: committing archived offsets to its consumer group, reading watermarks."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
+
+from bergstream.errors import ConfigError
+from bergstream.kafka_settings import (
+    ClientErrors,
+    KafkaUnreachable,
+    cluster_metadata,
+    failure,
+    not_authorized,
+)
+
+log = logging.getLogger(__name__)
+GROUP_TIMEOUT_SECONDS = 30.0
+
+
+class GroupCommitter:
+    """Commits to `bergstream-router.<topic>` so that kafka-consumer-groups, Burrow and lag exporters see the
+    router. Spark's Kafka source tracks its own position in the checkpoint; this group is for the world.
+
+    `client_config` is librdkafka's: RouterConfig.kafka_client_config() translates the Java client's names."""
+
+    def __init__(self, topic: str, group: str, client_config: dict[str, str]) -> None:
+        self.topic = topic
+        self.group = group
+        self._errors = ClientErrors()
+        settings = {**client_config, **self._errors.settings()}
+        try:
+            self._consumer = Consumer(
+                {
+                    **settings,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    # It reads one record now and then, for its timestamp: no need to prefetch more. A fetch
+                    # still brings a partition's first record batch whole, however small this is.
+                    "queued.max.messages.kbytes": 1024,
+                    "fetch.message.max.bytes": 1024,
+                }
+            )
+        except KafkaException as error:
+            raise ConfigError(
+                f"the kafka.* settings of {topic} do not suit the router's own Kafka client, which commits "
+                f"its consumer group (librdkafka): {error.args[0].str()}"
+            ) from error
+
+    def commit(self, offsets: dict[int, int]) -> bool:
+        """Commit `offsets`; False when Kafka refused, so that the caller tries again later."""
+        if not offsets:
+            return True
+        partitions = [
+            TopicPartition(self.topic, partition, offset) for partition, offset in sorted(offsets.items())
+        ]
+        try:
+            self._consumer.commit(offsets=partitions, asynchronous=False)
+        except KafkaException as error:
+            # The archive is already committed; only the group's view of the router lags behind.
+            log.warning("committing offsets of %s to group %s failed: %s", self.topic, self.group, error)
+            return False
+        return True
+
+    def committed(self) -> dict[int, int]:
+        partitions = [TopicPartition(self.topic, p) for p in self.partitions()]
+        committed = self._consumer.committed(partitions, timeout=10)
+        return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+    def require_topic(self) -> None:
+        """Refuse to start when Kafka cannot be reached, has no such topic, or does not let the router's
+        user read the topic and commit its group."""
+        try:
+            metadata = cluster_metadata(self._consumer, self._errors, self.topic)
+        except KafkaUnreachable as error:
+            raise ConfigError(f"cannot reach Kafka for topic {self.topic}: {error}") from error
+        found = metadata.topics.get(self.topic)
+        if found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            raise ConfigError(
+                f"Kafka has no topic {self.topic!r}; create it, or check kafka.bootstrap.servers"
+            )
+        if found.error is not None:
+            raise ConfigError(
+                f"Kafka refuses topic {self.topic} to the router: {failure(found.error)}; "
+                f"its user needs READ on topic {self.topic}"
+            )
+        self._require_group()
+
+    def _require_group(self) -> None:
+        """The group's committed offsets can be read. A group the user may not use makes the request time
+        out; why comes as an error on the consumer's queue. (The AdminClient's ListConsumerGroupOffsets
+        would say it at once, but librdkafka 2.16 crashes when the coordinator answers it with an error,
+        as a new cluster's does while it loads its offsets topic.)"""
+        deadline = time.monotonic() + GROUP_TIMEOUT_SECONDS
+        while True:
+            try:
+                self._consumer.committed([TopicPartition(self.topic, 0)], timeout=2)
+                return
+            except KafkaException as error:
+                queued = self._consumer.poll(0)
+                refused = queued.error() if queued is not None else None
+                if refused is not None and not_authorized(refused):
+                    raise ConfigError(
+                        f"Kafka refuses the router's consumer group {self.group}: {failure(refused)}; "
+                        f"its user needs READ on group {self.group}"
+                    ) from error
+                if time.monotonic() >= deadline:
+                    raise ConfigError(
+                        f"cannot read the offsets of consumer group {self.group}: "
+                        f"{self._errors.explain(self._consumer, error.args[0])}"
+                    ) from error
+
+    def partitions(self) -> list[int]:
+        metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        return sorted(metadata.partitions)
+
+    def watermarks(self, partitions: list[int] | None = None) -> dict[int, tuple[int, int]]:
+        """{partition: (oldest offset Kafka still has, next offset to be written)}."""
+        # librdkafka's errors and log lines wait to be served by a poll; the lag is read every few seconds.
+        self._consumer.poll(0)
+        result = {}
+        for partition in partitions if partitions is not None else self.partitions():
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=10, cached=False
+            )
+            result[partition] = (low, high)
+        return result
+
+    def record_timestamps(self, positions: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
+        """{partition: Kafka timestamp in seconds} of the record at each {partition: offset} (or the first
+        one after it); a partition whose record does not come within `timeout` is left out.
+
+        A partition is paused once its record is found: the records fetched after it are dropped instead of
+        being served one by one, so a deep backlog costs a fetch per partition, not a poll per record."""
+        found: dict[int, float] = {}
+        if not positions:
+            return found
+        self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in positions.items()])
+        deadline = time.monotonic() + timeout
+        try:
+            while len(found) < len(positions) and (left := deadline - time.monotonic()) > 0:
+                message = self._consumer.poll(timeout=min(left, 0.5))
+                if message is None or message.error() is not None:
+                    continue
+                kind, milliseconds = message.timestamp()
+                partition = message.partition()
+                if partition is None or partition in found or kind == TIMESTAMP_NOT_AVAILABLE:
+                    continue
+                found[partition] = milliseconds / 1000
+                self._consumer.pause([TopicPartition(self.topic, partition)])
+        finally:
+            # A pause outlives the assignment in librdkafka: the next assignment must find them resumed.
+            self._consumer.resume([TopicPartition(self.topic, partition) for partition in found])
+            self._consumer.unassign()
+        return found
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def require_access(topic: str, group: str, client_config: dict[str, str]) -> None:
+    """Refuse to start unless the router's user may read `topic` and commit `group` (GroupCommitter)."""
+    committer = GroupCommitter(topic, group, client_config)
+    try:
+        committer.require_topic()
+    finally:
+        committer.close()

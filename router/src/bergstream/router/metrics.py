@@ -1,0 +1,133 @@
+"""The router's Prometheus metrics, served by the driver."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from bergstream.errors import BergstreamError
+
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_MAINTENANCE_SECONDS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+class RouterMetrics:
+    def __init__(self, topic: str, registry: CollectorRegistry | None = None) -> None:
+        self.topic = topic
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.records_read = Counter(
+            "bergstream_router_records_read", "Records read from Kafka", ["topic", "partition"], registry=r
+        )
+        self.records_archived = Counter(
+            "bergstream_router_records_archived", "Rows appended to the archive table", ["topic"], registry=r
+        )
+        self.records_dead_lettered = Counter(
+            "bergstream_router_records_dead_lettered",
+            "Rows appended to the dead-letter table",
+            ["topic"],
+            registry=r,
+        )
+        self.batches = Counter(
+            "bergstream_router_batches",
+            "Micro-batches processed; outcome=replayed when the batch was already committed",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "bergstream_router_batch_duration_seconds", "Time to process one micro-batch", ["topic"],
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.commit_latency = Histogram(
+            "bergstream_router_commit_latency_seconds", "Time to write and commit one table's append",
+            ["topic", "table"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.files_written = Counter(
+            "bergstream_router_files_written", "Data files committed", ["topic", "table"], registry=r
+        )
+        self.bytes_written = Counter(
+            "bergstream_router_bytes_written", "Bytes of data files committed", ["topic", "table"], registry=r
+        )
+        self.lag_offsets = Gauge(
+            "bergstream_router_lag_offsets",
+            "Records in Kafka not yet archived",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.lag_seconds = Gauge(
+            "bergstream_router_lag_seconds",
+            "How long the first record not yet archived has waited since it was produced; 0 when all is "
+            "archived",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.newest_ingestion = Gauge(
+            "bergstream_router_newest_ingestion_timestamp_seconds",
+            "Newest Kafka record timestamp committed to the archive",
+            ["topic"],
+            registry=r,
+        )
+        self.newest_archived_age = Gauge(
+            "bergstream_router_newest_archived_age_seconds",
+            "Now minus the newest Kafka record timestamp committed to the archive; grows on a quiet topic",
+            ["topic"],
+            registry=r,
+        )
+        self.expired_offsets = Counter(
+            "bergstream_router_expired_offsets",
+            "Offsets deleted from Kafka before the router read them",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.commit_retries = Counter(
+            "bergstream_router_commit_retries",
+            "Appends tried again because the catalog or the warehouse was unavailable",
+            ["topic", "table"],
+            registry=r,
+        )
+        self.commit_outage = Gauge(
+            "bergstream_router_commit_outage_seconds",
+            "Seconds since commits began failing on an unavailable catalog or warehouse; 0 when they succeed",
+            ["topic"],
+            registry=r,
+        )
+        self.last_batch = Gauge(
+            "bergstream_router_last_committed_batch",
+            "Id of the newest committed micro-batch",
+            ["topic"],
+            registry=r,
+        )
+
+        self.maintenance_runs = Counter(
+            "bergstream_router_maintenance_runs",
+            "Maintenance runs inside the router (--maintain-every); outcome=failed when one did not finish",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.maintenance_duration = Histogram(
+            "bergstream_router_maintenance_duration_seconds", "Time one maintenance run took", ["topic"],
+            buckets=_MAINTENANCE_SECONDS, registry=r,
+        )  # fmt: skip
+        self.maintenance_last_success = Gauge(
+            "bergstream_router_maintenance_last_success_timestamp_seconds",
+            "When the last maintenance run inside the router finished without error",
+            ["topic"],
+            registry=r,
+        )
+        self.maintenance_expired_snapshots = Counter(
+            "bergstream_router_maintenance_expired_snapshots",
+            "Snapshots expired by maintenance inside the router",
+            ["topic", "table"],
+            registry=r,
+        )
+
+    def serve(self, port: int, host: str) -> int:
+        """Serve /metrics; returns the port (useful when 0 asked for any free one)."""
+        try:
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            raise BergstreamError(
+                f"cannot serve the metrics of {self.topic} on {host}:{port}: {error.strerror}; "
+                "choose another with --metrics-port or metrics_port"
+            ) from error
+        bound: int = server.server_port
+        return bound

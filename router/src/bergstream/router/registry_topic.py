@@ -1,0 +1,167 @@
+"""A topic whose values are in a schema registry's wire format: the router's view of its subject.
+
+The driver asks the registry, before each micro-batch, for versions registered since the last batch (one
+request when there are none). Spark fixed the batch's offsets before that, and a producer registers a
+schema before it writes a value with its id, so every id of the subject that a batch holds is known when
+the batch is parsed; the executors never call the registry, and a replayed batch is parsed the same way.
+
+When the registry does not answer, the batch is parsed with what is known if that covers its ids (read
+from the batch, only then). Otherwise the batch waits with backoff for the registry to come back; once
+the outage has lasted `give_up_after_seconds`, the values whose ids are still unknown go to the
+dead-letter table with a reason naming the id and the outage, and the router goes on. Nothing is lost:
+`bergstream router redrive` archives them once the registry answers.
+
+A new newest version (a compatible evolution, checked by the registry) evolves the table at once, as a
+new schema file does at the router's start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bergstream.errors import BergstreamError
+from bergstream.router.config import RouterConfig
+from bergstream.router.transform import Stamper
+from bergstream.schemas import wire
+from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.parse import WireSchemas
+from bergstream.schemas.schema_registry import RegistryUnavailable, SubjectSchemas
+
+log = logging.getLogger("bergstream.router")
+
+
+class RegistryStopped(BergstreamError):
+    """The router was asked to stop while it waited for the schema registry."""
+
+
+class RegistryTopic:
+    """The subject's schemas, the table's layout from its newest version, and the Stamper that parses."""
+
+    def __init__(self, config: RouterConfig, stop: threading.Event | None = None) -> None:
+        settings = config.schema_registry
+        assert settings is not None and config.subject is not None
+        self.config = config
+        self.settings = settings
+        self.subject = config.subject
+        self._stop = stop or threading.Event()
+        self._schemas = SubjectSchemas(settings, self.subject, config.encoding)
+        self._unresolved: dict[int, str] = {}
+        self._outage_started: float | None = None
+        self._attempts = 0
+        self._at_start()
+        self.layout = self._newest_layout()
+        self.stamper = self._new_stamper()
+
+    def _at_start(self) -> None:
+        """The first look at the subject, waited for as long as a batch would wait."""
+        while True:
+            try:
+                self._schemas.refresh()
+                self._outage_started = None
+                self._attempts = 0
+                return
+            except RegistryUnavailable as error:
+                waited = self._outage(error)
+                if waited is None:
+                    bound = self.settings.give_up_after_seconds
+                    raise BergstreamError(
+                        f"{self.config.topic}: {error}; gave up after {bound:.0f}s "
+                        "(schema_registry.give_up_after_seconds)"
+                    ) from None
+
+    def _newest_layout(self) -> ArchiveLayout:
+        return ArchiveLayout(self._schemas.event_schema(self.config.schema_name), self.config.table)
+
+    def _new_stamper(self) -> Stamper:
+        name = self.config.schema_name
+        writers = {schema_id: schema.avro_text(name) for schema_id, schema in self._schemas.by_id.items()}
+        wire_schemas = WireSchemas(self.subject, writers, dict(self._unresolved))
+        config = self.config
+        return Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas)
+
+    def before_batch(
+        self, records: DataFrame, batch_id: int, evolve: Callable[[ArchiveLayout], None]
+    ) -> None:
+        """Bring the known versions up to date for this batch; `evolve` the table when the newest changed."""
+        unresolved_before = dict(self._unresolved)
+        known_before = set(self._schemas.by_id)
+        try:
+            self._schemas.refresh()
+            self._back(batch_id)
+        except RegistryUnavailable as error:
+            self._wait_for(records, batch_id, error)
+        if set(self._schemas.by_id) == known_before and self._unresolved == unresolved_before:
+            return
+        newest = self._newest_layout()
+        if newest.event != self.layout.event:
+            evolve(newest)
+            log.info("%s: the table's schema is now %s", self.config.topic, newest.event.source)
+            self.layout = newest
+        self.stamper = self._new_stamper()
+
+    def _back(self, batch_id: int) -> None:
+        if self._outage_started is not None:
+            log.warning("%s batch %d: the schema registry at %s answers again after %.0fs", self.config.topic,
+                        batch_id, self.settings.url, time.time() - self._outage_started)  # fmt: skip
+        self._outage_started = None
+        self._attempts = 0
+        self._unresolved.clear()
+
+    def _batch_ids(self, records: DataFrame) -> set[int]:
+        """The schema ids in a batch's values (read from Kafka for it: only while the registry is out)."""
+        ids = records.select(wire.schema_id(F.col("value")).alias("id")).where(F.col("id").isNotNull())
+        return {int(row.id) for row in ids.distinct().collect()}
+
+    def _wait_for(self, records: DataFrame, batch_id: int, error: RegistryUnavailable) -> None:
+        missing = self._batch_ids(records) - set(self._schemas.by_id) - set(self._unresolved)
+        if not missing:
+            log.warning("%s batch %d: %s; its schema ids are known", self.config.topic, batch_id, error)
+            return
+        while True:
+            waited = self._outage(error, batch_id, missing)
+            if waited is None:
+                reason = (
+                    f"the schema registry at {self.settings.url} did not answer for "
+                    f"{time.time() - (self._outage_started or time.time()):.0f}s ({error})"
+                )
+                log.error("%s batch %d: schema ids %s dead-lettered: %s", self.config.topic, batch_id,
+                          sorted(missing), reason)  # fmt: skip
+                self._unresolved.update(dict.fromkeys(missing, reason))
+                return
+            try:
+                self._schemas.refresh()
+            except RegistryUnavailable as again:
+                error = again
+                continue
+            self._back(batch_id)
+            return
+
+    def _outage(
+        self, error: RegistryUnavailable, batch_id: int = -1, missing: set[int] | None = None
+    ) -> float | None:
+        """Wait before the next attempt; the seconds waited, or None once the outage is past the bound."""
+        settings = self.settings
+        now = time.time()
+        if self._outage_started is None:
+            self._outage_started = now
+        elapsed = now - self._outage_started
+        if elapsed >= settings.give_up_after_seconds:
+            return None
+        delay = min(
+            settings.max_backoff_seconds,
+            settings.initial_backoff_seconds * 2.0 ** min(self._attempts, 30),
+            settings.give_up_after_seconds - elapsed,
+        )
+        self._attempts += 1
+        what = f"batch {batch_id} needs schema ids {sorted(missing)}" if missing else "starting"
+        log.warning("%s: %s (%s, %.0fs into the outage); trying again in %.1fs",
+                    self.config.topic, error, what, elapsed, delay)  # fmt: skip
+        if self._stop.wait(delay):
+            raise RegistryStopped(f"{self.config.topic}: stopped while waiting for the schema registry")
+        return delay

@@ -1,0 +1,130 @@
+"""The archive table's layout: the one place that knows its columns, partitioning, order and properties.
+
+An archive table holds a topic's events, typed from the topic's schema, beside a `__metadata__` struct
+that says where each came from in Kafka. Every column is optional in the table: the parser, not the
+table, decides what is valid, and a record it refuses goes to the dead-letter table with its raw bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import types as T
+
+from bergstream.schemas.event_schema import EventSchema
+from bergstream.schemas.spark_types import ddl_columns, optional, record_to_struct
+
+METADATA = "__metadata__"
+INGESTION_TS = "kafka_ingestion_ts"
+INGESTION_TS_COLUMN = f"{METADATA}.{INGESTION_TS}"
+DEAD_LETTER_SUFFIX = "__dlq"
+SCHEMA_ID = "schema_id"
+
+METADATA_TYPE = T.StructType(
+    [
+        # The Kafka record timestamp, so that a replay after a failure stamps the same value.
+        T.StructField(INGESTION_TS, T.TimestampType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("key", T.BinaryType()),
+        T.StructField(
+            "headers",
+            T.ArrayType(
+                T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+            ),
+        ),
+        T.StructField("timestamp_type", T.StringType()),  # CreateTime or LogAppendTime
+        T.StructField("cluster", T.StringType()),  # the configured Kafka cluster or region name
+        T.StructField("router_write_ts", T.TimestampType()),
+        # The schema registry's id of the value's schema (the wire format's header); null without a registry.
+        T.StructField(SCHEMA_ID, T.IntegerType()),
+    ]
+)
+
+# Set on a dead letter once `bergstream router redrive` has put its record into the archive table; null
+# while it waits. The router leaves them out of its appends; a redrive adds them to an older table.
+REDRIVEN_AT = "redriven_at"
+REDRIVE_ID = "redrive_id"
+
+DEAD_LETTER_TYPE = T.StructType(
+    [
+        T.StructField("raw_key", T.BinaryType()),
+        T.StructField("raw_value", T.BinaryType()),
+        T.StructField("error", T.StringType()),
+        T.StructField("schema_name", T.StringType()),
+        T.StructField(METADATA, METADATA_TYPE),
+        T.StructField(REDRIVEN_AT, T.TimestampType()),
+        T.StructField(REDRIVE_ID, T.StringType()),
+    ]
+)
+
+# What the router records on both tables of a topic, so that readers of the archive (a backfill replay)
+# know where the rows came from and how the topic encodes them.
+TOPIC_PROPERTY = "bergstream.topic"
+SCHEMA_PROPERTY = "bergstream.schema"
+ENCODING_PROPERTY = "bergstream.encoding"
+# Set when the topic's values are in a schema registry's wire format: the registry and the subject.
+SCHEMA_REGISTRY_PROPERTY = "bergstream.schema-registry.url"
+SUBJECT_PROPERTY = "bergstream.schema-registry.subject"
+
+PARTITION_SPEC = f"hours(`{METADATA}`.`{INGESTION_TS}`)"
+SORT_ORDER = f"`{METADATA}`.`{INGESTION_TS}`"
+
+OFFSET_COLUMN = f"{METADATA}.offset"
+# The offsets of a partition are all distinct: Parquet would build a dictionary of them, check it against
+# its limit on every value, give up on it, and keep it, larger than the values it stands for
+# (bench/router/breakdown: 1.1 bytes and about 0.5 us per event). Set on new tables and on existing ones.
+ENCODING_PROPERTIES: dict[str, str] = {f"write.parquet.dict-encoding-enabled.column.{OFFSET_COLUMN}": "false"}
+
+TABLE_PROPERTIES: dict[str, str] = {
+    "format-version": "2",
+    "write.format.default": "parquet",
+    "write.parquet.compression-codec": "zstd",
+    "write.metadata.metrics.default": "truncate(16)",
+    # Exact bounds on the ingestion time make per-file time ranges tight for the backfill planner.
+    f"write.metadata.metrics.column.{INGESTION_TS_COLUMN}": "full",
+    "write.spark.fanout.enabled": "true",
+    "write.distribution-mode": "none",
+    "write.target-file-size-bytes": str(128 * 1024 * 1024),
+    **ENCODING_PROPERTIES,
+}
+
+
+@dataclass(frozen=True)
+class ArchiveLayout:
+    """The archive table of one topic, and its dead-letter table beside it."""
+
+    event: EventSchema
+    table: str
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table}{DEAD_LETTER_SUFFIX}"
+
+    @property
+    def event_type(self) -> T.StructType:
+        """The event as its schema declares it, used to parse JSON and to check required fields."""
+        return record_to_struct(self.event.avro)
+
+    @property
+    def table_type(self) -> T.StructType:
+        event_fields = optional(self.event_type)
+        assert isinstance(event_fields, T.StructType)
+        return T.StructType([*event_fields.fields, T.StructField(METADATA, METADATA_TYPE)])
+
+    def create_statements(self, identifier: str) -> list[str]:
+        """Spark SQL that creates the archive table `identifier` when it does not exist yet."""
+        return _create_statements(identifier, self.table_type)
+
+    def dead_letter_create_statements(self, identifier: str) -> list[str]:
+        return _create_statements(identifier, DEAD_LETTER_TYPE)
+
+
+def _create_statements(identifier: str, columns: T.StructType) -> list[str]:
+    properties = ",\n  ".join(f"'{key}' = '{value}'" for key, value in TABLE_PROPERTIES.items())
+    return [
+        f"CREATE TABLE IF NOT EXISTS {identifier} (\n  {ddl_columns(columns)}\n)\nUSING iceberg\n"
+        f"PARTITIONED BY ({PARTITION_SPEC})\nTBLPROPERTIES (\n  {properties}\n)",
+        f"ALTER TABLE {identifier} WRITE LOCALLY ORDERED BY {SORT_ORDER}",
+    ]
