@@ -62,14 +62,14 @@ def test_each_root_holds_only_the_packages_it_names() -> None:
         if "bergstream" in named:
             continue
         found = {f"bergstream.{path.name}" for path in base.iterdir() if path.name != "__pycache__"}
-        assert found == named, f"{folder}/src/bergstream holds {sorted(found)}, setup.py names {sorted(named)}"
+        assert found == named, (
+            f"{folder}/src/bergstream holds {sorted(found)}, setup.py names {sorted(named)}"
+        )
 
 
 def _layers() -> list[str]:
     contract = _pyproject()["tool"]["importlinter"]["contracts"][0]
-    return [
-        module.strip() for layer in contract["layers"] for module in layer.replace("|", ":").split(":")
-    ]
+    return [module.strip() for layer in contract["layers"] for module in layer.replace("|", ":").split(":")]
 
 
 def test_every_module_of_bergstream_is_in_a_layer() -> None:
@@ -119,6 +119,12 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
         names = archive.namelist()
         (top_level,) = [name for name in names if name.endswith(".dist-info/top_level.txt")]
         assert archive.read(top_level).decode().split() == ["bergstream"]
+        (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        requires = [
+            line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")
+        ]
+    # Ranges, not pins: bergstream installs beside a platform's own pyspark (constraints.txt pins).
+    assert requires and not [line for line in requires if "==" in line.split(";")[0]], requires
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"bergstream"}
     for module in (
