@@ -12,7 +12,6 @@ Both tables are read together, aligned, as an application reading both would rea
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import platform
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.backfill.archive import OUT, ArchiveRequest, BenchArchive, build, default_start
+from bench.stack import bench_parser
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
 from bergstream.backfill.replay import replay
@@ -162,9 +162,7 @@ def match_rates(spark: Any, archive: BenchArchive, work: Path) -> dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--impressions", type=int, default=5_000_000)
     parser.add_argument("--playbacks", type=int, default=500_000)
     parser.add_argument("--skip-apps", action="store_true", help="measure the sources only")

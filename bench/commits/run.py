@@ -31,13 +31,11 @@ Writes bench/out/commits/<variant>.json and bench/out/commits/commits.png (both 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -47,9 +45,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from bench.router.run import machine, percentile
+from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
 from bergstream.router import app as router_app
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import MaintenanceSettings, RouterConfig
@@ -225,9 +222,7 @@ def router_appends(spark: SparkSession, config: RouterConfig, windows: Windows) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--variant", choices=("before", "after"))
     parser.add_argument("--commits", type=int, default=20_000, help="commits in all")
     parser.add_argument("--router-appends", type=int, default=2_000, help="of which real router appends")
@@ -248,23 +243,19 @@ def main() -> None:
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.
         router_app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-commits-"))
-    kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
-    status = stack.up()
-    results: dict[str, Any] = {
-        "variant": variant,
-        "machine": machine(),
-        "date": datetime.now(UTC).isoformat(),
-        "commits": args.commits,
-        "router_appends": args.router_appends,
-        "maintain_every_commits": args.maintain_every_commits if variant == "after" else None,
-        "retention_commits": args.retention_commits if variant == "after" else None,
-        "nice": os.nice(0),
-        "windows": [],
-    }
-    maintenance: list[dict[str, Any]] = []
-    try:
+    with throwaway_stack("commits") as (stack, status, home):
+        results: dict[str, Any] = {
+            "variant": variant,
+            "machine": machine(),
+            "date": datetime.now(UTC).isoformat(),
+            "commits": args.commits,
+            "router_appends": args.router_appends,
+            "maintain_every_commits": args.maintain_every_commits if variant == "after" else None,
+            "retention_commits": args.retention_commits if variant == "after" else None,
+            "nice": os.nice(0),
+            "windows": [],
+        }
+        maintenance: list[dict[str, Any]] = []
         produce(
             ProduceRequest(topic=TOPIC, count=args.router_appends, partitions=1, seed=1),
             status.bootstrap_servers,
@@ -316,9 +307,6 @@ def main() -> None:
             windows.close("jvm")
         finally:
             spark.stop()
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
     (OUT / f"{variant}.json").write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT / f'{variant}.json'}")
     plot()

@@ -16,12 +16,9 @@ Prints the numbers, writes bench/out/partitions.json and .png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,9 +30,8 @@ from pyspark.sql import functions as F
 from bench.router.batches import BatchDurations
 from bench.router.cpu import CpuClock
 from bench.router.run import machine
+from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
 from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import from_observation, observed_columns
@@ -138,9 +134,7 @@ def drain(spark: SparkSession, config: RouterConfig) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--partitions", type=int, nargs="+", default=[1, 16, 128, 512])
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--max-offsets", type=int, default=100_000, help="records per router batch")
@@ -151,18 +145,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-partitions-"))
-    kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
-    status = stack.up()
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(),
-        "machine": machine(),
-        "events": args.events,
-        "load_before": os.getloadavg(),
-        "runs": {},
-    }
-    try:
+    with throwaway_stack("partitions") as (stack, status, home):
+        results: dict[str, Any] = {
+            "date": datetime.now(UTC).isoformat(),
+            "machine": machine(),
+            "events": args.events,
+            "load_before": os.getloadavg(),
+            "runs": {},
+        }
         conf = dict(setting.split("=", 1) for setting in args.conf)
         results["spark_conf"] = conf
         spark = build_spark_session(stack.config.catalog, app_name="bench-partitions", conf=conf)
@@ -207,9 +197,6 @@ def main() -> None:
                 results["runs"][str(partitions)] = {"router": router, **cost}
         finally:
             spark.stop()
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
     results["load_after"] = os.getloadavg()
     path = OUT / f"partitions{args.name}.json"
     path.write_text(json.dumps(results, indent=2))

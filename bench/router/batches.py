@@ -25,9 +25,7 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -39,9 +37,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bench.router.cpu import CpuClock, command_name, cpu_ticks
 from bench.router.plain import create_plain_table, start_plain_job
 from bench.router.run import percentile
+from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
 from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.metrics import RouterMetrics
@@ -209,9 +206,7 @@ def peers_list(text: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--small", type=int, default=5_000, help="records per small batch")
     parser.add_argument("--large", type=int, default=250_000, help="records per large batch")
@@ -245,16 +240,12 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-batches-"))
-    kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
-    status = stack.up()
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(),
-        "events": args.events,
-        "load_before": os.getloadavg(),
-    }
-    try:
+    with throwaway_stack("batches") as (stack, status, home):
+        results: dict[str, Any] = {
+            "date": datetime.now(UTC).isoformat(),
+            "events": args.events,
+            "load_before": os.getloadavg(),
+        }
         produce(
             ProduceRequest(topic=args.topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05,
                            seed=1, encoding=args.encoding),
@@ -286,9 +277,6 @@ def main() -> None:
                         results[f"batches_of_{shape}"] = figures
         finally:
             spark.stop()
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
     results["load_after"] = os.getloadavg()
     for peer, tasks, label in variants(args.write_tasks, args.peers):
         small = results[f"batches_of_{shape_name(args.small, label)}"]

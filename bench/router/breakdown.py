@@ -29,8 +29,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -42,10 +40,10 @@ from bench.router.cpu import CpuClock
 from bench.router.peers import PlainPeer, RouterPeer, SparkSide, committed_rows
 from bench.router.profile import STAGES, frames, samples, stage
 from bench.router.run import machine, table_storage
+from bench.stack import add_workload, bench_parser, throwaway_stack
 from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
+from bergstream.local import LocalStack
 from bergstream.router.table import ensure_tables
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
@@ -134,12 +132,8 @@ def shapes_list(text: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
-    parser.add_argument("--encoding", default="json", choices=("json", "avro"))
+    parser = bench_parser(__doc__)
+    add_workload(parser, events=500_000)
     parser.add_argument("--warm-ups", type=int, default=3, help="drains of each before the measured ones")
     parser.add_argument("--repeat", type=int, default=2, help="measured drains of each; the best is kept")
     parser.add_argument("--shapes", type=shapes_list, default=["archive"], help=", ".join(SHAPES))
@@ -148,18 +142,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-breakdown-"))
-    kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
-    status = stack.up()
-    results: dict[str, Any] = {
-        "machine": machine(),
-        "date": datetime.now(UTC).isoformat(),
-        "events": args.events,
-        "load_before": os.getloadavg(),
-        "writers": {},
-    }
-    try:
+    with throwaway_stack("breakdown") as (stack, status, home):
+        results: dict[str, Any] = {
+            "machine": machine(),
+            "date": datetime.now(UTC).isoformat(),
+            "events": args.events,
+            "load_before": os.getloadavg(),
+            "writers": {},
+        }
         produce(
             ProduceRequest(topic=args.topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05,
                            seed=1, encoding=args.encoding),
@@ -208,9 +198,6 @@ def main() -> None:
                     print(f"{writer.name} profiled ({recording}): {json.dumps(figures)}", flush=True)
         finally:
             spark.stop()
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
     results["load_after"] = os.getloadavg()
     plain = results["writers"]["plain"]
     for figures in results["writers"].values():

@@ -16,10 +16,7 @@ Writes bench/out/decode-<topic>.json and a bar chart, decode-<topic>.png.
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,9 +27,8 @@ from pyspark.sql import functions as F
 
 from bench.router.cpu import CpuClock
 from bench.router.run import machine
+from bench.stack import add_workload, bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
 from bergstream.router.counts import observed_columns
 from bergstream.router.transform import Stamper
 from bergstream.schemas.archive import ArchiveLayout
@@ -46,20 +42,12 @@ WRITE_TASKS = 2
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
-    parser.add_argument("--encoding", default="json", choices=("json", "avro"))
+    parser = bench_parser(__doc__)
+    add_workload(parser, events=500_000)
     parser.add_argument("--rounds", type=int, default=4, help="rounds of all parts; the first warms up")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-decode-"))
-    kafka_port, controller_port = free_ports(2)
-    stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
-    status = stack.up()
-    try:
+    with throwaway_stack("decode") as (stack, status, _home):
         produce(
             ProduceRequest(topic=args.topic, count=args.events, partitions=PARTITIONS, late_fraction=0.05,
                            seed=1, encoding=args.encoding),
@@ -114,9 +102,6 @@ def main() -> None:
                         best[name] = min(best.get(name, us), us)
         finally:
             spark.stop()
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
     results = {
         "machine": machine(),
         "date": datetime.now(UTC).isoformat(),

@@ -55,6 +55,7 @@ from bench.router.peers import (
     committed_rows,
     wait_for_rows,
 )
+from bench.stack import add_workload, bench_parser
 from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -182,12 +183,8 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
-    parser.add_argument("--encoding", default="json", choices=("json", "avro"))
+    parser = bench_parser(__doc__)
+    add_workload(parser, events=500_000)
     parser.add_argument(
         "--rates",
         type=rates_list,

@@ -39,6 +39,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.stack import bench_parser
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -402,9 +403,7 @@ def plot(report: SoakReport, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--rate", type=int, default=2000, help="events per second")
     parser.add_argument("--brokers", type=int, default=3, choices=(1, 3))

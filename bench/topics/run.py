@@ -40,6 +40,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.router.run import machine
+from bench.stack import bench_parser
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
@@ -320,9 +321,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--topics", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--events", type=int, default=100_000, help="backlog per topic")
     parser.add_argument("--max-offsets", type=int, default=25_000, help="max_offsets_per_trigger per topic")

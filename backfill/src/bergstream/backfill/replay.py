@@ -25,8 +25,7 @@ from bergstream.backfill.read.order import Epoch, OrderingPolicy, Window
 from bergstream.backfill.read.planner import from_micros, plan, table_ref, to_micros
 from bergstream.backfill.read.reader import TABLE_KEY, TableReader, epoch_batches
 from bergstream.catalog import CatalogConfig
-from bergstream.kafka_settings import ClientErrors, failure
-from bergstream.kafka_topics import ensure_topic, fatal_error, send, topic_partitions
+from bergstream.kafka_topics import DeliveryFailed, RecordProducer, ensure_topic, topic_partitions
 from bergstream.schemas import wire
 from bergstream.schemas.archive import (
     DEAD_LETTER_SUFFIX,
@@ -161,8 +160,6 @@ def replay(
     `to_topic` is created when missing, with `partitions`, else as many as the source topic has. A table
     of a registry topic is re-encoded with the registry its router read (its properties say which), or
     `schema_registry`."""
-    from confluent_kafka import KafkaError, KafkaException, Producer
-
     ref = table_ref(table, catalog)
     tables = [ref.identifier]
     if include_dead_letters:
@@ -182,29 +179,7 @@ def replay(
         producer_config, to_topic, partitions or topic_partitions(producer_config, source_topic) or 1
     )
     report = ReplayReport(topic=to_topic, epochs=len(backfill_plan.epochs))
-    # Errors are kept as they come: librdkafka may call back while it raises a fatal error of its own.
-    failures: list[KafkaError] = []
-
-    def delivered(error: Any, message: Any) -> None:
-        if error is not None:
-            failures.append(error)
-        else:
-            partition = message.partition()
-            report.per_partition[partition] = report.per_partition.get(partition, 0) + 1
-
-    errors = ClientErrors()
-    producer = Producer(
-        {
-            # Java clients' key partitioning, so that Java consumers and producers agree on key placement.
-            "partitioner": "murmur2_random",
-            "linger.ms": 20,
-            "compression.type": "lz4",
-            **producer_config,
-            "enable.idempotence": True,
-            "acks": "all",
-            **errors.settings(),
-        }
-    )
+    producer = RecordProducer(producer_config)
     started = time.monotonic()
     dead_letter_table = f"{ref.identifier}{DEAD_LETTER_SUFFIX}"
     for epoch in backfill_plan.epochs:
@@ -212,24 +187,19 @@ def replay(
             for batch in epoch_batches(backfill_plan, readers, epoch):
                 dead = (batch.schema.metadata or {}).get(TABLE_KEY, b"").decode() == dead_letter_table
                 for key, value, headers, timestamp in _records(batch, encoder, dead):
-                    send(producer, to_topic, key, value, headers, timestamp, delivered)
+                    producer.send(to_topic, key, value, headers, timestamp)
                 if dead:
                     report.dead_letters += batch.num_rows
                 else:
                     report.records += batch.num_rows
-                if failures:
+                if producer.failures:
                     break
-            remaining = producer.flush(120)
-        except (KafkaException, SystemError) as error:
-            fatal = fatal_error(error)
-            if fatal is None:
-                raise
+            producer.flush(120)
+        except DeliveryFailed as error:
             report.seconds = time.monotonic() - started
-            raise BackfillError(_stopped(report, epoch, failure(fatal), table)) from error
-        if failures or remaining:
-            report.seconds = time.monotonic() - started
-            undelivered = failures[0] if failures else f"{remaining} records still undelivered after 120s"
-            raise BackfillError(_stopped(report, epoch, errors.explain(producer, undelivered), table))
+            raise BackfillError(_stopped(report, epoch, error.reason, table)) from error
+        finally:
+            report.per_partition = dict(producer.delivered)
         report.epochs_done = epoch.index + 1
         report.watermark = format_instant(from_micros(epoch.upper))
         report.seconds = time.monotonic() - started

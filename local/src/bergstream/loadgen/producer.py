@@ -10,12 +10,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bergstream.errors import BergstreamError, ConfigError
-from bergstream.kafka_settings import ClientErrors, failure
-from bergstream.kafka_topics import ensure_topic, fatal_error, send
+from bergstream.kafka_topics import DeliveryFailed, RecordProducer, ensure_topic
 from bergstream.loadgen.events import TOPICS, EventModel
 from bergstream.loadgen.malformed import malform
 from bergstream.schemas import wire
@@ -147,24 +145,7 @@ def produce(
     report = ProduceReport(
         topic=request.topic, bootstrap_servers=bootstrap_servers, encoding=request.encoding
     )
-    # Errors are kept as they come: librdkafka may call back while it raises a fatal error of its own.
-    failures: list[KafkaError] = []
-
-    def delivered(error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            failures.append(error)
-            return
-        partition, offset = message.partition(), message.offset()
-        assert partition is not None and offset is not None, "a delivered record has a partition and offset"
-        report.per_partition[partition] += 1
-        low, high = report.offsets.get(partition, (offset, offset))
-        report.offsets[partition] = (min(low, offset), max(high, offset))
-
-    errors = ClientErrors()
-    producer = Producer(
-        {"linger.ms": 20, "compression.type": "lz4", "enable.idempotence": True, **client_config,
-         **errors.settings()}
-    )  # fmt: skip
+    producer = RecordProducer(client_config)
     headers = [("producer", b"bergstream-loadgen"), ("encoding", request.encoding.encode())]
     started = time.monotonic()
     events = model.events(request.event_kind)
@@ -195,7 +176,7 @@ def produce(
                 if schema_id is not None and value is not None:
                     value = wire.frame(schema_id, value)
                 timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
-                send(producer, request.topic, generated.key, value, headers, timestamp_ms, delivered)
+                producer.send(request.topic, generated.key, value, headers, timestamp_ms)
                 report.sent += 1
                 report.value_bytes += len(value or b"")
                 if request.rate is not None:
@@ -203,22 +184,21 @@ def produce(
                     if ahead > 0:
                         time.sleep(ahead)
                 if index % 2000 == 0 or index == request.count - 1:
-                    producer.poll(0)
+                    producer.poll()
                     elapsed = time.monotonic() - started
                     progress.update(task, completed=index + 1, rate=(index + 1) / elapsed if elapsed else 0.0)
-            remaining = producer.flush(60)
-    except (KafkaException, SystemError) as error:
-        fatal = fatal_error(error)
-        if fatal is None:
-            raise
+            producer.flush(60)
+    except DeliveryFailed as error:
+        if not error.undelivered:
+            raise BergstreamError(
+                f"sending to {request.topic} on {bootstrap_servers} failed: {error.reason}"
+            ) from error
         raise BergstreamError(
-            f"sending to {request.topic} on {bootstrap_servers} failed: {failure(fatal)}"
+            f"{error.undelivered} of {request.count} records were not delivered to {request.topic} "
+            f"on {bootstrap_servers}: {error.reason}"
         ) from error
+    finally:
+        report.per_partition.update(producer.delivered)
+        report.offsets.update(producer.offsets)
     report.seconds = time.monotonic() - started
-    if remaining or failures:
-        reason = errors.explain(producer, failures[0] if failures else "flush timed out")
-        raise BergstreamError(
-            f"{len(failures) + remaining} of {request.count} records were not delivered to {request.topic} "
-            f"on {bootstrap_servers}: {reason}"
-        )
     return report

@@ -1,0 +1,44 @@
+"""What every bench starts with: its options' parser, and a local stack of its own on free ports."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bergstream.local import LocalStack, StackConfig
+from bergstream.local.processes import free_ports
+
+
+def bench_parser(description: str | None) -> argparse.ArgumentParser:
+    """The parser of a bench whose module docstring is its help."""
+    return argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def add_workload(parser: argparse.ArgumentParser, events: int) -> None:
+    """The workload most benches take: how many events, of which topic's schema, encoded how."""
+    parser.add_argument("--events", type=int, default=events)
+    parser.add_argument("--topic", default="playback", choices=("playback", "impression"))
+    parser.add_argument("--encoding", default="json", choices=("json", "avro"))
+
+
+@contextmanager
+def throwaway_stack(name: str, **config: Any) -> Iterator[tuple[LocalStack, Any, Path]]:
+    """A local stack (Kafka and a catalog, plus `config`'s StackConfig settings) on free ports, in a folder
+    of its own: the stack, its status and its folder. Stopped and removed at the end."""
+    home = Path(tempfile.mkdtemp(prefix=f"bergstream-bench-{name}-"))
+    kafka_port, controller_port = free_ports(2)
+    stack = LocalStack(
+        StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port, **config)
+    )
+    try:
+        yield stack, stack.up(), home
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
