@@ -35,7 +35,7 @@ from bergstream.router.registry_topic import RegistryTopic
 from bergstream.router.retry import first_line, java_causes, transient_reason
 from bergstream.router.schedule import MaintenanceSchedule, warn_of_long_history
 from bergstream.router.table import ensure_tables, maintained_properties
-from bergstream.router.transform import DEAD_LETTERED, Stamper
+from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.archive import (
     ENCODING_PROPERTIES,
@@ -112,7 +112,9 @@ class Router:
         else:
             event = load_event_schema(config.schema_name, config.schema_dir)
             self.layout = ArchiveLayout(event, config.table)
-            self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
+            self.stamper = RecordSplitter(
+                self.layout, config.encoding, config.cluster, config.max_value_bytes
+            )
         self._query: StreamingQuery | None = None
         self._followed_batch: int | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None

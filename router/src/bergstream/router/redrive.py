@@ -1,9 +1,9 @@
 """`bergstream router redrive`: dead letters that parse now go into the archive table, exactly once.
 
 After a fix to a topic's schema or parser settings, the dead letters of the topic are parsed again by the
-router's own parser (`Stamper`). Those that parse now are appended to the archive table with their original
-`__metadata__`, so that they land in the hour they were ingested in and a backfill finds them there;
-`router_write_ts` says when the redrive wrote them. They are then marked in the dead-letter table
+router's own parser (`RecordSplitter`). Those that parse now are appended to the archive table with their
+original `__metadata__`, so that they land in the hour they were ingested in and a backfill finds them
+there; `router_write_ts` says when the redrive wrote them. They are then marked in the dead-letter table
 (`redriven_at`, `redrive_id`), and a redrive never examines a marked row again. Rows that still fail stay,
 with the reason the parser gives now.
 
@@ -39,7 +39,7 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_table, plan_evolution
 from bergstream.router.registry_topic import RegistryTopic
 from bergstream.router.retry import java_causes
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import (
     DEAD_LETTER_TYPE,
     INGESTION_TS,
@@ -351,7 +351,7 @@ def redrive(
     # A session of its own: the snapshot properties of the MERGE are set in its configuration, where no
     # other write of the caller's session (a router in the same driver) can pick them up.
     session = spark.newSession()
-    layout, stamper = _parser(config)
+    layout, splitter = _parser(config)
     tables = _Tables(session, config, layout)
     report = RedriveReport(
         topic=config.topic,
@@ -389,7 +389,7 @@ def redrive(
             "redrive %s: parsing %d dead letters of %s ingested from %s to %s",
             report.redrive_id, bounds.rows, config.topic, _instant(lower), _instant(upper),
         )  # fmt: skip
-        classified = _classify(tables, stamper, pending, bounds.rows, lower, upper).persist()
+        classified = _classify(tables, splitter, pending, bounds.rows, lower, upper).persist()
         try:
             with progress.phase(f"parsing {bounds.rows:,} dead letters"):
                 groups = (
@@ -416,7 +416,7 @@ def redrive(
                 log.info("redrive %s: appending %d rows to %s", report.redrive_id, report.counts.redriven,
                          tables.archive)  # fmt: skip
                 with progress.phase(f"appending {report.counts.redriven:,} rows to {tables.archive}"):
-                    appended = _append(tables, stamper, classified, properties)
+                    appended = _append(tables, splitter, classified, properties)
                 report.archive_snapshot = appended.snapshot_id
                 redriven_at = F.timestamp_micros(F.lit(appended.committed_micros))
                 properties[ARCHIVE_SNAPSHOT_PROPERTY] = str(appended.snapshot_id)
@@ -444,14 +444,14 @@ def redrive(
     return report
 
 
-def _parser(config: RouterConfig) -> tuple[ArchiveLayout, Stamper]:
+def _parser(config: RouterConfig) -> tuple[ArchiveLayout, RecordSplitter]:
     """The table's layout and the parser, as the router builds them: from the newest version of the topic's
     subject in its schema registry, or from its schema file."""
     if config.schema_registry is not None:
         registry = RegistryTopic(config)
         return registry.layout, registry.stamper
     layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
-    return layout, Stamper(layout, config.encoding, config.cluster, config.max_value_bytes)
+    return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes)
 
 
 def _instant(micros: int) -> str:
@@ -495,7 +495,7 @@ def _kafka_records(dead_letters: DataFrame) -> DataFrame:
 
 
 def _classify(
-    tables: _Tables, stamper: Stamper, pending: DataFrame, rows: int, lower: int, upper: int
+    tables: _Tables, splitter: RecordSplitter, pending: DataFrame, rows: int, lower: int, upper: int
 ) -> DataFrame:
     """The pending dead letters parsed as the router parses, with their outcome and their reason now.
 
@@ -503,7 +503,7 @@ def _classify(
     write time is the redrive's, and the cluster and timestamp type stay those the dead letter has."""
     metadata = F.col(METADATA)
     original = F.col(_ORIGINAL_METADATA)
-    stamped = stamper.stamp(_kafka_records(pending)).withColumn(
+    stamped = splitter.stamp(_kafka_records(pending)).withColumn(
         METADATA,
         metadata.withField("cluster", original["cluster"]).withField(
             "timestamp_type", original["timestamp_type"]
@@ -524,11 +524,11 @@ def _classify(
     joined = stamped.join(archived, list(KEY_COLUMNS), "left")
     outcome = (
         F.when(F.col(_IN_ARCHIVE).isNotNull(), F.lit(ALREADY_ARCHIVED))
-        .when(stamper.valid, F.lit(REDRIVEN))
+        .when(splitter.valid, F.lit(REDRIVEN))
         .otherwise(F.lit(STILL_FAILING))
     )
     return joined.withColumn(_OUTCOME, outcome).withColumn(
-        _REASON, F.when(F.col(_OUTCOME) == STILL_FAILING, stamper.reason)
+        _REASON, F.when(F.col(_OUTCOME) == STILL_FAILING, splitter.reason)
     )
 
 
@@ -543,12 +543,12 @@ def _keys(metadata: Column) -> list[Column]:
 
 
 def _append(
-    tables: _Tables, stamper: Stamper, classified: DataFrame, properties: dict[str, str]
+    tables: _Tables, splitter: RecordSplitter, classified: DataFrame, properties: dict[str, str]
 ) -> RedriveSnapshot:
     rows = (
         classified.where(F.col(_OUTCOME) == REDRIVEN)
         .dropDuplicates(list(KEY_COLUMNS))
-        .select(*stamper.archive_columns)
+        .select(*splitter.archive_columns)
     )
     writer = rows.writeTo(tables.archive)
     for key, value in properties.items():

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from bergstream.errors import BergstreamError
 from bergstream.router.config import RouterConfig
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.parse import WireSchemas
@@ -41,7 +41,8 @@ class RegistryStopped(BergstreamError):
 
 
 class RegistryTopic:
-    """The subject's schemas, the table's layout from its newest version, and the Stamper that parses."""
+    """The subject's schemas, the table's layout from its newest version, and the RecordSplitter that parses
+    the topic's values with them."""
 
     def __init__(self, config: RouterConfig, stop: threading.Event | None = None) -> None:
         settings = config.schema_registry
@@ -56,7 +57,7 @@ class RegistryTopic:
         self._attempts = 0
         self._at_start()
         self.layout = self._newest_layout()
-        self.stamper = self._new_stamper()
+        self.stamper = self._new_splitter()
 
     def _at_start(self) -> None:
         """The first look at the subject, waited for as long as a batch would wait."""
@@ -78,12 +79,14 @@ class RegistryTopic:
     def _newest_layout(self) -> ArchiveLayout:
         return ArchiveLayout(self._schemas.event_schema(self.config.schema_name), self.config.table)
 
-    def _new_stamper(self) -> Stamper:
+    def _new_splitter(self) -> RecordSplitter:
         name = self.config.schema_name
         writers = {schema_id: schema.avro_text(name) for schema_id, schema in self._schemas.by_id.items()}
         wire_schemas = WireSchemas(self.subject, writers, dict(self._unresolved))
         config = self.config
-        return Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas)
+        return RecordSplitter(
+            self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas
+        )
 
     def before_batch(
         self, records: DataFrame, batch_id: int, evolve: Callable[[ArchiveLayout], None]
@@ -103,7 +106,7 @@ class RegistryTopic:
             evolve(newest)
             log.info("%s: the table's schema is now %s", self.config.topic, newest.event.source)
             self.layout = newest
-        self.stamper = self._new_stamper()
+        self.stamper = self._new_splitter()
 
     def _back(self, batch_id: int) -> None:
         if self._outage_started is not None:
