@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from bergstream.errors import BergstreamError
 from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_table, plan_evolution
-from bergstream.router.registry_topic import RegistryTopic
+from bergstream.router.registry_topic import topic_parser
 from bergstream.router.retry import java_causes
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import (
@@ -48,7 +48,6 @@ from bergstream.schemas.archive import (
     REDRIVEN_AT,
     ArchiveLayout,
 )
-from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.spark_types import ddl_type
 
 log = logging.getLogger("bergstream.router.redrive")
@@ -351,7 +350,7 @@ def redrive(
     # A session of its own: the snapshot properties of the MERGE are set in its configuration, where no
     # other write of the caller's session (a router in the same driver) can pick them up.
     session = spark.newSession()
-    layout, splitter = _parser(config)
+    layout, splitter, _ = topic_parser(config)
     tables = _Tables(session, config, layout)
     report = RedriveReport(
         topic=config.topic,
@@ -442,16 +441,6 @@ def redrive(
             classified.unpersist()
     report.seconds = time.monotonic() - started
     return report
-
-
-def _parser(config: RouterConfig) -> tuple[ArchiveLayout, RecordSplitter]:
-    """The table's layout and the parser, as the router builds them: from the newest version of the topic's
-    subject in its schema registry, or from its schema file."""
-    if config.schema_registry is not None:
-        registry = RegistryTopic(config)
-        return registry.layout, registry.stamper
-    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
-    return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes)
 
 
 def _instant(micros: int) -> str:

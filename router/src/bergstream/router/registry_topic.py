@@ -13,6 +13,9 @@ dead-letter table with a reason naming the id and the outage, and the router goe
 
 A new newest version (a compatible evolution, checked by the registry) evolves the table at once, as a
 new schema file does at the router's start.
+
+`topic_parser` gives the router and the redrive the same parser: the registry's, or one from the topic's
+schema file.
 """
 
 from __future__ import annotations
@@ -30,10 +33,24 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import WireSchemas
 from bergstream.schemas.schema_registry import RegistryUnavailable, SubjectSchemas
 
 log = logging.getLogger("bergstream.router")
+
+
+def topic_parser(
+    config: RouterConfig, stop: threading.Event | None = None
+) -> tuple[ArchiveLayout, RecordSplitter, RegistryTopic | None]:
+    """The table's layout and the parser of the topic's values: from the newest version of the topic's
+    subject in its schema registry, with the RegistryTopic that follows the subject; or from its schema
+    file, without one."""
+    if config.schema_registry is not None:
+        registry = RegistryTopic(config, stop)
+        return registry.layout, registry.stamper, registry
+    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
+    return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes), None
 
 
 class RegistryStopped(BergstreamError):
