@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from bergstream.router.counts import observed_columns
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import ArchiveLayout, load_event_schema
 from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.parse import (
@@ -197,18 +197,18 @@ def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(
     spark: SparkSession, kind: str, encoding: Encoding, decoders: tuple[str, ...]
 ) -> None:
     layout = ArchiveLayout(load_event_schema(kind), table=kind)
-    stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
-    stamped = stamper.stamp(spark.createDataFrame([], KAFKA_RECORDS))
+    splitter = RecordSplitter(layout, encoding, cluster="test", max_value_bytes=1 << 20)
+    stamped = splitter.stamp(spark.createDataFrame([], KAFKA_RECORDS))
     for rows in (
-        stamper.archive_rows(stamped, Observation("archive"), observed_columns(spark)),
-        stamper.dead_letter_rows(stamped, Observation("dead-letters")),
+        splitter.archive_rows(stamped, Observation("archive"), observed_columns(spark)),
+        splitter.dead_letter_rows(stamped, Observation("dead-letters")),
     ):
         plan = rows._jdf.queryExecution().optimizedPlan().toString()
         assert all(plan.count(decoder) == 1 for decoder in decoders), plan[:2000]
     # Without the observation in between, Spark would decode once per check of the error expression
     # (the write time in `__metadata__` is not deterministic, which keeps the filter above it too).
-    parsed = stamper.parser.parse(spark.createDataFrame([], KAFKA_RECORDS))
-    filtered = parsed.where(stamper.valid).select(f"{EVENT}.*")
+    parsed = splitter.parser.parse(spark.createDataFrame([], KAFKA_RECORDS))
+    filtered = parsed.where(splitter.valid).select(f"{EVENT}.*")
     assert filtered._jdf.queryExecution().optimizedPlan().toString().count(decoders[0]) > 1
 
 
@@ -227,7 +227,7 @@ def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
     write time is still one value per batch."""
     schema = load_event_schema(kind)
     layout = ArchiveLayout(schema, table=kind)
-    stamper = Stamper(layout, encoding, cluster="test", max_value_bytes=1 << 20)
+    splitter = RecordSplitter(layout, encoding, cluster="test", max_value_bytes=1 << 20)
     events = EventModel(seed=5).events(kind)
     now = datetime.now(UTC).replace(tzinfo=None)
     rows: list[tuple[Any, ...]] = [
@@ -237,8 +237,8 @@ def test_a_micro_batch_runs_the_code_an_earlier_one_compiled(
 
     def batch() -> tuple[int, list[Any]]:
         before = _compilations(spark)
-        stamped = stamper.stamp(spark.createDataFrame(rows, KAFKA_RECORDS))
-        written = stamper.archive_rows(stamped, Observation(), observed_columns(spark))
+        stamped = splitter.stamp(spark.createDataFrame(rows, KAFKA_RECORDS))
+        written = splitter.archive_rows(stamped, Observation(), observed_columns(spark))
         archived = written.select("__metadata__.router_write_ts").collect()
         return _compilations(spark) - before, [r.router_write_ts for r in archived]
 

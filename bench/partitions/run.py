@@ -36,7 +36,7 @@ from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import from_observation, observed_columns
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR
@@ -158,7 +158,7 @@ def main() -> None:
         spark = build_spark_session(stack.config.catalog, app_name="bench-partitions", conf=conf)
         jvm = CpuClock.spark_in_process().pids[1]
         layout = ArchiveLayout(load_event_schema(SCHEMA), SCHEMA)
-        stamper = Stamper(layout, "json", cluster="bench", max_value_bytes=1 << 20)
+        splitter = RecordSplitter(layout, "json", cluster="bench", max_value_bytes=1 << 20)
         try:
             for number, partitions in enumerate([args.partitions[0], *args.partitions]):
                 warm_up = number == 0
@@ -191,7 +191,7 @@ def main() -> None:
                     .load()
                 )
                 tasks = spark.sparkContext.defaultParallelism
-                stamped = stamper.stamp(records.coalesce(tasks))
+                stamped = splitter.stamp(records.coalesce(tasks))
                 cost = counting(spark, stamped, partitions, args.columns_max, args.repeat, jvm)
                 print(f"{partitions} partitions, counting: {json.dumps(cost)}", flush=True)
                 results["runs"][str(partitions)] = {"router": router, **cost}

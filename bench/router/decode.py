@@ -30,7 +30,7 @@ from bench.router.run import machine
 from bench.stack import add_workload, bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.counts import observed_columns
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.stamp import metadata
@@ -67,7 +67,7 @@ def main() -> None:
             )
             rows = records.count()
             layout = ArchiveLayout(load_event_schema(args.topic), args.topic)
-            stamper = Stamper(layout, args.encoding, "local")
+            splitter = RecordSplitter(layout, args.encoding, "local")
             counting = observed_columns(spark)
             event_type = layout.event_type
 
@@ -81,11 +81,11 @@ def main() -> None:
 
             def router(df: DataFrame) -> DataFrame:
                 observation = Observation(f"bench-decode-{time.monotonic_ns()}")
-                return stamper.archive_rows(stamper.stamp(df), observation, counting)
+                return splitter.archive_rows(splitter.stamp(df), observation, counting)
 
             parts: dict[str, Callable[[DataFrame], DataFrame]] = {
                 "plain": plain,
-                "parse": lambda df: stamper.parser.parse(df).select("event", "error"),
+                "parse": lambda df: splitter.parser.parse(df).select("event", "error"),
                 "metadata": lambda df: df.select(metadata("local")),
                 "router": router,
             }

@@ -31,11 +31,11 @@ from bergstream.router.evolve import evolve_metadata, evolve_table
 from bergstream.router.lag import LagReporter
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offsets import expired_ranges, parse_spark_offsets
-from bergstream.router.registry_topic import RegistryTopic
+from bergstream.router.registry_topic import topic_parser
 from bergstream.router.retry import first_line, java_causes, transient_reason
 from bergstream.router.schedule import MaintenanceSchedule, warn_of_long_history
 from bergstream.router.table import ensure_tables, maintained_properties
-from bergstream.router.transform import DEAD_LETTERED, Stamper
+from bergstream.router.transform import DEAD_LETTERED
 from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.archive import (
     ENCODING_PROPERTIES,
@@ -46,7 +46,6 @@ from bergstream.schemas.archive import (
     TOPIC_PROPERTY,
     ArchiveLayout,
 )
-from bergstream.schemas.event_schema import load_event_schema
 
 log = logging.getLogger("bergstream.router")
 T = TypeVar("T")
@@ -106,13 +105,7 @@ class Router:
         self._stop_lag = threading.Event()
         self._stop_requested = threading.Event()
         # With a schema registry, the subject's newest version is the table's schema, and may change.
-        self.registry = RegistryTopic(config, self._stop_requested) if config.schema_registry else None
-        if self.registry is not None:
-            self.layout, self.stamper = self.registry.layout, self.registry.stamper
-        else:
-            event = load_event_schema(config.schema_name, config.schema_dir)
-            self.layout = ArchiveLayout(event, config.table)
-            self.stamper = Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes)
+        self.layout, self.stamper, self.registry = topic_parser(config, self._stop_requested)
         self._query: StreamingQuery | None = None
         self._followed_batch: int | None = None
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None

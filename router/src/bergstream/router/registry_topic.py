@@ -13,6 +13,9 @@ dead-letter table with a reason naming the id and the outage, and the router goe
 
 A new newest version (a compatible evolution, checked by the registry) evolves the table at once, as a
 new schema file does at the router's start.
+
+`topic_parser` gives the router and the redrive the same parser: the registry's, or one from the topic's
+schema file.
 """
 
 from __future__ import annotations
@@ -27,13 +30,27 @@ from pyspark.sql import functions as F
 
 from bergstream.errors import BergstreamError
 from bergstream.router.config import RouterConfig
-from bergstream.router.transform import Stamper
+from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import WireSchemas
 from bergstream.schemas.schema_registry import RegistryUnavailable, SubjectSchemas
 
 log = logging.getLogger("bergstream.router")
+
+
+def topic_parser(
+    config: RouterConfig, stop: threading.Event | None = None
+) -> tuple[ArchiveLayout, RecordSplitter, RegistryTopic | None]:
+    """The table's layout and the parser of the topic's values: from the newest version of the topic's
+    subject in its schema registry, with the RegistryTopic that follows the subject; or from its schema
+    file, without one."""
+    if config.schema_registry is not None:
+        registry = RegistryTopic(config, stop)
+        return registry.layout, registry.stamper, registry
+    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
+    return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes), None
 
 
 class RegistryStopped(BergstreamError):
@@ -41,7 +58,8 @@ class RegistryStopped(BergstreamError):
 
 
 class RegistryTopic:
-    """The subject's schemas, the table's layout from its newest version, and the Stamper that parses."""
+    """The subject's schemas, the table's layout from its newest version, and the RecordSplitter that parses
+    the topic's values with them."""
 
     def __init__(self, config: RouterConfig, stop: threading.Event | None = None) -> None:
         settings = config.schema_registry
@@ -56,7 +74,7 @@ class RegistryTopic:
         self._attempts = 0
         self._at_start()
         self.layout = self._newest_layout()
-        self.stamper = self._new_stamper()
+        self.stamper = self._new_splitter()
 
     def _at_start(self) -> None:
         """The first look at the subject, waited for as long as a batch would wait."""
@@ -78,12 +96,14 @@ class RegistryTopic:
     def _newest_layout(self) -> ArchiveLayout:
         return ArchiveLayout(self._schemas.event_schema(self.config.schema_name), self.config.table)
 
-    def _new_stamper(self) -> Stamper:
+    def _new_splitter(self) -> RecordSplitter:
         name = self.config.schema_name
         writers = {schema_id: schema.avro_text(name) for schema_id, schema in self._schemas.by_id.items()}
         wire_schemas = WireSchemas(self.subject, writers, dict(self._unresolved))
         config = self.config
-        return Stamper(self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas)
+        return RecordSplitter(
+            self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas
+        )
 
     def before_batch(
         self, records: DataFrame, batch_id: int, evolve: Callable[[ArchiveLayout], None]
@@ -103,7 +123,7 @@ class RegistryTopic:
             evolve(newest)
             log.info("%s: the table's schema is now %s", self.config.topic, newest.event.source)
             self.layout = newest
-        self.stamper = self._new_stamper()
+        self.stamper = self._new_splitter()
 
     def _back(self, batch_id: int) -> None:
         if self._outage_started is not None:

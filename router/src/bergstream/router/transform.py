@@ -13,7 +13,7 @@ from bergstream.schemas.stamp import archive_columns, metadata
 DEAD_LETTERED = "dead_lettered"
 
 
-class Stamper:
+class RecordSplitter:
     """A topic's expressions from Kafka records to archive and dead-letter rows, built once (and again
     when a schema registry has new versions of the topic's schema: `RegistryTopic`).
 
