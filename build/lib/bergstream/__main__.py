@@ -1,3 +1,0 @@
-from bergstream.cli import main
-
-main()

@@ -1,1 +1,0 @@
-"""Synthetic Kafka records for load tests: realistic events and the malformed ones real producers send."""

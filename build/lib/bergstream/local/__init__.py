@@ -1,5 +1,0 @@
-"""The embedded local stack: one Kafka broker, a SQLite Iceberg catalog and a warehouse folder."""
-
-from bergstream.local.stack import LocalStack, StackConfig, StackStatus
-
-__all__ = ["LocalStack", "StackConfig", "StackStatus"]
