@@ -18,7 +18,8 @@ ENV BERGSTREAM_CACHE=/opt/bergstream/cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# Dependencies first, then the pinned jars, then bergstream itself: a change to bergstream's code rebuilds
+# Dependencies first, then the pinned jars (and the Spark that bergstream's Java compiles against), then
+# bergstream itself, whose wheel build compiles that Java with Maven: a change to bergstream's code rebuilds
 # only the last layers.
 COPY pyproject.toml constraints*.txt ./
 RUN python3 -m venv /opt/bergstream/venv \
@@ -28,7 +29,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > 
     && if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
     && /opt/bergstream/venv/bin/pip install -q "$@" -r /tmp/requirements.txt
 COPY core/src/bergstream/jvm/pom.xml core/src/bergstream/jvm/pom.xml
-RUN for jars in spark kafka; do \
+RUN for jars in spark kafka bergstream-spark; do \
         mvn -q -B -f core/src/bergstream/jvm/pom.xml -P "$jars" dependency:copy-dependencies -DincludeScope=runtime \
             -DoutputDirectory="/tmp/warm/$jars" || exit 1; \
     done && rm -rf /tmp/warm

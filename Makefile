@@ -29,7 +29,7 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 WHEELS := $(or $(BERGSTREAM_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bergstream)/wheels
 PYSPARK_WHEEL := $(WHEELS)/pyspark-$(shell sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' constraints.txt)-py2.py3-none-any.whl
 
-.PHONY: setup demo test test-image test-unit test-short test-pythons lint lock lock-upgrade clean
+.PHONY: setup demo demo-wheel test test-image test-unit test-short test-pythons lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
@@ -56,6 +56,20 @@ setup: $(INSTALLED)
 
 demo: setup
 	$(BIN)/bergstream demo
+
+# The demo as a user gets it: bergstream's wheel (its Java built by Maven, inside it) installed with its
+# dependencies into a virtualenv of its own, and `bergstream demo` run in a working folder outside the
+# checkout. Both live in DEMO_WHEEL_DIR, made anew; DEMO_COUNT sets the records per topic (tests/test_demo_wheel.py).
+DEMO_WHEEL_DIR ?= $(or $(TMPDIR),/tmp)/bergstream-demo-wheel
+DEMO_WHEEL := $(abspath $(DEMO_WHEEL_DIR))
+demo-wheel: setup
+	rm -rf $(DEMO_WHEEL) && mkdir -p $(DEMO_WHEEL)/work
+	$(BIN)/uv build -q --wheel --out-dir $(DEMO_WHEEL)/dist .
+	$(BIN)/uv venv -q --python $(BIN)/python $(DEMO_WHEEL)/venv
+	$(BIN)/uv pip install -q --python $(DEMO_WHEEL)/venv/bin/python --find-links $(WHEELS) \
+		-c constraints.txt $(DEMO_WHEEL)/dist/bergstream-*.whl
+	cd $(DEMO_WHEEL)/work && env -u VIRTUAL_ENV -u PYTHONPATH -u BERGSTREAM_HOME \
+		$(DEMO_WHEEL)/venv/bin/bergstream demo $(if $(DEMO_COUNT),--count $(DEMO_COUNT))
 
 test: setup
 	$(BIN)/pytest -m "not image"

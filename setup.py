@@ -4,11 +4,26 @@ Each folder of the repository (core, schemas, router, backfill, apps, deploy, lo
 the `bergstream` namespace under `<folder>/src/bergstream/`, so that a module's import path is its file path
 below that root. setuptools cannot find one namespace in several roots by itself (`packages.find` with
 several `where` maps the namespace to one root only), so the mapping is written here, from ROOTS.
+
+A wheel also carries what lives outside the source roots (BuildWithJar): bergstream's Java, built with Maven
+into bergstream/jvm/bergstream-spark.jar, and the yardstick applications' settings of deploy/apps, which the
+demo runs. An editable install carries neither: it compiles the Java from the checkout on first use and reads
+deploy/apps there.
 """
 
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.errors import SetupError
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "core" / "src" / "bergstream" / "jvm" / "pom.xml"
+PROJECT_JAR = "bergstream-spark.jar"
+APP_SETTINGS = HERE / "deploy" / "apps"
 
 # The folder of each part of bergstream, and the packages it holds. Only core puts modules directly into
 # `bergstream`; every other root holds subpackages.
@@ -36,5 +51,34 @@ def layout() -> tuple[list[str], dict[str, str]]:
     return packages, package_dir
 
 
+def build_project_jar(target: Path) -> None:
+    """bergstream-spark.jar from the pom's bergstream-spark profile, against the pinned Spark and Iceberg."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError("building bergstream needs Maven ('mvn' on PATH) and a JDK 17 to build its Java")
+    with tempfile.TemporaryDirectory(prefix="bergstream-jar-") as out:
+        command = [
+            mvn, "-q", "-B", "-f", str(POM), "-P", "bergstream-spark", f"-Djar.directory={out}",
+            "resources:resources", "compiler:compile", "jar:jar",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SetupError(f"Maven could not build {PROJECT_JAR}:\n{(done.stdout + done.stderr)[-4000:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(out) / PROJECT_JAR, target)
+
+
+class BuildWithJar(build_py):
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            return
+        build_project_jar(Path(self.build_lib) / "bergstream" / "jvm" / PROJECT_JAR)
+        settings = Path(self.build_lib) / "bergstream" / "apps" / "settings"
+        settings.mkdir(parents=True, exist_ok=True)
+        for path in APP_SETTINGS.glob("*.yaml"):
+            shutil.copyfile(path, settings / path.name)
+
+
 packages, package_dir = layout()
-setup(packages=packages, package_dir=package_dir)
+setup(packages=packages, package_dir=package_dir, cmdclass={"build_py": BuildWithJar})

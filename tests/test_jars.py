@@ -114,3 +114,53 @@ def test_a_java_error_names_the_file(tmp_path: Path) -> None:
     broken.write_text(broken.read_text().replace("final String table;", "final Strin table;"))
     with pytest.raises(BergstreamError, match=r"javac could not compile bergstream's Java: .*Plan\.java"):
         jars.project_jar(sources=sources)
+
+
+def test_packages_hand_spark_the_pinned_coordinates_and_bergstreams_jar(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bergstream.catalog import CatalogConfig
+    from bergstream.spark import session_conf
+
+    monkeypatch.setenv(jars.JARS_ENVIRONMENT, "packages")
+    catalog = CatalogConfig.sqlite(tmp_path / "c.db", tmp_path / "wh")
+    conf = session_conf(catalog, conf={"spark.jars.packages": "org.example:extra:1.0"})
+    assert conf["spark.jars"] == str(jars.project_jar())
+    *pinned, extra = conf["spark.jars.packages"].split(",")
+    assert extra == "org.example:extra:1.0"
+    versions = jars.pinned_versions()
+    spark_minor = ".".join(versions.spark.split(".")[:2])
+    assert f"org.apache.spark:spark-sql-kafka-0-10_{versions.scala_binary}:{versions.spark}" in pinned
+    runtime = f"iceberg-spark-runtime-{spark_minor}_{versions.scala_binary}"
+    assert f"org.apache.iceberg:{runtime}:{versions.iceberg}" in pinned
+    # The coordinates are those Maven resolves into the cache for spark.jars, at the same versions.
+    resolved = jars.resolve("spark")
+    for coordinate in pinned:
+        group, artifact, version = coordinate.split(":")
+        assert (resolved / group.replace(".", "/") / artifact / version).is_dir(), coordinate
+
+
+def test_resolved_jars_are_the_default_and_an_unknown_source_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bergstream.errors import ConfigError
+
+    monkeypatch.delenv(jars.JARS_ENVIRONMENT, raising=False)
+    assert set(jars.spark_jar_conf()) == {"spark.jars"}
+    monkeypatch.setenv(jars.JARS_ENVIRONMENT, "ivy")
+    with pytest.raises(ConfigError, match="BERGSTREAM_JARS=ivy"):
+        jars.spark_jar_conf()
+
+
+def test_the_shipped_jar_is_used_without_sources_or_a_jdk(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shipped = tmp_path / "jvm" / jars.PROJECT_JAR
+    monkeypatch.setattr(jars, "SHIPPED_JAR", shipped)
+    missing = (tmp_path / "no-sources",)
+    with pytest.raises(BergstreamError, match="no Java sources to build it from"):
+        jars.project_jar(sources=missing)
+    shipped.parent.mkdir()
+    shipped.write_bytes(jars.project_jar().read_bytes())
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert jars.project_jar(sources=missing) == shipped

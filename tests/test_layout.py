@@ -134,5 +134,20 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
         "bergstream/loadgen/producer.py",
         "bergstream/jvm/pom.xml", "bergstream/schemas/avro/playback.avsc",
         "bergstream/deploy/prometheus/alerts.yml", "bergstream/deploy/grafana/bergstream-router.json",
+        "bergstream/jvm/bergstream-spark.jar", "bergstream/apps/settings/sessionizer.yaml",
     ):  # fmt: skip
         assert module in names, f"the wheel lacks {module}"
+
+
+def test_the_wheel_ships_bergstreams_java_built(wheel: Path, tmp_path: Path) -> None:
+    """Maven builds the jar from schemas/jvm, router/jvm and backfill/jvm when the wheel is built."""
+    with zipfile.ZipFile(wheel) as archive:
+        (tmp_path / "bergstream-spark.jar").write_bytes(archive.read("bergstream/jvm/bergstream-spark.jar"))
+    with zipfile.ZipFile(tmp_path / "bergstream-spark.jar") as jar:
+        names = set(jar.namelist())
+        service = jar.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()
+    assert service.strip() == "io.bergstream.backfill.BackfillSource"
+    for part in ("schemas", "router", "backfill"):
+        for source in (ROOT / part / "jvm" / "src" / "main" / "java").rglob("*.java"):
+            compiled = source.relative_to(source.parents[3]).with_suffix(".class").as_posix()
+            assert compiled in names, f"the shipped jar lacks {compiled}"

@@ -1,8 +1,10 @@
 """The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
-project's own Java (the backfill source, the router's partition ranges), compiled once against the same
-Spark and Iceberg.
+project's own Java (the backfill source, the router's partition ranges) against the same Spark and Iceberg.
 
-Spark and the broker read the cache; Maven and javac run only when the cache lacks what is pinned.
+An installed bergstream ships its own Java built, as jvm/bergstream-spark.jar (setup.py builds it with
+Maven); a checkout compiles it from its sources once per version of them. Spark and the broker read the
+cache; Maven and javac run only when the cache lacks what is pinned. With BERGSTREAM_JARS=packages, Spark is
+handed the pinned coordinates (spark.jars.packages) to resolve itself instead of the cache's jars.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -18,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bergstream.errors import BergstreamError, MissingToolError
+from bergstream.errors import BergstreamError, ConfigError, MissingToolError
 
 POM = Path(__file__).parent / "jvm" / "pom.xml"
+_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 # The repository's root, from core/src/bergstream/jars.py.
 _PROJECT = Path(__file__).resolve().parents[3]
 # bergstream's own Java, each component's beside its Python: compiled into one jar handed to every
@@ -29,6 +33,13 @@ JAVA_SOURCES: tuple[Path, ...] = tuple(
     _PROJECT / part / "jvm" / "src" / "main" for part in ("schemas", "router", "backfill")
 )
 PROJECT_JAR = "bergstream-spark.jar"
+# Where a wheel carries the jar that setup.py built; a checkout has none there.
+SHIPPED_JAR = Path(__file__).parent / "jvm" / PROJECT_JAR
+# How Spark gets the pinned jars: "resolved", the cache's files in spark.jars (what the local stack and an
+# offline machine need); "packages", their Maven coordinates in spark.jars.packages, for a cluster that
+# resolves them from its own repository or mirror.
+JARS_ENVIRONMENT = "BERGSTREAM_JARS"
+JarSource = Literal["resolved", "packages"]
 JarSet = Literal["spark", "kafka", "rest-catalog", "kafka-connect", "iceberg-kafka-connect"]
 # What the local stack runs, resolved by `make setup`.
 JAR_SETS: tuple[JarSet, ...] = ("spark", "kafka", "rest-catalog")
@@ -47,12 +58,11 @@ class PinnedVersions:
 
 
 def pinned_versions(pom: Path = POM) -> PinnedVersions:
-    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    props = ET.parse(pom).getroot().find("m:properties", ns)
+    props = ET.parse(pom).getroot().find("m:properties", _NS)
     assert props is not None, f"{pom} has no <properties>"
 
     def prop(name: str) -> str:
-        node = props.find(f"m:{name}", ns)
+        node = props.find(f"m:{name}", _NS)
         if node is None or not node.text:
             raise BergstreamError(f"{pom}: property <{name}> is missing")
         return node.text.strip()
@@ -150,6 +160,48 @@ def spark_home_jars() -> Path:
     return Path(pyspark.__file__).parent / "jars"
 
 
+def jar_source() -> JarSource:
+    named = os.environ.get(JARS_ENVIRONMENT) or "resolved"
+    if named not in ("resolved", "packages"):
+        raise ConfigError(f"{JARS_ENVIRONMENT}={named}: it is 'resolved' (the default) or 'packages'")
+    return "packages" if named == "packages" else "resolved"
+
+
+def spark_packages(pom: Path = POM) -> list[str]:
+    """The spark set's Maven coordinates (group:artifact:version) as pinned, for spark.jars.packages."""
+    root = ET.parse(pom).getroot()
+    properties = {
+        node.tag.split("}")[1]: (node.text or "").strip() for node in root.findall("m:properties/*", _NS)
+    }
+    profile = next(
+        node
+        for node in root.findall("m:profiles/m:profile", _NS)
+        if node.findtext("m:id", namespaces=_NS) == "spark"
+    )
+
+    def expanded(text: str) -> str:
+        return re.sub(r"\$\{([^}]+)\}", lambda name: properties[name.group(1)], text.strip())
+
+    return [
+        ":".join(
+            expanded(dependency.findtext(f"m:{part}", "", _NS))
+            for part in ("groupId", "artifactId", "version")
+        )
+        for dependency in profile.findall("m:dependencies/m:dependency", _NS)
+    ]
+
+
+def spark_jar_conf(spark_home: Path | None = None, pom: Path = POM) -> dict[str, str]:
+    """spark.jars, and with BERGSTREAM_JARS=packages spark.jars.packages: how a SparkSession gets the pinned
+    jars and bergstream's own."""
+    if jar_source() == "packages":
+        return {
+            "spark.jars": str(project_jar(spark_home, pom)),
+            "spark.jars.packages": ",".join(spark_packages(pom)),
+        }
+    return {"spark.jars": ",".join(str(jar) for jar in spark_jars(spark_home, pom))}
+
+
 def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
     """The jars for spark.jars: the resolved set less the artifacts Spark already ships, and bergstream's
     own."""
@@ -170,8 +222,16 @@ def _sources_digest(sources: tuple[Path, ...], pom: Path) -> str:
 def project_jar(
     spark_home: Path | None = None, pom: Path = POM, sources: tuple[Path, ...] = JAVA_SOURCES
 ) -> Path:
-    """bergstream's own Java in one jar, compiled with javac against Spark's jars and the pinned Iceberg
-    runtime; built once per version of its sources and of the pom."""
+    """bergstream's own Java in one jar: the one an installed bergstream ships, else compiled from the
+    checkout's sources with javac against Spark's jars and the pinned Iceberg runtime, once per version of
+    its sources and of the pom."""
+    if SHIPPED_JAR.is_file():
+        return SHIPPED_JAR
+    if not all(root.is_dir() for root in sources):
+        raise BergstreamError(
+            f"{SHIPPED_JAR} is missing and there are no Java sources to build it from: "
+            "reinstall bergstream from its wheel, or run it from a checkout"
+        )
     target = cache_root() / "built" / _sources_digest(sources, pom) / PROJECT_JAR
     if target.exists():
         return target

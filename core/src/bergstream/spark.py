@@ -41,6 +41,7 @@ AVRO_DECODER_LIMITS = (
 
 _LIST_SETTINGS = {
     "spark.jars": ",",
+    "spark.jars.packages": ",",
     "spark.sql.extensions": ",",
     "spark.driver.extraJavaOptions": " ",
     "spark.executor.extraJavaOptions": " ",
@@ -82,7 +83,7 @@ def session_conf(
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.jars": ",".join(str(jar) for jar in jars.spark_jars()),
+        **jars.spark_jar_conf(),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.defaultCatalog": catalog.name,
         # Ingestion times are instants: keep them in UTC wherever Spark turns them into text.
@@ -105,7 +106,8 @@ def session_conf(
     # Settings that are lists: what the caller gives is added to what bergstream needs, never instead.
     for option, separator in _LIST_SETTINGS.items():
         if option in extra:
-            settings[option] = separator.join(part for part in (settings[option], extra.pop(option)) if part)
+            given = (settings.get(option, ""), extra.pop(option))
+            settings[option] = separator.join(part for part in given if part)
     settings.update(extra)
     return settings
 

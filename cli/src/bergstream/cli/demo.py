@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bergstream.apps import SETTINGS_DIR
 from bergstream.backfill.runtime.run import run_app
 from bergstream.backfill.runtime.settings import app_file, load_app_settings
 from bergstream.loadgen.events import TOPICS
@@ -85,7 +86,7 @@ def run_demo(data_dir: Path, count: int) -> None:
             console.rule("Backfilling the sessionizer from the archive, B = 15 minutes")
             settings = load_app_settings(
                 "sessionizer",
-                app_file("sessionizer"),
+                app_file("sessionizer", SETTINGS_DIR),
                 defaults={
                     "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers},
                     "catalog": catalog.model_dump(mode="json", exclude_none=True),
