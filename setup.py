@@ -6,9 +6,9 @@ below that root. setuptools cannot find one namespace in several roots by itself
 several `where` maps the namespace to one root only), so the mapping is written here, from ROOTS.
 
 A wheel also carries what lives outside the source roots (BuildWithJar): bergstream's Java, built with Maven
-into bergstream/jvm/bergstream-spark.jar, and the yardstick applications' settings of deploy/apps, which the
-demo runs. An editable install carries neither: it compiles the Java from the checkout on first use and reads
-deploy/apps there.
+into bergstream/jvm/bergstream-spark.jar, and the settings files of the example topics and applications
+(deploy/topics, deploy/apps) as bergstream/deploy/topics and bergstream/deploy/apps, which the demo runs. An
+editable install carries neither: it compiles the Java from the checkout on first use and reads deploy/ there.
 """
 
 import shutil
@@ -23,7 +23,7 @@ from setuptools.errors import SetupError
 HERE = Path(__file__).resolve().parent
 POM = HERE / "core" / "src" / "bergstream" / "jvm" / "pom.xml"
 PROJECT_JAR = "bergstream-spark.jar"
-APP_SETTINGS = HERE / "deploy" / "apps"
+EXAMPLE_SETTINGS = ("topics", "apps")
 
 # The folder of each part of bergstream, and the packages it holds. Only core puts modules directly into
 # `bergstream`; every other root holds subpackages.
@@ -74,10 +74,11 @@ class BuildWithJar(build_py):
         if self.editable_mode:
             return
         build_project_jar(Path(self.build_lib) / "bergstream" / "jvm" / PROJECT_JAR)
-        settings = Path(self.build_lib) / "bergstream" / "apps" / "settings"
-        settings.mkdir(parents=True, exist_ok=True)
-        for path in APP_SETTINGS.glob("*.yaml"):
-            shutil.copyfile(path, settings / path.name)
+        for folder in EXAMPLE_SETTINGS:
+            settings = Path(self.build_lib) / "bergstream" / "deploy" / folder
+            settings.mkdir(parents=True, exist_ok=True)
+            for path in (HERE / "deploy" / folder).glob("*.yaml"):
+                shutil.copyfile(path, settings / path.name)
 
 
 packages, package_dir = layout()

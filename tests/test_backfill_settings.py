@@ -101,3 +101,17 @@ def test_each_backfill_request_has_a_checkpoint_of_its_own(tmp_path: Path) -> No
     spark_words = load(path, mode="backfill", backfill={**window, "max_misalignment": "15 minutes"})
     assert spark_words.backfill.max_misalignment == timedelta(minutes=15)
     assert first.startswith("/tmp/apps/sessionizer-backfill-20261122T000000_20261123T000000_15m")
+
+
+def test_an_applications_file_is_found_in_bergstream_apps_dir_else_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
+    monkeypatch.setenv("BERGSTREAM_APPS_DIR", str(tmp_path / "apps"))
+    with pytest.raises(BackfillConfigError) as refused:
+        load_app_settings("sessionizer", None, defaults=DEFAULTS, overrides={})
+    assert str(refused.value).startswith(f"{tmp_path / 'apps' / 'sessionizer.yaml'}: no such file")
+    assert "BERGSTREAM_APPS_DIR" in str(refused.value)
+    (tmp_path / "apps").mkdir()
+    write(tmp_path / "apps")
+    assert load_app_settings("sessionizer", None, defaults=DEFAULTS, overrides={}).app == "sessionizer"

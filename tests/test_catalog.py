@@ -5,8 +5,10 @@ from pydantic import ValidationError
 
 from bergstream.catalog import CatalogConfig, pyiceberg_properties, redacted
 from bergstream.errors import ConfigError
+from bergstream.home import write_catalog
 from bergstream.local.processes import free_port
 from bergstream.local.rest_catalog import RestCatalogConfig
+from bergstream.site import default_catalog
 
 
 def test_sqlite_catalog_is_the_same_file_for_spark_and_pyiceberg(tmp_path: Path) -> None:
@@ -124,3 +126,22 @@ def test_an_unreachable_rest_catalog_names_its_uri() -> None:
         catalog.check_reachable()
     with pytest.raises(ConfigError, match=uri):
         catalog.load()
+
+
+def test_the_default_catalog_is_the_sites_else_the_one_the_local_stack_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
+    monkeypatch.setenv("BERGSTREAM_HOME", str(tmp_path / "home"))
+    with pytest.raises(ConfigError, match="start the local stack with `bergstream local up`"):
+        default_catalog()
+    (tmp_path / "home").mkdir()
+    local = CatalogConfig.sqlite(tmp_path / "home" / "catalog.db", tmp_path / "home" / "warehouse")
+    write_catalog(tmp_path / "home", local)
+    assert default_catalog() == local
+    site = tmp_path / "site.yaml"
+    site.write_text("catalog: {type: rest, uri: http://catalog:8181, warehouse: s3://archive/wh}\n")
+    monkeypatch.setenv("BERGSTREAM_SITE", str(site))
+    assert default_catalog() == CatalogConfig(
+        type="rest", uri="http://catalog:8181", warehouse="s3://archive/wh"
+    )

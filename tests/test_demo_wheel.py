@@ -37,11 +37,11 @@ def test_the_installed_wheel_runs_the_demo_with_the_java_it_ships(tmp_path: Path
     }
     located = subprocess.run(
         [str(python), "-c",
-         "import bergstream.jars as j, bergstream.apps as a; print(j.project_jar()); print(a.SETTINGS_DIR)"],
+         "import bergstream.jars as j, bergstream.deploy as d; print(j.project_jar()); print(d.EXAMPLE_APPS_DIR)"],
         cwd=tmp_path / "work", env=environment, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     jar, settings = (Path(line) for line in located.stdout.split())
     site_packages = next((tmp_path / "venv" / "lib").glob("python3.*/site-packages"))
     assert jar == site_packages / "bergstream" / "jvm" / "bergstream-spark.jar"
-    assert settings == site_packages / "bergstream" / "apps" / "settings"
+    assert settings == site_packages / "bergstream" / "deploy" / "apps"
     assert ROOT not in jar.resolve().parents and ROOT not in settings.resolve().parents

@@ -12,6 +12,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bergstream.home import read_catalog
+from bergstream.local import LocalStack
 from bergstream.local.processes import alive, free_port, free_ports
 
 pytestmark = pytest.mark.integration
@@ -50,6 +52,8 @@ def test_up_status_down_and_the_log_survives_a_restart(stack_dir: Path) -> None:
     assert status["bootstrap_servers"].startswith("127.0.0.1:")
     assert status["catalog_uri"] == f"jdbc:sqlite:{stack_dir}/catalog/catalog.db"
     assert status["warehouse"] == (stack_dir / "warehouse").as_uri()
+    # Read by code below the local stack that names no catalog (read_batches).
+    assert read_catalog(stack_dir) == LocalStack.at(stack_dir).config.catalog
     pid = status["broker_pid"]
 
     bootstrap = status["bootstrap_servers"]

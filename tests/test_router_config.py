@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
-from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.router.config import RouterConfig, load_router_config, topic_file
 from bergstream.router.table import maintained_properties
 
 CATALOG = {"uri": "jdbc:sqlite:/data/catalog.db", "warehouse": "file:///data/warehouse"}
@@ -131,3 +131,35 @@ def test_snapshot_retention_keeps_a_bounded_number_of_snapshots_unless_set(
     assert config.snapshot_retention_hours == pytest.approx(hours)
     age_ms = maintained_properties(config)["history.expire.max-snapshot-age-ms"]
     assert int(age_ms) == round(hours * 3_600_000)
+
+
+def test_a_topic_without_its_file_is_refused_naming_the_path_and_where_else_to_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BERGSTREAM_TOPICS_DIR", raising=False)
+    monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        load_router_config("playback", None, defaults={}, overrides={})
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'deploy' / 'topics' / 'playback.yaml'}: no such file")
+    assert "--config" in message and "--topics-dir" in message and "BERGSTREAM_TOPICS_DIR" in message
+
+
+def test_the_topics_folder_is_the_flags_else_the_environments_else_the_sites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for folder in ("flag", "environment", "site/topics"):
+        (tmp_path / folder).mkdir(parents=True)
+        settings_file(tmp_path / folder, "playback", table=folder.replace("/", "_")).rename(
+            tmp_path / folder / "playback.yaml"
+        )
+    site = tmp_path / "site" / "site.yaml"
+    site.write_text("topics_dir: topics\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BERGSTREAM_SITE", str(site))
+    assert topic_file("playback") == tmp_path / "site" / "topics" / "playback.yaml"
+    assert load_router_config("playback", None, defaults={}, overrides={}).table == "site_topics"
+    monkeypatch.setenv("BERGSTREAM_TOPICS_DIR", str(tmp_path / "environment"))
+    assert load_router_config("playback", None, defaults={}, overrides={}).table == "environment"
+    assert topic_file("playback", tmp_path / "flag") == tmp_path / "flag" / "playback.yaml"

@@ -10,6 +10,8 @@ file everywhere. When it is set, the local stack (`bergstream local up`) is not 
     catalog: {type: rest, uri: http://rest-catalog:8181, warehouse: s3://archive/warehouse}
     checkpoint_root: /var/lib/bergstream   # <root>/checkpoints/<topic>, <root>/apps/<app>
     spark: {master: spark://spark-master:7077}
+    topics_dir: /etc/bergstream/topics     # <topic>.yaml; relative to this file (default: deploy/topics)
+    apps_dir: /etc/bergstream/apps         # <app>.yaml (default: deploy/apps)
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from pydantic import ValidationError
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
+from bergstream.home import default_data_dir, read_catalog
 from bergstream.settings_file import problems, read_mapping
 
 ENVIRONMENT = "BERGSTREAM_SITE"
-KEYS = ("kafka", "catalog", "checkpoint_root", "spark", "schema_registry")
+KEYS = ("kafka", "catalog", "checkpoint_root", "spark", "schema_registry", "topics_dir", "apps_dir")
+# Where the settings files are, not settings of a router or an application.
+_FOLDERS = ("topics_dir", "apps_dir")
 
 
 def site_file() -> Path | None:
@@ -50,12 +55,15 @@ def read_site(path: Path) -> dict[str, Any]:
     for key in ("kafka", "catalog", "spark", "schema_registry"):
         if key in settings and not isinstance(settings[key], dict):
             raise ConfigError(f"{path}: {key} must be a mapping of settings")
+    for key in _FOLDERS:
+        if key in settings and not isinstance(settings[key], str):
+            raise ConfigError(f"{path}: {key} must be a folder's path")
     return settings
 
 
 def _defaults(path: Path, checkpoint: str) -> dict[str, Any]:
     settings = read_site(path)
-    defaults = {key: value for key, value in settings.items() if key != "checkpoint_root"}
+    defaults = {key: value for key, value in settings.items() if key not in ("checkpoint_root", *_FOLDERS)}
     if "checkpoint_root" in settings:
         defaults["checkpoint_location"] = f"{settings['checkpoint_root'].rstrip('/')}/{checkpoint}"
     return defaults
@@ -82,3 +90,38 @@ def site_catalog(path: Path) -> CatalogConfig | None:
         return CatalogConfig.model_validate(settings["catalog"])
     except ValidationError as error:
         raise ConfigError(f"{path}: {problems(error, 'catalog.')}") from error
+
+
+def default_catalog() -> CatalogConfig:
+    """The catalog of code that names none: the site's when BERGSTREAM_SITE is set, else the one the local
+    stack in $BERGSTREAM_HOME (or ./.bergstream) wrote when it started."""
+    site = site_file()
+    if site is not None:
+        catalog = site_catalog(site)
+        if catalog is None:
+            raise ConfigError(f"{site}: names no catalog; add one, or pass the catalog")
+        return catalog
+    data_dir = default_data_dir()
+    catalog = read_catalog(data_dir)
+    if catalog is None:
+        raise ConfigError(
+            f"no catalog named: none in {data_dir} (start the local stack with `bergstream local up`), "
+            f"and {ENVIRONMENT} is not set; pass the catalog, or set {ENVIRONMENT} to the site settings"
+        )
+    return catalog
+
+
+def settings_dir(named: Path | None, environment: str, key: str, default: Path) -> Path:
+    """Where a kind of settings file is kept: the folder named (a flag), else $<environment>, else the
+    site settings' <key> (relative to the site file), else <default> under the working directory."""
+    if named is not None:
+        return named
+    from_environment = os.environ.get(environment)
+    if from_environment:
+        return Path(from_environment)
+    site = site_file()
+    if site is not None:
+        folder = read_site(site).get(key)
+        if folder is not None:
+            return site.parent / str(folder)
+    return Path.cwd() / default

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,3 +135,13 @@ def build_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextmanager
+def spark_session(catalog: CatalogConfig, settings: SparkSettings, app_name: str) -> Iterator[SparkSession]:
+    """A session of a settings file's catalog and `spark` block, stopped when the block ends."""
+    session = build_spark_session(catalog, master=settings.master, app_name=app_name, conf=settings.conf)
+    try:
+        yield session
+    finally:
+        session.stop()

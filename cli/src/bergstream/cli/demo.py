@@ -7,28 +7,49 @@ import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+import click
 
-from bergstream.apps import SETTINGS_DIR
-from bergstream.backfill.runtime.run import run_app
-from bergstream.backfill.runtime.settings import app_file, load_app_settings
-from bergstream.loadgen.events import TOPICS
-from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.local import LocalStack, StackConfig
-from bergstream.local.processes import free_ports
-from bergstream.router.app import archive_available_now
-from bergstream.router.config import RouterConfig
-from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
-from bergstream.schemas.event_schema import Encoding
-from bergstream.spark import build_spark_session
+from bergstream.cli.options import DATA_DIR
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from bergstream.local import LocalStack
+    from bergstream.schemas.event_schema import Encoding
+
+# As the topics' files in deploy/topics say.
 ENCODING: dict[str, Encoding] = {"playback": "json", "impression": "avro"}
 DEMO_SPAN = timedelta(hours=2)
 
 
+@click.command()
+@DATA_DIR
+@click.option("--count", type=int, default=20_000, show_default=True, help="Records per topic.")
+def demo(data_dir: Path | None, count: int) -> None:
+    """Start the stack, produce both topics, archive them into Iceberg, summarise, stop."""
+    from bergstream.cli.endpoints import Endpoints
+
+    run_demo(Endpoints.resolve(data_dir).data_dir / "demo", count)
+
+
 def run_demo(data_dir: Path, count: int) -> None:
+    from rich.console import Console
+
+    from bergstream.backfill.runtime.run import run_app
+    from bergstream.backfill.runtime.settings import load_app_settings
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.cli.router import topic_loader
+    from bergstream.deploy import EXAMPLE_APPS_DIR, EXAMPLE_TOPICS_DIR
+    from bergstream.loadgen.events import TOPICS
+    from bergstream.loadgen.producer import ProduceRequest, produce
+    from bergstream.local import LocalStack, StackConfig
+    from bergstream.local.processes import free_ports
+    from bergstream.router.launch import Launch, launch
+    from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
+    from bergstream.spark import build_spark_session
+
     console = Console()
     leftover = LocalStack.at(data_dir)
     if leftover.status().running:  # a demo interrupted earlier: stop its broker before removing its data
@@ -62,34 +83,26 @@ def run_demo(data_dir: Path, count: int) -> None:
             console.print(report.summary())
         console.rule("Archiving into Iceberg")
         catalog = stack.config.catalog
+        # The demo's own stack, whatever BERGSTREAM_SITE names, and the settings files bergstream ships
+        # (deploy/topics and deploy/apps), wherever the demo is started.
+        endpoints = Endpoints(data_dir=data_dir, site=None)
         spark = build_spark_session(catalog, app_name="bergstream-demo")
         try:
-            for topic in TOPICS:
-                config = RouterConfig(
-                    topic=topic,
-                    schema=topic,
-                    encoding=ENCODING[topic],
-                    table=topic,
-                    kafka={
-                        "kafka.bootstrap.servers": status.bootstrap_servers,
-                        "startingOffsets": "earliest",
-                    },
-                    checkpoint_location=str(data_dir / "checkpoints" / topic),
-                    catalog=catalog,
-                )
-                totals = archive_available_now(spark, config)
+            console.print(f"bergstream router run --topic {' --topic '.join(TOPICS)} --available-now")
+            load = topic_loader(endpoints, None, EXAMPLE_TOPICS_DIR, {})
+            for outcome in launch(Launch(list(TOPICS), load, available_now=True), spark):
+                totals = outcome.totals
                 console.print(
-                    f"{topic}: read {totals.read} records, archived {totals.archived} rows into "
-                    f"{catalog.table_identifier(topic)}, dead-lettered {totals.dead_lettered} into "
-                    f"{catalog.table_identifier(topic)}{DEAD_LETTER_SUFFIX}, {totals.files} files"
+                    f"{outcome.topic}: read {totals.read} records, archived {totals.archived} rows into "
+                    f"{catalog.table_identifier(outcome.topic)}, dead-lettered {totals.dead_lettered} into "
+                    f"{catalog.table_identifier(outcome.topic)}{DEAD_LETTER_SUFFIX}, {totals.files} files"
                 )
             console.rule("Backfilling the sessionizer from the archive, B = 15 minutes")
             settings = load_app_settings(
                 "sessionizer",
-                app_file("sessionizer", SETTINGS_DIR),
+                EXAMPLE_APPS_DIR / "sessionizer.yaml",
                 defaults={
-                    "kafka": {"kafka.bootstrap.servers": status.bootstrap_servers},
-                    "catalog": catalog.model_dump(mode="json", exclude_none=True),
+                    **endpoints.app_defaults("sessionizer"),
                     "checkpoint_location": str(data_dir / "apps" / "sessionizer-backfill"),
                 },
                 overrides={
@@ -120,6 +133,10 @@ def run_demo(data_dir: Path, count: int) -> None:
 
 
 def _archive_summary(stack: LocalStack, topic: str) -> Table:
+    from rich.table import Table
+
+    from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
+
     catalog = stack.config.catalog
     iceberg = catalog.load()
     table = iceberg.load_table(f"{catalog.namespace}.{topic}")

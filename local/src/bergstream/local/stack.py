@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, Literal, get_args
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError, StackError
+from bergstream.home import write_catalog
 from bergstream.local import kafka_broker, kafka_security, processes, rest_catalog, schema_registry
 from bergstream.local import object_store as store_server
 
@@ -25,10 +25,6 @@ Security = Literal["none", "sasl_ssl"]
 ObjectStore = Literal["none", "s3"]
 # The Iceberg catalog: jdbc, on a SQLite file; rest, Iceberg's REST catalog server over its own SQLite file.
 CatalogKind = Literal["jdbc", "rest"]
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("BERGSTREAM_HOME", ".bergstream")).absolute()
 
 
 @dataclass(frozen=True)
@@ -287,6 +283,7 @@ class LocalStack:
                 }
             )
         )
+        write_catalog(config.data_dir, config.catalog)
         security = config.kafka_security
         if security is not None:
             bootstrap = config.bootstrap_servers

@@ -1,7 +1,9 @@
-"""A router's settings: deploy/topics/<topic>.yaml, then command-line flags, validated once at start.
+"""A router's settings: <topics dir>/<topic>.yaml, then command-line flags, validated once at start.
 
-Kafka options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`, `kafka.security.protocol`,
-`startingOffsets`, ...). Endpoints left out (bootstrap servers, catalog) come from the local stack.
+The topics' folder is the one named by --topics-dir, else $BERGSTREAM_TOPICS_DIR, else the site settings'
+`topics_dir`, else deploy/topics under the working directory. Kafka options keep the names of Spark's Kafka
+source (`kafka.bootstrap.servers`, `kafka.security.protocol`, `startingOffsets`, ...). Endpoints left out
+(bootstrap servers, catalog) come from the site settings or the local stack.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration
 
 log = logging.getLogger(__name__)
 TOPICS_DIR = Path("deploy/topics")
+TOPICS_DIR_ENVIRONMENT = "BERGSTREAM_TOPICS_DIR"
 BOOTSTRAP = "kafka.bootstrap.servers"
 # Set by the router itself: one topic per router, its own rate limit and its own consumer group.
 _RESERVED_KAFKA_OPTIONS = {
@@ -235,29 +239,35 @@ def check_topic_name(topic: str) -> None:
         )
 
 
-def topic_file(topic: str, directory: Path = TOPICS_DIR) -> Path:
-    return directory / f"{topic}.yaml"
+def topics_dir(named: Path | None = None) -> Path:
+    """The folder of the topics' settings files: `named` (--topics-dir), else $BERGSTREAM_TOPICS_DIR, else
+    the site settings' topics_dir, else deploy/topics under the working directory."""
+    return settings_dir(named, TOPICS_DIR_ENVIRONMENT, "topics_dir", TOPICS_DIR)
+
+
+def topic_file(topic: str, directory: Path | None = None) -> Path:
+    return topics_dir(directory) / f"{topic}.yaml"
 
 
 def load_router_config(
     topic: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
 ) -> RouterConfig:
-    """Merge, from weakest to strongest: `defaults`, the topic's YAML file, `overrides` (the flags)."""
+    """Merge, from weakest to strongest: `defaults`, the topic's YAML file (`config_file`, else
+    <topics dir>/<topic>.yaml, which must exist), `overrides` (the flags)."""
     try:
         check_topic_name(topic)  # before it names a file to read
     except ValueError as error:
         raise ConfigError(f"topic: {error}") from error
     path = config_file if config_file is not None else topic_file(topic)
-    from_file: dict[str, Any] = {}
-    if config_file is not None and not path.exists():
-        raise ConfigError(f"{path}: no such file")
-    if path.exists():
-        from_file = read_mapping(path)
-        log.info("router settings for %s from %s", topic, path)
-        if from_file.get("topic", topic) != topic:
-            raise ConfigError(
-                f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}"
-            )
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no such file; give the topic's settings file with --config, or the folder of "
+            f"<topic>.yaml files with --topics-dir or {TOPICS_DIR_ENVIRONMENT}"
+        )
+    from_file = read_mapping(path)
+    log.info("router settings for %s from %s", topic, path)
+    if from_file.get("topic", topic) != topic:
+        raise ConfigError(f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}")
     if "catalog" in from_file:  # another catalog entirely: nothing of the local one may leak into it
         defaults = {key: value for key, value in defaults.items() if key != "catalog"}
     merged = merge(merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
@@ -267,5 +277,4 @@ def load_router_config(
     try:
         return RouterConfig.model_validate(merged)
     except ValidationError as error:
-        where = path if path.exists() else "router settings"
-        raise ConfigError(f"{where}: {problems(error)}") from error
+        raise ConfigError(f"{path}: {problems(error)}") from error

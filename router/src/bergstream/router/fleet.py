@@ -12,7 +12,8 @@ function, whose calls into Spark run on the query's thread.
 A topic that fails (its settings do not load, its Kafka topic is gone, the catalog refuses its table, its
 query fails) stops alone: the failure is logged naming the topic, `bergstream_router_topic_up{topic}`
 drops to 0, and the topic is started again after an exponential backoff, its settings read again, while
-the other topics go on.
+the other topics go on. A driver of one topic (`router run --topic A`) is a fleet of one that is not started
+again: its failure ends the driver, with the topic's own error.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ def pool_name(topic: str) -> str:
 
 
 def fleet_app_name(topics: list[str], group: str | None = None) -> str:
-    """The driver's Spark application: named after its group (as `bergstream deploy` names it)."""
+    """The driver's Spark application: named after its group (as `bergstream deploy` names it), or after
+    its topic when it runs one."""
+    if group is None and len(topics) == 1:
+        return f"bergstream-router-{topics[0]}"
     return f"bergstream-routers-{group if group is not None else f'{len(topics)}-topics'}"
 
 
@@ -130,8 +134,10 @@ def topics_in(directory: Path) -> list[str]:
     return topics
 
 
-def driver_settings(topics: list[str], load: Callable[[str], RouterConfig], strict: bool) -> RouterConfig:
-    """The settings of the first topic that loads: its catalog and spark block start the driver.
+def driver_settings(
+    topics: list[str], load: Callable[[str], RouterConfig], strict: bool
+) -> list[RouterConfig]:
+    """The settings of the topics that load; the first one's catalog and spark block start the driver.
 
     `strict` (topics named one by one): every topic must load and share the driver's catalog and spark
     settings, or the driver refuses to start. Otherwise (`--all`) a topic whose settings do not load is
@@ -148,11 +154,10 @@ def driver_settings(topics: list[str], load: Callable[[str], RouterConfig], stri
         raise ConfigError("; ".join(problems))
     for problem in problems:
         log.error("%s; that topic starts once its settings load", problem)
-    driver = loaded[0]
     if strict:
         for config in loaded[1:]:
-            check_shared_driver(config, driver)
-    return driver
+            check_shared_driver(config, loaded[0])
+    return loaded
 
 
 def failure_reason(error: BaseException) -> str:
@@ -169,7 +174,8 @@ class Fleet:
 
     `load(topic)` reads and validates a topic's settings (again at every restart, so that a fixed file
     fixes the topic), whose catalog is `catalog`; `prepare(config)` checks what must hold before its query
-    starts (access to Kafka).
+    starts (access to Kafka). With no `restart`, no topic is started again: the first failure stops every
+    topic and `run` raises it.
     """
 
     def __init__(
@@ -178,7 +184,7 @@ class Fleet:
         load: Callable[[str], RouterConfig],
         spark: SparkSession,
         metrics: RouterMetrics,
-        restart: RestartSettings,
+        restart: RestartSettings | None,
         catalog: CatalogConfig,
         prepare: Callable[[RouterConfig], None] | None = None,
     ) -> None:
@@ -196,6 +202,7 @@ class Fleet:
         self._lock = threading.RLock()  # stop() may run in a signal handler while stop() holds it
         self._routers: dict[str, Router] = {}
         self._lost_driver: str | None = None
+        self._failure: Exception | None = None
         self.outcomes: dict[str, TopicOutcome] = {
             topic: TopicOutcome(topic, RouterTotals()) for topic in topics
         }
@@ -227,6 +234,8 @@ class Fleet:
                 thread.join()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        if self._failure is not None:
+            raise self._failure
         if self._lost_driver is not None:
             raise BergstreamError(f"the driver's Spark session is gone: {self._lost_driver}")
         return [self.outcomes[topic] for topic in self.topics]
@@ -234,7 +243,7 @@ class Fleet:
     def stop(self) -> None:
         """Every query stops after its current batch; no topic is started again."""
         with self._lock:
-            if not self._stop.is_set() and self._routers:
+            if not self._stop.is_set() and self._routers and len(self.topics) > 1:
                 log.info("stopping the routers of %d topics after their current batches", len(self._routers))
             self._stop.set()
             for router in self._routers.values():
@@ -275,6 +284,10 @@ class Fleet:
                 reason = failure_reason(error)
                 outcome.error = reason
                 self.fleet_metrics.failures.labels(topic, stage).inc()
+                if self.restart is None:
+                    self._failure = error
+                    self.stop()
+                    return
                 # Spark's and bergstream's errors say what failed in their message; others are bugs.
                 expected = isinstance(error, BergstreamError | PySparkException) or bool(java_causes(error))
                 if not self._driver_alive():

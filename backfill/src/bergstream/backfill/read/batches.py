@@ -15,18 +15,11 @@ from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
 from bergstream.backfill.read.reader import TableReader, epoch_batches
 from bergstream.catalog import CatalogConfig
+from bergstream.site import default_catalog
 from bergstream.timeparse import parse_duration, parse_instant
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-
-def local_catalog() -> CatalogConfig:
-    """The local stack's catalog, for callers that name none."""
-    from bergstream.local import LocalStack
-    from bergstream.local.stack import default_data_dir
-
-    return LocalStack.at(default_data_dir()).config.catalog
 
 
 def window_of(start: datetime | str, end: datetime | str) -> Window:
@@ -57,7 +50,7 @@ def read_batches(
     """
     names = [tables] if isinstance(tables, str) else list(tables)
     bound = parse_duration(max_misalignment, "max_misalignment") if max_misalignment is not None else None
-    catalog = catalog or local_catalog()
+    catalog = catalog or default_catalog()
     backfill_plan = plan(catalog, names, window_of(start, end), ordering(bound, strict), regions)
     yield from plan_batches(backfill_plan, catalog, columns)
 

@@ -1,4 +1,7 @@
-"""An application's settings: deploy/apps/<app>.yaml, then command-line flags, validated once at start.
+"""An application's settings: <apps dir>/<app>.yaml, then command-line flags, validated once at start.
+
+The applications' folder is $BERGSTREAM_APPS_DIR, else the site settings' `apps_dir`, else deploy/apps under
+the working directory; --config names one application's file anywhere.
 
 An application reads named sources ("playback", "impression"). Each named source has a live side (a Kafka
 topic, parsed as the router parses it) and a backfill side (the topic's archive table). `mode` picks one
@@ -21,11 +24,13 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
 
 log = logging.getLogger(__name__)
 APPS_DIR = Path("deploy/apps")
+APPS_DIR_ENVIRONMENT = "BERGSTREAM_APPS_DIR"
 BOOTSTRAP = "kafka.bootstrap.servers"
 Mode = Literal["live", "backfill"]
 # As max_misalignment: read the window in one epoch, in no order.
@@ -162,8 +167,14 @@ class AppSettings(BaseModel):
         return {**self.kafka, **self.sources[source].kafka}
 
 
-def app_file(app: str, directory: Path = APPS_DIR) -> Path:
-    return directory / f"{app}.yaml"
+def apps_dir(named: Path | None = None) -> Path:
+    """The folder of the applications' settings files: `named`, else $BERGSTREAM_APPS_DIR, else the site
+    settings' apps_dir, else deploy/apps under the working directory."""
+    return settings_dir(named, APPS_DIR_ENVIRONMENT, "apps_dir", APPS_DIR)
+
+
+def app_file(app: str, directory: Path | None = None) -> Path:
+    return apps_dir(directory) / f"{app}.yaml"
 
 
 def load_app_settings(
@@ -173,7 +184,8 @@ def load_app_settings(
     path = config_file if config_file is not None else app_file(app)
     if not path.exists():
         raise BackfillConfigError(
-            f"{path}: no such file; an application's settings live in {APPS_DIR}/<app>.yaml"
+            f"{path}: no such file; give the application's settings file with --config, or the folder of "
+            f"<app>.yaml files with {APPS_DIR_ENVIRONMENT}"
         )
     loaded = read_mapping(path)
     if loaded.get("app", app) != app:

@@ -1,0 +1,83 @@
+"""`bergstream app`: an application of the apps' folder run live, its named sources read from Kafka."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from bergstream.cli.options import DATA_DIR, configure_logging, echo_lines, with_options
+
+if TYPE_CHECKING:
+    from bergstream.backfill.runtime.settings import AppSettings
+
+APP_OPTIONS = [
+    click.option(
+        "--app",
+        required=True,
+        help="The application: its settings are <apps dir>/<app>.yaml (deploy/apps, "
+        "or $BERGSTREAM_APPS_DIR, or the site settings' apps_dir).",
+    ),
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Settings file (default: <apps dir>/<app>.yaml).",
+    ),
+    click.option("--entry", default=None, help="Run this module:function instead of the file's entry."),
+    click.option("--checkpoint", default=None, help="Checkpoint location (default: one per run's request)."),
+    click.option("--output-table", default=None, help="Where the application's output goes."),
+    click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+]
+
+
+def run_application(settings: AppSettings, available_now: bool, as_json: bool) -> None:
+    """Run it in a session of its own and print its report."""
+    from bergstream.backfill.runtime.run import run_app
+    from bergstream.spark import spark_session
+
+    with spark_session(settings.catalog, settings.spark, f"bergstream-app-{settings.app}") as spark:
+        report = run_app(spark, settings, available_now=available_now, show_progress=sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        echo_lines(report.lines())
+
+
+@click.group()
+def app() -> None:
+    """Run an application live, reading its named sources from Kafka."""
+
+
+@app.command("run")
+@with_options(APP_OPTIONS)
+@click.option("--available-now", is_flag=True, help="Read what the topics hold now, then stop.")
+@DATA_DIR
+def app_run(
+    app: str,
+    config_file: Path | None,
+    entry: str | None,
+    checkpoint: str | None,
+    output_table: str | None,
+    as_json: bool,
+    available_now: bool,
+    data_dir: Path | None,
+) -> None:
+    """Run an application live until stopped (or until caught up with --available-now)."""
+    from bergstream.backfill.runtime.settings import load_app_settings
+    from bergstream.cli.endpoints import Endpoints
+
+    configure_logging()
+    overrides = {
+        "mode": "live",
+        "entry": entry,
+        "output_table": output_table,
+        "checkpoint_location": checkpoint,
+    }
+    defaults = Endpoints.resolve(data_dir).app_defaults(app)
+    settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    run_application(settings, available_now=available_now, as_json=as_json)

@@ -1,0 +1,185 @@
+"""`bergstream backfill`: plan a window of the archive, run an application over it, republish it to Kafka."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bergstream.cli.app import APP_OPTIONS, run_application
+from bergstream.cli.options import CLIENT_CONFIG, DATA_DIR, configure_logging, echo_lines, with_options
+
+if TYPE_CHECKING:
+    from bergstream.backfill.read.order import OrderingPolicy
+
+
+@click.group()
+def backfill() -> None:
+    """Read archive tables back in lateness-bounded order: plan a window, run an application over it."""
+
+
+WINDOW = [
+    click.option(
+        "--start", required=True, help="First ingestion time of the window, ISO (2026-11-22T00:00:00Z)."
+    ),
+    click.option("--end", required=True, help="End of the window, exclusive, ISO."),
+    click.option(
+        "--max-misalignment",
+        default=None,
+        help="B: no row is read after a row ingested more than this later (15m, 1h).",
+    ),
+    click.option("--region", "regions", multiple=True, help="Read only this cluster or region (repeatable)."),
+    click.option("--strict", is_flag=True, help="Exact ingestion-time order, one reader per epoch."),
+]
+CATALOG_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A settings file whose catalog to use (default: the site's, else the local stack's).",
+)
+
+
+def _ordering(max_misalignment: str | None, strict: bool) -> OrderingPolicy:
+    from bergstream.backfill.read.order import ordering
+    from bergstream.timeparse import parse_duration
+
+    bound = parse_duration(max_misalignment, "--max-misalignment") if max_misalignment else None
+    return ordering(bound, strict)
+
+
+@backfill.command("plan")
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    required=True,
+    help="Archive table: T, archive.T or catalog.archive.T.",
+)
+@with_options(WINDOW)
+@CATALOG_CONFIG
+@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
+@DATA_DIR
+def backfill_plan(
+    tables: tuple[str, ...],
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    config_file: Path | None,
+    as_json: bool,
+    data_dir: Path | None,
+) -> None:
+    """Print the epochs, splits, rows and bytes a backfill of the window would read."""
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.planner import plan
+    from bergstream.backfill.read.summary import plan_lines
+    from bergstream.cli.endpoints import Endpoints
+
+    order = _ordering(max_misalignment, strict)
+    catalog = Endpoints.resolve(data_dir).catalog(config_file)
+    made = plan(catalog, list(tables), window_of(start, end), order, list(regions) or None)
+    if as_json:
+        click.echo(made.dumps())
+    else:
+        echo_lines(plan_lines(made))
+
+
+@backfill.command("run")
+@with_options(APP_OPTIONS)
+@with_options(WINDOW)
+@click.option("--unordered", is_flag=True, help="Read the window in one epoch, in no order.")
+@DATA_DIR
+def backfill_run(
+    app: str,
+    config_file: Path | None,
+    entry: str | None,
+    checkpoint: str | None,
+    output_table: str | None,
+    as_json: bool,
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    unordered: bool,
+    data_dir: Path | None,
+) -> None:
+    """Run an application over a window of its archive; the same command resumes a stopped run."""
+    from bergstream.backfill.runtime.settings import UNORDERED, backfill_checkpoint, load_app_settings
+    from bergstream.cli.endpoints import Endpoints
+
+    configure_logging()
+    if unordered and (max_misalignment or strict):
+        raise click.UsageError("--unordered goes with neither --max-misalignment nor --strict")
+    window: dict[str, Any] = {
+        "start": start,
+        "end": end,
+        "max_misalignment": UNORDERED if unordered else max_misalignment,
+        "strict": strict or None,
+        "regions": list(regions) or None,
+    }
+    overrides = {"mode": "backfill", "entry": entry, "output_table": output_table, "backfill": window}
+    defaults = Endpoints.resolve(data_dir).app_defaults(app)
+    settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    checkpoint = checkpoint or backfill_checkpoint(settings)
+    run_application(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
+
+
+@backfill.command("replay")
+@click.option("--table", required=True, help="Archive table: T, archive.T or catalog.archive.T.")
+@with_options(WINDOW)
+@click.option("--to-topic", required=True, help="The Kafka topic to republish into (created when missing).")
+@click.option("--include-dead-letters", is_flag=True, help="Also republish the raw dead-lettered records.")
+@click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@click.option(
+    "--partitions", type=int, default=None, help="Partitions of a new topic (default: as the source)."
+)
+@click.option("--schema", default=None, help="Event schema (default: the table's bergstream.schema).")
+@click.option("--encoding", type=click.Choice(["json", "avro"]), default=None,
+              help="Value encoding (default: the table's bergstream.encoding).")  # fmt: skip
+@CATALOG_CONFIG
+@CLIENT_CONFIG
+@click.option("--producer-option", "producer_options", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka producer setting (linger.ms=50, ...), repeatable.")  # fmt: skip
+@DATA_DIR
+def backfill_replay(
+    table: str,
+    start: str,
+    end: str,
+    max_misalignment: str | None,
+    regions: tuple[str, ...],
+    strict: bool,
+    to_topic: str,
+    include_dead_letters: bool,
+    bootstrap_servers: str | None,
+    partitions: int | None,
+    schema: str | None,
+    encoding: str | None,
+    config_file: Path | None,
+    client_config: Path | None,
+    producer_options: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark."""
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.replay import replay
+    from bergstream.cli.endpoints import Endpoints
+
+    configure_logging()
+    endpoints = Endpoints.resolve(data_dir)
+    producer_config: dict[str, Any] = endpoints.kafka_client(bootstrap_servers, client_config)
+    for option in producer_options:
+        key, equals, value = option.partition("=")
+        if not equals or not key:
+            raise click.BadParameter(f"{option!r}: write KEY=VALUE", param_hint="--producer-option")
+        producer_config[key] = value
+    order = _ordering(max_misalignment, strict)
+    report = replay(
+        endpoints.catalog(config_file), table, window_of(start, end), order, to_topic, producer_config,
+        regions=list(regions) or None, include_dead_letters=include_dead_letters,
+        schema=schema, encoding=encoding, partitions=partitions,
+    )  # fmt: skip
+    click.echo(report.summary())

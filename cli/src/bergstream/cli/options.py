@@ -1,0 +1,74 @@
+"""Options and output shared by the commands."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the local stack keeps its state (default: $BERGSTREAM_HOME or ./.bergstream).",
+)
+TABLE = click.option(
+    "--table", default=None, help="Archive table (default: from the topic's file, else the topic's name)."
+)
+CLIENT_CONFIG = click.option(
+    "--client-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kafka client settings, Java client names (security.protocol, sasl.jaas.config, ...), as a "
+    "properties file (default: the site's kafka settings, else the local stack's producer).",
+)
+ROUTER_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: <topics dir>/<topic>.yaml; see --topics-dir).",
+)
+TOPICS_DIR = click.option(
+    "--topics-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the topics' <topic>.yaml files are (default: $BERGSTREAM_TOPICS_DIR, else the site "
+    "settings' topics_dir, else deploy/topics).",
+)
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def with_options(options: list[Callable[[Any], Any]]) -> Callable[[_Command], _Command]:
+    """Several click options at once, in the order listed."""
+
+    def decorate(function: _Command) -> _Command:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bergstream").setLevel(logging.INFO)
+    logging.getLogger("router").setLevel(logging.INFO)
+    logging.getLogger("backfill").setLevel(logging.INFO)
+
+
+def echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def echo_mapping(values: dict[str, Any]) -> None:
+    """`key  value` lines, aligned, leaving out what is unset."""
+    shown = {key: value for key, value in values.items() if value is not None}
+    width = max(len(key) for key in shown)
+    for key, value in shown.items():
+        click.echo(f"  {key:<{width}}  {value}")

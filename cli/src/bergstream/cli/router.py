@@ -1,0 +1,185 @@
+"""`bergstream router`: archive topics into Iceberg, maintain their tables, parse dead letters again."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bergstream.cli.options import DATA_DIR, ROUTER_CONFIG, TABLE, TOPICS_DIR, configure_logging, echo_lines
+from bergstream.errors import BergstreamError
+
+if TYPE_CHECKING:
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.config import RouterConfig
+
+
+@click.group()
+def router() -> None:
+    """One Spark Structured Streaming job per topic, archiving it into Iceberg."""
+
+
+def topic_loader(
+    endpoints: Endpoints, config_file: Path | None, topics_dir: Path | None, overrides: dict[str, Any]
+) -> Callable[[str], RouterConfig]:
+    """Reads a topic's settings: `config_file`, else <topics dir>/<topic>.yaml, over the endpoints."""
+    from bergstream.router.config import load_router_config, topic_file
+
+    def load(topic: str) -> RouterConfig:
+        path = config_file if config_file is not None else topic_file(topic, topics_dir)
+        return load_router_config(topic, path, defaults=endpoints.router_defaults(topic), overrides=overrides)
+
+    return load
+
+
+@router.command("run")
+@click.option(
+    "--topic", "topics", multiple=True,
+    help="The Kafka topic to archive; repeated, its topics run in one driver, one query each.",
+)  # fmt: skip
+@click.option(
+    "--all", "all_topics", is_flag=True, help="Every topic with a file in --topics-dir, in one driver."
+)
+@TOPICS_DIR
+@click.option(
+    "--group", default=None, help="With several topics or --all: the driver's name (its Spark app)."
+)
+@click.option(
+    "--restart-backoff", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+    help="With several topics or --all: seconds before a failed topic starts again; doubles on each "
+    "failure in a row, up to --max-restart-backoff.",
+)  # fmt: skip
+@click.option(
+    "--max-restart-backoff", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+    help="The longest wait before a failed topic starts again.",
+)  # fmt: skip
+@click.option(
+    "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
+)
+@TABLE
+@ROUTER_CONFIG
+@click.option("--available-now", is_flag=True, help="Archive what the topic holds now, then exit.")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--maintain-every", default=None, metavar="DURATION",
+    help="Maintain the tables inside the router this often (1h, 30m): compact closed hours, expire "
+    "snapshots, remove orphan files; never leaves it to `router maintain` (default: maintenance.every "
+    "of the topic's file; else 1h).",
+)  # fmt: skip
+@DATA_DIR
+def router_run(
+    topics: tuple[str, ...],
+    all_topics: bool,
+    topics_dir: Path | None,
+    group: str | None,
+    restart_backoff: float,
+    max_restart_backoff: float,
+    schema: str | None,
+    table: str | None,
+    config_file: Path | None,
+    available_now: bool,
+    metrics_port: int | None,
+    maintain_every: str | None,
+    data_dir: Path | None,
+) -> None:
+    """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
+
+    With --topic repeated or --all, one driver runs a query per topic; a topic that fails is reported
+    and started again with backoff while the others go on."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.config import topics_dir as topics_folder
+    from bergstream.router.fleet import RestartSettings, topics_in
+    from bergstream.router.launch import Launch, launch
+
+    if all_topics and topics:
+        raise click.UsageError("give either --all (every topic of --topics-dir) or --topic, not both")
+    if not all_topics and not topics:
+        raise click.UsageError("name the topic to archive with --topic (repeatable), or give --all")
+    # One topic's driver is not started again when it fails: whatever runs it (Kubernetes) does that.
+    alone = len(topics) == 1 and group is None
+    if not alone:
+        for flag, value in (
+            ("--config", config_file), ("--schema", schema), ("--table", table),
+            ("--maintain-every", maintain_every),
+        ):  # fmt: skip
+            if value is not None:
+                raise click.UsageError(
+                    f"{flag} is for one topic; with several, each topic's <topic>.yaml in --topics-dir "
+                    "sets it"
+                )
+    configure_logging()
+    overrides = {
+        "schema": schema, "table": table, "metrics_port": metrics_port,
+        "maintenance": None if maintain_every is None else {"every": maintain_every},
+    }  # fmt: skip
+    request = Launch(
+        topics=topics_in(topics_folder(topics_dir)) if all_topics else list(topics),
+        load=topic_loader(Endpoints.resolve(data_dir), config_file, topics_dir, overrides),
+        available_now=available_now,
+        every_topic=all_topics,
+        restart=None if alone else RestartSettings(
+            initial_backoff_seconds=restart_backoff, max_backoff_seconds=max_restart_backoff
+        ),
+        metrics_port=metrics_port,
+        group=group,
+    )  # fmt: skip
+    outcomes = launch(request)
+    echo_lines([outcome.summary() for outcome in outcomes])
+    failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
+    if failed:
+        raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
+
+
+@router.command("maintain")
+@click.option("--topic", required=True, help="The topic whose tables to maintain.")
+@TABLE
+@ROUTER_CONFIG
+@DATA_DIR
+def router_maintain(topic: str, table: str | None, config_file: Path | None, data_dir: Path | None) -> None:
+    """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.maintain import maintain
+    from bergstream.spark import spark_session
+
+    configure_logging()
+    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, {"table": table})(topic)
+    with spark_session(config.catalog, config.spark, f"bergstream-maintain-{topic}") as spark:
+        for result in maintain(spark, config):
+            click.echo(result.summary())
+
+
+@router.command("redrive")
+@click.option("--topic", required=True, help="The topic whose dead letters to parse again.")
+@click.option("--reason", default=None, help="Only the dead letters whose reason contains this text.")
+@click.option("--dry-run", is_flag=True, help="Parse and report what would happen; write nothing.")
+@click.option(
+    "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
+)
+@TABLE
+@ROUTER_CONFIG
+@DATA_DIR
+def router_redrive(
+    topic: str,
+    reason: str | None,
+    dry_run: bool,
+    schema: str | None,
+    table: str | None,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Parse a topic's dead letters again: archive those that parse now, exactly once, and mark them."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.redrive import redrive
+    from bergstream.spark import spark_session
+
+    if reason is not None and not reason.strip():
+        raise click.BadParameter("give some text of the reason", param_hint="--reason")
+    configure_logging()
+    overrides = {"schema": schema, "table": table}
+    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
+    with spark_session(config.catalog, config.spark, f"bergstream-redrive-{topic}") as spark:
+        report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
+    echo_lines(report.lines())
