@@ -37,7 +37,7 @@ def test_the_installed_wheel_runs_the_demo_with_the_java_it_ships(tmp_path: Path
     }
     located = subprocess.run(
         [str(python), "-c",
-         "import bergstream.jars as j, bergstream.deploy as d; print(j.project_jar()); print(d.EXAMPLE_APPS_DIR)"],
+         "import bergstream.jars as j, bergstream.deploy as d; print(j.project_jar(), d.EXAMPLE_APPS_DIR)"],
         cwd=tmp_path / "work", env=environment, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     jar, settings = (Path(line) for line in located.stdout.split())

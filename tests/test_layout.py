@@ -134,7 +134,8 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
         "bergstream/loadgen/producer.py",
         "bergstream/jvm/pom.xml", "bergstream/schemas/avro/playback.avsc",
         "bergstream/deploy/prometheus/alerts.yml", "bergstream/deploy/grafana/bergstream-router.json",
-        "bergstream/jvm/bergstream-spark.jar", "bergstream/deploy/apps/sessionizer.yaml", "bergstream/deploy/topics/playback.yaml",
+        "bergstream/jvm/bergstream-spark.jar",
+        "bergstream/deploy/apps/sessionizer.yaml", "bergstream/deploy/topics/playback.yaml",
     ):  # fmt: skip
         assert module in names, f"the wheel lacks {module}"
 

@@ -4,4 +4,3 @@ Each module has one function that takes the run's `AppRun` (`bergstream.backfill
 returns the streaming DataFrame the application writes; `bergstream app run` and `bergstream backfill run`
 start it.
 """
-
