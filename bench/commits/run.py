@@ -50,7 +50,7 @@ from bench.router.run import machine, percentile
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
-from bergstream.router import app as router_app
+from bergstream.router import archive_tables
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import MaintenanceSettings, RouterConfig
 from bergstream.router.maintain import maintain
@@ -247,7 +247,7 @@ def main() -> None:
     variant = args.variant
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.
-        router_app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
+        archive_tables.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-commits-"))
     kafka_port, controller_port = free_ports(2)
     stack = LocalStack(StackConfig(data_dir=home, kafka_port=kafka_port, controller_port=controller_port))
