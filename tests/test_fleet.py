@@ -21,7 +21,7 @@ from bergstream.cli import cli
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from bergstream.router.app import RouterTotals
+from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
 from bergstream.router.fleet import RestartSettings, check_shared_driver, pool_name
 from tests.routers import (

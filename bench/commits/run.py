@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from bench.router.run import machine, percentile
 from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router import app as router_app
+from bergstream.router import archive_tables
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import MaintenanceSettings, RouterConfig
 from bergstream.router.maintain import maintain
@@ -242,7 +242,7 @@ def main() -> None:
     variant = args.variant
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.
-        router_app.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
+        archive_tables.maintained_properties = lambda config: {}  # type: ignore[attr-defined]
     with throwaway_stack("commits") as (stack, status, home):
         results: dict[str, Any] = {
             "variant": variant,

@@ -113,7 +113,7 @@ def run_router(spark: Any, config: RouterConfig) -> tuple[int, int, list[float],
     durations = BatchDurations(metrics, config.topic)
     router = Router(config, spark, metrics)
     totals = router.run(available_now=True)
-    return totals.batches, totals.read, durations.seconds, spark_durations(router._query)
+    return totals.batches, totals.read, durations.seconds, spark_durations(router.runner.query)
 
 
 def run_plain(

@@ -15,3 +15,9 @@ class MissingToolError(BergstreamError):
 
 class StackError(BergstreamError):
     """The embedded local stack cannot be started, stopped or found."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text; its type when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

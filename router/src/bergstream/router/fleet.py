@@ -34,11 +34,12 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from bergstream.catalog import CatalogConfig
-from bergstream.errors import BergstreamError, ConfigError
-from bergstream.router.app import Router, RouterTotals
+from bergstream.errors import BergstreamError, ConfigError, first_line
+from bergstream.router.accounting import RouterTotals
+from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.retry import Backoff, first_line, java_causes
+from bergstream.router.retry import Backoff, java_causes
 from bergstream.router.table import ensure_namespace
 
 log = logging.getLogger("bergstream.router.fleet")

@@ -63,12 +63,6 @@ class CommitRetrySettings(Backoff):
     give_up_after_seconds: float = Field(default=1800.0, ge=0)
 
 
-def first_line(error: BaseException) -> str:
-    """The first line of an error's text; its type when it has none."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 @dataclass(frozen=True)
 class JavaCause:
     """One exception of a Java cause chain."""

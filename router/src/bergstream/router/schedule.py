@@ -13,10 +13,11 @@ import time
 
 from pyspark.sql import SparkSession
 
+from bergstream.errors import first_line
 from bergstream.router.config import MANY_SNAPSHOTS, RouterConfig
 from bergstream.router.maintain import maintain
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.retry import first_line, java_causes
+from bergstream.router.retry import java_causes
 
 log = logging.getLogger("bergstream.router.maintenance")
 

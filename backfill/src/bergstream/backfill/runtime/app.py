@@ -58,6 +58,10 @@ def output_identifier(settings: AppSettings) -> str:
     return ".".join(parts)
 
 
+def query_name(settings: AppSettings) -> str:
+    return f"bergstream-app-{settings.app}-{settings.mode}"
+
+
 def start_query(
     spark: SparkSession, settings: AppSettings, available_now: bool = False
 ) -> tuple[StreamingQuery, Sources]:
@@ -71,7 +75,7 @@ def start_query(
     output = output_identifier(settings)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {output.rpartition('.')[0]}")
     writer = (
-        result.writeStream.queryName(f"bergstream-app-{settings.app}-{settings.mode}")
+        result.writeStream.queryName(query_name(settings))
         .outputMode("append")
         .option("checkpointLocation", settings.checkpoint_location)
     )

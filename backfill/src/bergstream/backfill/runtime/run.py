@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -21,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
-from bergstream.backfill.runtime.app import output_identifier, start_query
+from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
 from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.errors import first_line
+from bergstream.query import QueryRunner, stopped_by_signals
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.timeparse import format_duration, format_instant
 
@@ -164,6 +163,7 @@ def run_app(
     spark: SparkSession, settings: AppSettings, available_now: bool = False, show_progress: bool = True
 ) -> RunReport:
     """Run the application until its backfill window ends (or, live, until stopped), then report."""
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     started = time.monotonic()
@@ -184,16 +184,18 @@ def run_app(
 
     listener = Listener()
     spark.streams.addListener(listener)
+    query = _AppQuery(spark, settings, available_now)
+    runner = QueryRunner(query_name(settings), query.start, threading.Event())
     try:
-        query, sources = start_query(spark, settings, available_now)
-        plan = sources.plan() if settings.mode == "backfill" else None
-        with _stop_on_signals() as stopping:
-            _follow(query, tracker, plan, show_progress, stopping)
-        error = query.exception()
-        if error is not None:
-            raise BackfillError(f"{settings.app}: the query stopped: {str(error).strip().splitlines()[0]}")
+        with stopped_by_signals(runner.stopping):
+            _follow(runner, tracker, query, show_progress)
+    except StreamingQueryException as error:
+        raise BackfillError(f"{settings.app}: the query stopped: {first_line(error)}") from error
     finally:
         spark.streams.removeListener(listener)
+    if runner.stopping.is_set():
+        log.warning("%s: stopped; run the same command again to resume from the checkpoint", settings.app)
+    plan = query.plan
     seconds = time.monotonic() - started
     end_offsets: list[EndOffset] = []
     rows_in_archive: dict[str, int] = {}
@@ -268,33 +270,24 @@ def checkpointed_watermark(checkpoint: str) -> datetime | None:
     return min(marks) if marks else None
 
 
-@contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the event: the query is stopped, and its checkpoint resumes it later."""
-    stopping = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stopping
-        return
+class _AppQuery:
+    """Starts the application's query; keeps the plan its backfill sources read, for the progress shown."""
 
-    def stop(signum: int, frame: Any) -> None:
-        stopping.set()
+    def __init__(self, spark: SparkSession, settings: AppSettings, available_now: bool) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.available_now = available_now
+        self.plan: BackfillPlan | None = None
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stopping
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    def start(self) -> StreamingQuery:
+        query, sources = start_query(self.spark, self.settings, self.available_now)
+        if self.settings.mode == "backfill":
+            self.plan = sources.plan()
+        return query
 
 
-def _follow(
-    query: StreamingQuery,
-    tracker: _Progress,
-    plan: BackfillPlan | None,
-    show_progress: bool,
-    stopping: threading.Event,
-) -> None:
-    """Wait for the query to end, showing progress: percent of the window, rows/s, watermark, ETA."""
+def _follow(runner: QueryRunner, tracker: _Progress, query: _AppQuery, show_progress: bool) -> None:
+    """Run the query to its end, showing progress: percent of the window, rows/s, watermark, ETA."""
     from rich.progress import BarColumn, Progress, TextColumn
 
     started = time.monotonic()
@@ -307,21 +300,21 @@ def _follow(
         disable=not show_progress,
         transient=False,
     ) as bar:
-        task = bar.add_task(query.name or "query", total=100.0, status="starting")
-        while not query.awaitTermination(1):
-            if stopping.is_set():
-                log.warning(
-                    "%s: stopping; run the same command again to resume from the checkpoint", query.name
-                )
-                query.stop()
-                break
-            status, percent = _status(tracker, plan, time.monotonic() - started)
+        task = bar.add_task(runner.name, total=100.0, status="starting")
+
+        def show(_: StreamingQuery) -> None:
+            nonlocal last_log
+            status, percent = _status(tracker, query.plan, time.monotonic() - started)
             bar.update(task, completed=percent, status=status)
             if not show_progress and time.monotonic() - last_log >= _LOG_EVERY_SECONDS:
-                log.info("%s: %.1f%% %s", query.name, percent, status)
+                log.info("%s: %.1f%% %s", runner.name, percent, status)
                 last_log = time.monotonic()
-        status, percent = _status(tracker, plan, time.monotonic() - started)
-        bar.update(task, completed=percent, status=status)
+
+        try:
+            runner.run(show)
+        finally:
+            status, percent = _status(tracker, query.plan, time.monotonic() - started)
+            bar.update(task, completed=percent, status=status)
 
 
 def _status(tracker: _Progress, plan: BackfillPlan | None, elapsed: float) -> tuple[str, float]:

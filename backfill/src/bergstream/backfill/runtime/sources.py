@@ -21,6 +21,7 @@ from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.order import ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref
 from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.kafka_source import kafka_stream
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR, Parser
@@ -64,16 +65,11 @@ class Sources:
         layout = ArchiveLayout(
             load_event_schema(source.schema_or_topic, self.settings.schema_dir), source.table_or_topic
         )
-        reader = (
-            self.spark.readStream.format("kafka")
-            .options(**self.settings.kafka_options(name))
-            .option("subscribe", source.topic)
-            .option("includeHeaders", "true")
+        records = kafka_stream(
+            self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets_per_trigger
         )
-        if self.settings.max_offsets_per_trigger is not None:
-            reader = reader.option("maxOffsetsPerTrigger", str(self.settings.max_offsets_per_trigger))
         parser = Parser(layout, source.encoding, source.max_value_bytes)
-        parsed = parser.parse(reader.load(), metadata(source.cluster))
+        parsed = parser.parse(records, metadata(source.cluster))
         return parsed.where(F.col(ERROR).isNull()).select(*archive_columns(layout))
 
     def _backfill(self, name: str) -> DataFrame:

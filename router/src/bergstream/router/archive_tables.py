@@ -1,0 +1,59 @@
+"""A topic's archive table and dead-letter table as the router needs them before its query starts:
+created, described, bounded in their metadata, and evolved to the event's schema."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from bergstream.router.config import RouterConfig
+from bergstream.router.evolve import evolve_metadata, evolve_table
+from bergstream.router.schedule import warn_of_long_history
+from bergstream.router.table import ensure_tables, maintained_properties
+from bergstream.router.write import BatchTableWriter
+from bergstream.schemas.archive import (
+    ENCODING_PROPERTIES,
+    ENCODING_PROPERTY,
+    SCHEMA_PROPERTY,
+    SCHEMA_REGISTRY_PROPERTY,
+    SUBJECT_PROPERTY,
+    TOPIC_PROPERTY,
+    ArchiveLayout,
+)
+
+
+class ArchiveTables:
+    """Sets up the topic's two tables and hands out their writers for a query."""
+
+    def __init__(self, spark: SparkSession, config: RouterConfig) -> None:
+        self.spark = spark
+        self.config = config
+
+    def prepare(self, layout: ArchiveLayout) -> None:
+        """Create the tables, or bring their properties and schemas in line with the settings."""
+        config = self.config
+        # What the table holds, for the backfill and the replay to read without the topic's settings.
+        described = {
+            TOPIC_PROPERTY: config.topic,
+            SCHEMA_PROPERTY: config.schema_name,
+            ENCODING_PROPERTY: config.encoding,
+        }
+        if config.schema_registry is not None and config.subject is not None:
+            described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
+            described[SUBJECT_PROPERTY] = config.subject
+        properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
+        ensure_tables(self.spark, config.catalog, layout, config.target_file_size_bytes, properties)
+        warn_of_long_history(config)
+        self.evolve(layout)
+        evolve_metadata(self.spark, config.catalog.table_identifier(layout.dead_letter_table))
+
+    def evolve(self, layout: ArchiveLayout) -> None:
+        """Add the columns of a newer event schema to the archive table."""
+        evolve_table(self.spark, self.config.catalog.table_identifier(layout.table), layout)
+
+    def writers(self, layout: ArchiveLayout, query_id: str) -> tuple[BatchTableWriter, BatchTableWriter]:
+        """The archive table's writer and the dead-letter table's, each idempotent per (query, batch)."""
+        catalog = self.config.catalog
+        return (
+            BatchTableWriter(self.spark, catalog.table_identifier(layout.table), query_id),
+            BatchTableWriter(self.spark, catalog.table_identifier(layout.dead_letter_table), query_id),
+        )

@@ -1,0 +1,145 @@
+"""Archiving one micro-batch: read, parsed, stamped, counted and appended to the archive table in one pass,
+the records that do not parse appended to the dead-letter table. Each append is idempotent per
+(query, batch), so a batch replayed after a crash is never archived twice."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+
+from bergstream.router.accounting import BatchAccounting
+from bergstream.router.archive_tables import ArchiveTables
+from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.config import RouterConfig
+from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.registry_topic import topic_parser
+from bergstream.router.transform import DEAD_LETTERED
+from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
+
+log = logging.getLogger("bergstream.router")
+
+
+class BatchArchiver:
+    """The function of the query's `foreachBatch`: each batch into the archive and dead-letter tables."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        tables: ArchiveTables,
+        retry: CommitRetry,
+        accounting: BatchAccounting,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.tables = tables
+        self.retry = retry
+        self.accounting = accounting
+        self._counting = observed_columns(spark)
+        # With a schema registry, the subject's newest version is the table's schema, and may change.
+        self.layout, self.stamper, self.registry = topic_parser(config, retry.stopping)
+        self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
+        # The query's first batch may come before `started` is told the query's id.
+        self._started = threading.Event()
+        self._expect_dead_letters = False
+        self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
+        self._previous_read: int | None = None
+
+    def started(self, query_id: str) -> None:
+        """The query `query_id` started: its batches are appended under its id."""
+        self._writers = self.tables.writers(self.layout, query_id)
+        self._started.set()
+
+    def archive(self, records: DataFrame, batch_id: int) -> None:
+        self._started.wait()
+        assert self._writers is not None
+        archive_writer, dead_letter_writer = self._writers
+        started = time.monotonic()
+        if self.registry is not None:
+            self.registry.before_batch(records, batch_id, self.tables.evolve)
+            self.layout, self.stamper = self.registry.layout, self.registry.stamper
+        # A topic of many partitions is read by fewer tasks, each reading several partitions in turn:
+        # fewer files per batch, and no more tasks than the cores that run them; a small batch by one.
+        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        stamped = self.stamper.stamp(records.coalesce(tasks))
+        # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
+        # has just dead-lettered records is likely to again; its batch is kept in memory instead of
+        # being read a second time for the dead-letter table.
+        cached = self._expect_dead_letters
+        if cached:
+            stamped = stamped.persist()
+        phases: dict[str, float] = {}
+        appended: list[tuple[BatchTableWriter, Appended | None]] = []
+        counts: BatchCounts | None = None
+        try:
+            archived = self.retry.attempt(
+                archive_writer.identifier, batch_id, lambda: archive_writer.last_committed
+            )
+            if batch_id > archived:
+
+                def archive() -> tuple[Appended | None, BatchCounts]:
+                    observation = self._observation(batch_id)
+                    rows = self.stamper.archive_rows(stamped, observation, self._counting)
+                    result = self._append(archive_writer, rows, batch_id, phases)
+                    if result is None:  # an earlier attempt committed it before its error: count apart
+                        return None, count_batch(stamped)
+                    return result, from_observation(observation.get)
+
+                result, counts = self.retry.attempt(archive_writer.identifier, batch_id, archive)
+                appended.append((archive_writer, result))
+            # A replayed batch whose archive append is committed may still lack its dead letters.
+            if counts is None or counts.dead_lettered:
+
+                def dead_letters(counts: BatchCounts | None = counts) -> Appended | None:
+                    observation = self._observation(batch_id)
+                    rows = self.stamper.dead_letter_rows(stamped, observation)
+                    result = self._append(dead_letter_writer, rows, batch_id, phases)
+                    if result is not None and counts is not None:
+                        self._check_dead_letters(batch_id, counts, observation)
+                    return result
+
+                appended.append(
+                    (
+                        dead_letter_writer,
+                        self.retry.attempt(dead_letter_writer.identifier, batch_id, dead_letters),
+                    )
+                )
+        finally:
+            if cached:
+                stamped.unpersist()
+        self._expect_dead_letters = counts is None or counts.dead_lettered > 0
+        self._previous_read = None if counts is None else counts.read
+        self.accounting.account(batch_id, counts, appended, time.monotonic() - started, phases)
+
+    def _append(
+        self, writer: BatchTableWriter, rows: DataFrame, batch_id: int, phases: dict[str, float]
+    ) -> Appended | None:
+        commit_started = time.monotonic()
+        result = writer.append(rows, batch_id)
+        took = time.monotonic() - commit_started
+        if result is not None:
+            self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
+        phases[writer.identifier.rsplit(".", 1)[-1]] = took
+        return result
+
+    def _observation(self, batch_id: int) -> Observation:
+        return Observation(f"bergstream-router-{self.config.topic}-{batch_id}-{uuid.uuid4().hex}")
+
+    def _check_dead_letters(self, batch_id: int, counts: BatchCounts, observation: Observation) -> None:
+        """The dead-letter pass reads the batch from Kafka again; it should find what the first pass found.
+
+        It may not when Kafka deleted records in between (retention): those dead letters are lost, and
+        said so."""
+        dead_lettered = int(observation.get[DEAD_LETTERED])
+        if dead_lettered != counts.dead_lettered:
+            log.error(
+                "%s batch %d: %d records failed to parse when archived but %d were dead-lettered on the "
+                "second read from Kafka; records expired from Kafka in between?",
+                self.config.topic, batch_id, counts.dead_lettered, dead_lettered,
+            )  # fmt: skip
