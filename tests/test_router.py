@@ -98,7 +98,7 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
         ({"trigger_interval": "30 s"}, "trigger_interval: Value error, '30 s' is not an interval"),
         ({"encoding": "protobuf"}, "encoding"),
         ({"colour": "blue"}, "colour: Extra inputs are not permitted"),
-        ({"topic": "someone_else"}, "topic is 'someone_else' but the router was asked for"),
+        ({"topic": "someone_else"}, "topic is 'someone_else' but 'refused' was asked for"),
         ({"schema": "clicks"}, "no event schema named 'clicks'"),
     ],
 )

@@ -33,6 +33,36 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def without_none(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the unset ones (None), mapping by mapping; a mapping left empty goes too."""
+    cleaned: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            value = without_none(value)
+            if value:
+                cleaned[key] = value
+        elif value is not None:
+            cleaned[key] = value
+    return cleaned
+
+
+def layered(
+    path: Path, name_key: str, name: str, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """A topic's or an application's settings, from weakest to strongest: `defaults` (the site settings or
+    the local stack), the file at `path` (which must exist: the caller has refused a missing one), and
+    `overrides` (the flags; unset ones are left out). The file names its topic or application under
+    `name_key`, if at all, as `name`."""
+    from_file = read_mapping(path)
+    if from_file.get(name_key, name) != name:
+        raise ConfigError(f"{path}: {name_key} is {from_file[name_key]!r} but {name!r} was asked for")
+    if "catalog" in from_file:  # another catalog entirely: nothing of the defaults' one may leak into it
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
+    merged = merge(merge(defaults, from_file), without_none(overrides))
+    merged.setdefault(name_key, name)
+    return merged
+
+
 def problems(error: ValidationError, prefix: str = "") -> str:
     """Every problem pydantic found, as `key.path: message`, on one line."""
     return "; ".join(

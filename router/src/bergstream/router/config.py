@@ -23,7 +23,7 @@ from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
-from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.settings_file import layered, problems
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration
@@ -264,14 +264,8 @@ def load_router_config(
             f"{path}: no such file; give the topic's settings file with --config, or the folder of "
             f"<topic>.yaml files with --topics-dir or {TOPICS_DIR_ENVIRONMENT}"
         )
-    from_file = read_mapping(path)
     log.info("router settings for %s from %s", topic, path)
-    if from_file.get("topic", topic) != topic:
-        raise ConfigError(f"{path}: topic is {from_file['topic']!r} but the router was asked for {topic!r}")
-    if "catalog" in from_file:  # another catalog entirely: nothing of the local one may leak into it
-        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
-    merged = merge(merge(defaults, from_file), {k: v for k, v in overrides.items() if v is not None})
-    merged.setdefault("topic", topic)
+    merged = layered(path, "topic", topic, defaults, overrides)
     merged.setdefault("schema", topic)
     merged.setdefault("table", topic)
     try:

@@ -23,7 +23,7 @@ from bergstream.backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
-from bergstream.settings_file import merge, problems, read_mapping
+from bergstream.settings_file import layered, problems, read_mapping
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
@@ -187,29 +187,14 @@ def load_app_settings(
             f"{path}: no such file; give the application's settings file with --config, or the folder of "
             f"<app>.yaml files with {APPS_DIR_ENVIRONMENT}"
         )
-    loaded = read_mapping(path)
-    if loaded.get("app", app) != app:
-        raise BackfillConfigError(f"{path}: app is {loaded['app']!r} but {app!r} was asked for")
-    if "catalog" in loaded:  # another catalog entirely: nothing of the local one may leak into it
-        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
-    merged = merge(merge(defaults, loaded), _without_none(overrides))
-    merged.setdefault("app", app)
+    try:
+        merged = layered(path, "app", app, defaults, overrides)
+    except ConfigError as error:
+        raise BackfillConfigError(str(error)) from error
     try:
         return AppSettings.model_validate(merged)
     except ValidationError as error:
         raise BackfillConfigError(f"{path}: {problems(error)}") from error
-
-
-def _without_none(values: dict[str, Any]) -> dict[str, Any]:
-    cleaned: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            value = _without_none(value)
-            if value:
-                cleaned[key] = value
-        elif value is not None:
-            cleaned[key] = value
-    return cleaned
 
 
 def catalog_from_file(path: Path) -> CatalogConfig:
