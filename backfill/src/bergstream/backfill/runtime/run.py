@@ -21,6 +21,7 @@ from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micro
 from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.errors import first_line
+from bergstream.progress import ProgressLines
 from bergstream.query import QueryRunner, stopped_by_signals
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.timeparse import format_duration, format_instant
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("bergstream.backfill")
-_LOG_EVERY_SECONDS = 10.0
 
 
 @dataclass
@@ -288,33 +288,19 @@ class _AppQuery:
 
 def _follow(runner: QueryRunner, tracker: _Progress, query: _AppQuery, show_progress: bool) -> None:
     """Run the query to its end, showing progress: percent of the window, rows/s, watermark, ETA."""
-    from rich.progress import BarColumn, Progress, TextColumn
-
     started = time.monotonic()
-    last_log = started
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>5.1f}%"),
-        TextColumn("{task.fields[status]}"),
-        disable=not show_progress,
-        transient=False,
-    ) as bar:
-        task = bar.add_task(runner.name, total=100.0, status="starting")
+    with ProgressLines(log, show_progress, percent=True) as lines:
+        task = lines.add(runner.name, "starting", percent=True)
 
         def show(_: StreamingQuery) -> None:
-            nonlocal last_log
             status, percent = _status(tracker, query.plan, time.monotonic() - started)
-            bar.update(task, completed=percent, status=status)
-            if not show_progress and time.monotonic() - last_log >= _LOG_EVERY_SECONDS:
-                log.info("%s: %.1f%% %s", runner.name, percent, status)
-                last_log = time.monotonic()
+            lines.update(task, status, percent)
 
         try:
             runner.run(show)
         finally:
             status, percent = _status(tracker, query.plan, time.monotonic() - started)
-            bar.update(task, completed=percent, status=status)
+            lines.update(task, status, percent)
 
 
 def _status(tracker: _Progress, plan: BackfillPlan | None, elapsed: float) -> tuple[str, float]:

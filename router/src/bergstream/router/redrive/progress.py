@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+from bergstream.progress import LOG_EVERY_SECONDS, ProgressLines
 
 log = logging.getLogger("bergstream.router.redrive")
 
@@ -18,27 +19,16 @@ class RedriveProgress:
     """What the redrive is doing and how far its Spark stages are: on the terminal, or every
     `log_every` seconds in the log when there is no terminal."""
 
-    def __init__(self, session: SparkSession, show: bool, log_every: float = 10.0) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    def __init__(self, session: SparkSession, show: bool, log_every: float = LOG_EVERY_SECONDS) -> None:
         self._tracker = session.sparkContext.statusTracker()
-        self._show = show
-        self._log_every = log_every
-        self._bar = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            disable=not show,
-            transient=False,
-        )
+        self._lines = ProgressLines(log, show, percent=False, log_every=log_every)
 
     def __enter__(self) -> RedriveProgress:
-        self._bar.__enter__()
+        self._lines.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._bar.__exit__(*exc)
+        self._lines.__exit__(*exc)
 
     def _status(self) -> str:
         total = done = 0
@@ -51,18 +41,12 @@ class RedriveProgress:
 
     @contextmanager
     def phase(self, description: str) -> Iterator[None]:
-        task = self._bar.add_task(description, total=None, status="")
+        task = self._lines.add(description)
         stop = threading.Event()
-        started = time.monotonic()
 
         def follow() -> None:
-            last_log = started
             while not stop.wait(0.5):
-                status = self._status()
-                self._bar.update(task, status=status)
-                if not self._show and time.monotonic() - last_log >= self._log_every:
-                    log.info("%s: %.0fs, %s", description, time.monotonic() - started, status or "working")
-                    last_log = time.monotonic()
+                self._lines.update(task, self._status())
 
         follower = threading.Thread(target=follow, name="bergstream-redrive-progress", daemon=True)
         follower.start()
@@ -71,4 +55,4 @@ class RedriveProgress:
         finally:
             stop.set()
             follower.join()
-            self._bar.update(task, total=1, completed=1, status="done")
+            self._lines.finish(task, "done")
