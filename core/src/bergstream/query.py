@@ -10,11 +10,9 @@ allowed. The router and an application's runtime both run their queries here.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bergstream.errors import first_line
 
@@ -73,22 +71,3 @@ class QueryRunner:
             return query is not None and bool(query.isActive)
         except Exception:  # the driver's JVM is gone
             return False
-
-
-@contextmanager
-def stopped_by_signals(stopping: threading.Event) -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM (Ctrl-C, Kubernetes) set `stopping` instead of killing the driver; in the main
-    thread only, where Python handles signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield stopping
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        stopping.set()
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stopping
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -193,10 +192,11 @@ def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) 
 def _until_stopped() -> None:
     """Wait for SIGINT or SIGTERM, even where the shell started this in the background with SIGINT ignored,
     so that the server a command runs is stopped by the command's own cleanup."""
+    from bergstream.signals import on_stop_signals
+
     stopped = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopped.set())
-    stopped.wait()
+    with on_stop_signals(stopped.set):
+        stopped.wait()
 
 
 @local.command("status")

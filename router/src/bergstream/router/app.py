@@ -18,7 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import first_line
 from bergstream.kafka_source import kafka_stream
-from bergstream.query import QueryRunner, stopped_by_signals
+from bergstream.query import QueryRunner
 from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.archiver import BatchArchiver
@@ -30,6 +30,7 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.schedule import MaintenanceSchedule
+from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router")
 
@@ -76,7 +77,7 @@ class Router:
             if schedule is not None:
                 schedule.start()
             log.info("the router for %s checkpoints to %s", config.topic, config.checkpoint_location)
-            with stopped_by_signals(self.runner.stopping):
+            with on_stop_signals(self.runner.stopping.set):
                 self.runner.run(self.follower.follow)
         except StreamingQueryException as error:
             raise RouterStopped(f"the router for {config.topic} stopped: {first_line(error)}") from error

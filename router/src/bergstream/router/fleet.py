@@ -19,14 +19,12 @@ again: its failure ends the driver, with the topic's own error.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field
@@ -41,6 +39,7 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import Backoff, java_causes
 from bergstream.router.table import ensure_namespace
+from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router.fleet")
 
@@ -216,25 +215,23 @@ class Fleet:
         """Until stopped (or, with `available_now`, until every topic archived what it holds or failed)."""
         # Made once here: topics creating their tables at once would each try to make the namespace.
         ensure_namespace(self.spark, self.catalog)
-        previous = self._handle_stop_signals()
         threads = [
             threading.Thread(
                 target=self._supervise, args=(topic, available_now), name=f"bergstream-router-{topic}"
             )
             for topic in self.topics
         ]
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                while thread.is_alive():  # a join with a timeout lets the main thread take signals
-                    thread.join(1.0)
-        finally:
-            self.stop()
-            for thread in threads:
-                thread.join()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        with on_stop_signals(self.stop):
+            try:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    while thread.is_alive():  # a join with a timeout lets the main thread take signals
+                        thread.join(1.0)
+            finally:
+                self.stop()
+                for thread in threads:
+                    thread.join()
         if self._failure is not None:
             raise self._failure
         if self._lost_driver is not None:
@@ -249,14 +246,6 @@ class Fleet:
             self._stop.set()
             for router in self._routers.values():
                 router.stop()
-
-    def _handle_stop_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        return {
-            signum: signal.signal(signum, lambda *_: self.stop())
-            for signum in (signal.SIGINT, signal.SIGTERM)
-        }
 
     def _supervise(self, topic: str, available_now: bool) -> None:
         # Local to this thread and inherited by the query's: every job of the topic runs in its pool.

@@ -22,8 +22,9 @@ from bergstream.backfill.runtime.app import output_identifier, query_name, start
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.errors import first_line
 from bergstream.progress import ProgressLines
-from bergstream.query import QueryRunner, stopped_by_signals
+from bergstream.query import QueryRunner
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
+from bergstream.signals import on_stop_signals
 from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def run_app(
     query = _AppQuery(spark, settings, available_now)
     runner = QueryRunner(query_name(settings), query.start, threading.Event())
     try:
-        with stopped_by_signals(runner.stopping):
+        with on_stop_signals(runner.stopping.set):
             _follow(runner, tracker, query, show_progress)
     except StreamingQueryException as error:
         raise BackfillError(f"{settings.app}: the query stopped: {first_line(error)}") from error
