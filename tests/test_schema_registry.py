@@ -134,7 +134,7 @@ def test_a_login_the_registry_refuses_is_one_line_without_the_password(
         config = _config(
             stack, "guarded", tmp_path, "avro", url=secured.url, **{"basic.auth.user.info": "router:right-pw"}
         )
-        assert set(RegistryTopic(config).stamper.parser.wire.writers) == {schema_id}  # type: ignore[union-attr]
+        assert set(RegistryTopic(config).splitter.parser.wire.writers) == {schema_id}  # type: ignore[union-attr]
         wrong = _config(
             stack, "guarded", tmp_path, "avro", url=secured.url, **{"basic.auth.user.info": "router:wrong-pw"}
         )

@@ -43,7 +43,7 @@ class BatchArchiver:
         self.accounting = accounting
         self._counting = observed_columns(spark)
         # With a schema registry, the subject's newest version is the table's schema, and may change.
-        self.layout, self.stamper, self.registry = topic_parser(config, retry.stopping)
+        self.layout, self.splitter, self.registry = topic_parser(config, retry.stopping)
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         # The query's first batch may come before `started` is told the query's id.
         self._started = threading.Event()
@@ -63,11 +63,11 @@ class BatchArchiver:
         started = time.monotonic()
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
-            self.layout, self.stamper = self.registry.layout, self.registry.stamper
+            self.layout, self.splitter = self.registry.layout, self.registry.splitter
         # A topic of many partitions is read by fewer tasks, each reading several partitions in turn:
         # fewer files per batch, and no more tasks than the cores that run them; a small batch by one.
         tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
-        stamped = self.stamper.stamp(records.coalesce(tasks))
+        stamped = self.splitter.stamp(records.coalesce(tasks))
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
         # being read a second time for the dead-letter table.
@@ -85,7 +85,7 @@ class BatchArchiver:
 
                 def archive() -> tuple[Appended | None, BatchCounts]:
                     observation = self._observation(batch_id)
-                    rows = self.stamper.archive_rows(stamped, observation, self._counting)
+                    rows = self.splitter.archive_rows(stamped, observation, self._counting)
                     result = self._append(archive_writer, rows, batch_id, phases)
                     if result is None:  # an earlier attempt committed it before its error: count apart
                         return None, count_batch(stamped)
@@ -98,7 +98,7 @@ class BatchArchiver:
 
                 def dead_letters(counts: BatchCounts | None = counts) -> Appended | None:
                     observation = self._observation(batch_id)
-                    rows = self.stamper.dead_letter_rows(stamped, observation)
+                    rows = self.splitter.dead_letter_rows(stamped, observation)
                     result = self._append(dead_letter_writer, rows, batch_id, phases)
                     if result is not None and counts is not None:
                         self._check_dead_letters(batch_id, counts, observation)

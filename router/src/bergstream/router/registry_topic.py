@@ -48,7 +48,7 @@ def topic_parser(
     file, without one."""
     if config.schema_registry is not None:
         registry = RegistryTopic(config, stop)
-        return registry.layout, registry.stamper, registry
+        return registry.layout, registry.splitter, registry
     layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
     return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes), None
 
@@ -74,7 +74,7 @@ class RegistryTopic:
         self._attempts = 0
         self._at_start()
         self.layout = self._newest_layout()
-        self.stamper = self._new_splitter()
+        self.splitter = self._new_splitter()
 
     def _at_start(self) -> None:
         """The first look at the subject, waited for as long as a batch would wait."""
@@ -123,7 +123,7 @@ class RegistryTopic:
             evolve(newest)
             log.info("%s: the table's schema is now %s", self.config.topic, newest.event.source)
             self.layout = newest
-        self.stamper = self._new_splitter()
+        self.splitter = self._new_splitter()
 
     def _back(self, batch_id: int) -> None:
         if self._outage_started is not None:
