@@ -70,6 +70,9 @@ def build_project_jar(target: Path) -> None:
 
 class BuildWithJar(build_py):
     def run(self) -> None:
+        if not self.editable_mode:
+            # The build folder outlives a build: a module since removed from the sources must not ship.
+            shutil.rmtree(Path(self.build_lib) / "bergstream", ignore_errors=True)
         super().run()
         if self.editable_mode:
             return

@@ -238,7 +238,7 @@ def main() -> None:
     if args.variant is None:
         parser.error("--variant before or --variant after")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("router.maintain").setLevel(logging.INFO)
+    logging.getLogger("bergstream.router.maintain").setLevel(logging.INFO)
     variant = args.variant
     if variant == "before":
         # The router as it was: no properties bounding metadata, manifests or snapshots.

@@ -45,6 +45,8 @@ class QueryRunner:
         from pyspark.errors import StreamingQueryException
 
         for restart in range(REPLAY_RESTARTS + 1):
+            if self.stopping.is_set():
+                return
             query = self._start()
             self.query = query
             log.info("%s started: query %s", self.name, query.id)

@@ -133,7 +133,11 @@ def backfill_run(
 @with_options(WINDOW)
 @click.option("--to-topic", required=True, help="The Kafka topic to republish into (created when missing).")
 @click.option("--include-dead-letters", is_flag=True, help="Also republish the raw dead-lettered records.")
-@click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Kafka to send to (default: the site settings', else the local stack's).",
+)
 @click.option(
     "--partitions", type=int, default=None, help="Partitions of a new topic (default: as the source)."
 )

@@ -31,7 +31,7 @@ def demo(data_dir: Path | None, count: int) -> None:
     """Start the stack, produce both topics, archive them into Iceberg, summarise, stop."""
     from bergstream.cli.endpoints import Endpoints
 
-    run_demo(Endpoints.resolve(data_dir).data_dir / "demo", count)
+    run_demo(Endpoints.local_stack(data_dir).data_dir / "demo", count)
 
 
 def run_demo(data_dir: Path, count: int) -> None:

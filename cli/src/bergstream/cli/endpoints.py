@@ -30,6 +30,11 @@ class Endpoints:
     def resolve(cls, data_dir: Path | None) -> Endpoints:
         return cls(data_dir.absolute() if data_dir is not None else default_data_dir(), site_file())
 
+    @classmethod
+    def local_stack(cls, data_dir: Path | None) -> Endpoints:
+        """The local stack's alone, whatever BERGSTREAM_SITE names: for the commands that run the stack."""
+        return cls(data_dir.absolute() if data_dir is not None else default_data_dir(), None)
+
     @property
     def stack(self) -> LocalStack:
         """The local stack last started in the data dir, running or not."""

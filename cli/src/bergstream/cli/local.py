@@ -6,6 +6,8 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -75,7 +77,7 @@ def local_up(
 
     started = time.monotonic()
     config = StackConfig(
-        data_dir=Endpoints.resolve(data_dir).data_dir, host=host, kafka_port=kafka_port,
+        data_dir=Endpoints.local_stack(data_dir).data_dir, host=host, kafka_port=kafka_port,
         controller_port=controller_port,
         security=security, brokers=int(brokers),  # type: ignore[arg-type]
         object_store=object_store, catalog_kind=catalog_kind,  # type: ignore[arg-type]
@@ -124,7 +126,7 @@ def local_router_user(topic: str, data_dir: Path | None) -> None:
     from bergstream.errors import StackError
     from bergstream.local import kafka_security
 
-    stack = Endpoints.resolve(data_dir).running_stack()
+    stack = Endpoints.local_stack(data_dir).running_stack()
     security = stack.config.kafka_security
     if security is None:
         raise StackError(f"the local stack in {stack.config.data_dir} runs without security: it has no users")
@@ -141,7 +143,7 @@ def local_down(data_dir: Path | None) -> None:
     """Stop the local stack; its data stays for the next `up`."""
     from bergstream.cli.endpoints import Endpoints
 
-    stack = Endpoints.resolve(data_dir).stack
+    stack = Endpoints.local_stack(data_dir).stack
     stack.down()
     click.echo(f"local stack in {stack.config.data_dir} stopped")
 
@@ -156,16 +158,16 @@ def local_burrow(data_dir: Path | None, http_port: int) -> None:
     from bergstream.errors import StackError
     from bergstream.local.burrow import BurrowSettings, burrow_server
 
-    stack = Endpoints.resolve(data_dir).running_stack()
+    stack = Endpoints.local_stack(data_dir).running_stack()
     if stack.config.security != "none":
         raise StackError(
             "`local burrow` watches a plain-text stack; a secured one needs Burrow's TLS and SASL settings"
         )
     settings = BurrowSettings(stack.config.bootstrap_servers, http_port)
-    with burrow_server(settings, stack.config.data_dir / "burrow") as server:
+    with _until_stopped() as stopped, burrow_server(settings, stack.config.data_dir / "burrow") as server:
         lag = f"{server.url}/v3/kafka/{settings.cluster}/consumer/bergstream-router.<topic>/lag"
         click.echo(f"Burrow watches {settings.bootstrap_servers}: {lag}; Ctrl-C stops it")
-        _until_stopped()
+        stopped.wait()
 
 
 @local.command("prometheus")
@@ -182,21 +184,25 @@ def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) 
     from bergstream.deploy import ALERT_RULES
     from bergstream.local.prometheus import prometheus_server
 
-    with prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port) as server:
+    with (
+        _until_stopped() as stopped,
+        prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port) as server,
+    ):
         click.echo(f"Prometheus scrapes {', '.join(targets)} every {scrape_interval}: {server.url}/alerts")
         click.echo(f"  time lag: {server.url}/graph?g0.expr=max+by+(topic)(bergstream_router_lag_seconds)")
         click.echo("Ctrl-C or SIGTERM stops it")
-        _until_stopped()
+        stopped.wait()
 
 
-def _until_stopped() -> None:
-    """Wait for SIGINT or SIGTERM, even where the shell started this in the background with SIGINT ignored,
-    so that the server a command runs is stopped by the command's own cleanup."""
+@contextmanager
+def _until_stopped() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets, even where the shell started this in the background with
+    SIGINT ignored; the signals stay caught until the server a command runs has stopped in its cleanup."""
     from bergstream.signals import on_stop_signals
 
     stopped = threading.Event()
     with on_stop_signals(stopped.set):
-        stopped.wait()
+        yield stopped
 
 
 @local.command("status")
@@ -206,7 +212,7 @@ def local_status(data_dir: Path | None, as_json: bool) -> None:
     """Say whether the stack runs and where its services are; exits 1 when it is not running."""
     from bergstream.cli.endpoints import Endpoints
 
-    status = Endpoints.resolve(data_dir).stack.status()
+    status = Endpoints.local_stack(data_dir).stack.status()
     if as_json:
         click.echo(json.dumps(status.to_json(), indent=2))
     else:

@@ -57,8 +57,6 @@ def with_options(options: list[Callable[[Any], Any]]) -> Callable[[_Command], _C
 def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("bergstream").setLevel(logging.INFO)
-    logging.getLogger("router").setLevel(logging.INFO)
-    logging.getLogger("backfill").setLevel(logging.INFO)
 
 
 def echo_lines(lines: list[str]) -> None:

@@ -34,7 +34,11 @@ from bergstream.cli.options import CLIENT_CONFIG, DATA_DIR
 @click.option(
     "--ingestion-span", default=None, help="Spread the records' ingestion times evenly over this long (24h)."
 )
-@click.option("--bootstrap-servers", default=None, help="Kafka to send to (default: the local stack's).")
+@click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Kafka to send to (default: the site settings', else the local stack's).",
+)
 @CLIENT_CONFIG
 @DATA_DIR
 @click.option(

@@ -36,17 +36,28 @@ log = logging.getLogger("bergstream.router")
 
 
 class Router:
-    def __init__(self, config: RouterConfig, spark: SparkSession, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        """`stopping`, set, stops the router: while it waits for a schema registry at start too."""
         self.config = config
         self.spark = spark
         self.metrics = metrics
+        stopping = stopping or threading.Event()
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
-        expired = ExpiredOffsets(config.topic, self._kafka, metrics)
-        self.accounting = BatchAccounting(config.topic, metrics, expired)
-        self.tables = ArchiveTables(spark, config)
-        stopping = threading.Event()
-        retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
-        self.archiver = BatchArchiver(spark, config, metrics, self.tables, retry, self.accounting)
+        try:
+            expired = ExpiredOffsets(config.topic, self._kafka, metrics)
+            self.accounting = BatchAccounting(config.topic, metrics, expired)
+            self.tables = ArchiveTables(spark, config)
+            retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
+            self.archiver = BatchArchiver(spark, config, metrics, self.tables, retry, self.accounting)
+        except BaseException:
+            self._kafka.close()
+            raise
         self.follower = ProgressFollower(
             config.topic, self._kafka, metrics, expired, lambda: self.accounting.newest_ingestion,
             config.lag_refresh_seconds,
@@ -65,9 +76,13 @@ class Router:
 
     def run(self, available_now: bool = False) -> RouterTotals:
         config = self.config
-        self._kafka.require_topic()
-        self.tables.prepare(self.archiver.layout)
         self._available_now = available_now
+        try:
+            self._kafka.require_topic()
+            self.tables.prepare(self.archiver.layout)
+        except BaseException:
+            self._kafka.close()
+            raise
         # Maintenance on a schedule belongs to a router that keeps running, not to one draining the topic.
         schedule: MaintenanceSchedule | None = None
         if config.maintenance.every is not None and not available_now:

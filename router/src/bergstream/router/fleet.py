@@ -260,7 +260,7 @@ class Fleet:
                 stage = "start"
                 if self._prepare is not None:
                     self._prepare(config)
-                router = Router(config, self.spark, self.metrics)
+                router = Router(config, self.spark, self.metrics, self._stop)
                 with self._lock:
                     if self._stop.is_set():
                         return
@@ -275,7 +275,8 @@ class Fleet:
                 outcome.error = reason
                 self.fleet_metrics.failures.labels(topic, stage).inc()
                 if self.restart is None:
-                    self._failure = error
+                    with self._lock:
+                        self._failure = self._failure or error
                     self.stop()
                     return
                 # Spark's and bergstream's errors say what failed in their message; others are bugs.

@@ -80,7 +80,7 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
         log.info("metrics on http://%s:%d/metrics%s", driver.metrics_host, bound, many)
     session = spark or build_spark_session(
         driver.catalog, master=driver.spark.master, app_name=fleet_app_name(topics, request.group),
-        conf=fleet_spark_conf(driver.spark.conf),
+        conf=fleet_spark_conf(driver.spark.conf) if len(topics) > 1 else driver.spark.conf,
     )  # fmt: skip
     try:
         # Topics that are started again are checked again: their access may have changed meanwhile.

@@ -41,14 +41,14 @@ class ProgressFollower:
         # Reading lag moves the client: the lag thread and the loop that follows the query take turns.
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh_forever, name="bergstream-lag", daemon=True)
 
     def start(self) -> None:
         """Begin where the consumer group is, and refresh lag every `refresh_seconds` until `stop`."""
         self._committed = self._kafka.committed()
         self._archived = dict(self._committed)
         self.expired.left_off(self._committed)
-        self._thread.start()
+        self._stop.clear()
+        threading.Thread(target=self._refresh_forever, name="bergstream-lag", daemon=True).start()
 
     def stop(self, query: StreamingQuery | None) -> None:
         """Follow the last progress of `query`, and stop refreshing."""

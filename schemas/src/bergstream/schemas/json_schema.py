@@ -1,7 +1,7 @@
 """JSON Schema beside Avro: a topic whose JSON values a schema registry describes with JSON Schema gets its
 table's columns from it, and a producer of such a topic registers the JSON Schema of an Avro event schema.
 
-Both ways go through the Avro form of an event schema (schemas/registry.py), which the archive layout and
+Both ways go through the Avro form of an event schema (event_schema.py), which the archive layout and
 the parser already understand. The subset of JSON Schema that maps onto table columns:
 - an object with `properties` is a record (nested ones too); `required` names its non-null fields, and a
   property outside it, or whose type admits "null", is optional;
@@ -30,7 +30,7 @@ def avro_from_json_schema(schema: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def json_schema_from_avro(record: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of the JSON form of an Avro event record (schemas/registry.py writes that form)."""
+    """The JSON Schema of the JSON form of an Avro event record (event_schema.py writes that form)."""
     converted = _json_type(record, record["name"])
     converted["title"] = record["name"]
     return converted

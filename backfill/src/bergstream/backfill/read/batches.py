@@ -1,8 +1,9 @@
-"""`backfill.read_batches`: the archive of a window as Arrow record batches, in lateness-bounded order.
+"""`bergstream.backfill.read_batches`: the archive of a window as Arrow record batches, in lateness-bounded
+order.
 
 For consumers outside Spark. The order is the Spark source's: epoch after epoch, every table of the
-backfill aligned on the same epochs, so that the guarantee in `backfill.order` holds for the sequence of
-batches.
+backfill aligned on the same epochs, so that the guarantee in `bergstream.backfill.read.order` holds for the
+sequence of batches.
 """
 
 from __future__ import annotations

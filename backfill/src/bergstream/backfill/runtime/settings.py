@@ -180,7 +180,8 @@ def app_file(app: str, directory: Path | None = None) -> Path:
 def load_app_settings(
     app: str, config_file: Path | None, defaults: dict[str, Any], overrides: dict[str, Any]
 ) -> AppSettings:
-    """Merge, from weakest to strongest: `defaults` (the local stack), the app's YAML file, the flags."""
+    """Merge, from weakest to strongest: `defaults` (the site settings or the local stack), the app's YAML
+    file, the flags."""
     path = config_file if config_file is not None else app_file(app)
     if not path.exists():
         raise BackfillConfigError(

@@ -33,7 +33,7 @@ import scala.Option;
 
 /**
  * A topic's JSON value decoded into its event in one strict pass of Jackson over the value's bytes (the
- * rules are schemas/parse.py's).
+ * rules are bergstream.schemas.parse's).
  *
  * <p>A value decodes when it is one JSON object as RFC 8259 writes it (no NaN, no single quotes, no
  * comments, no trailing commas, no unescaped control characters), with no key twice in any object, nested
