@@ -39,6 +39,7 @@ from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.json_schema import avro_from_json_schema, json_schema_from_avro
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.schemas.spark_types import record_to_struct
+from tests.routers import eventually, start_router, write_config
 from tests.services import Services
 
 
@@ -290,3 +291,28 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
         )
     finally:
         registry_server.stop(server)
+
+
+def test_a_router_waiting_for_the_registry_at_start_stops_on_sigterm(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM ends the wait for a registry that does not answer, at once and cleanly, however long the
+    router would otherwise wait for it (give_up_after_seconds)."""
+    ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic_name, 1)
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    registry = {
+        "url": nowhere,
+        "timeout_seconds": 1,
+        "give_up_after_seconds": 600,
+        "initial_backoff_seconds": 1,
+    }
+    config = write_config(stack, tmp_path, topic_name, encoding="avro", schema_registry=registry)
+    log = tmp_path / "router.log"
+    router = start_router(topic_name, config, log)
+    try:
+        eventually(lambda: "trying again in" in log.read_text(), "the router to wait for the registry", 120)
+        router.send_signal(signal.SIGTERM)
+        assert router.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if router.poll() is None:
+            router.kill()

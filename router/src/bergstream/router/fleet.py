@@ -37,6 +37,7 @@ from bergstream.router.accounting import RouterTotals
 from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.metrics import RouterMetrics
+from bergstream.router.registry_topic import RegistryStopped
 from bergstream.router.retry import Backoff, java_causes
 from bergstream.router.table import ensure_namespace
 from bergstream.signals import on_stop_signals
@@ -270,6 +271,8 @@ class Fleet:
                 outcome.error = None
                 outcome.totals.add(totals)
                 return
+            except RegistryStopped:
+                return  # stopped, as asked, before its query started
             except Exception as error:
                 reason = failure_reason(error)
                 outcome.error = reason
