@@ -38,6 +38,8 @@ class QueryRunner:
         self.stopping = stopping
         # The query running now, or the last one; None before the first has started.
         self.query: StreamingQuery | None = None
+        # Kept in Python, not asked of the JVM: the metrics that read it are served while the JVM is stuck.
+        self._running = False
 
     def run(self, watch: Callable[[StreamingQuery], None] = _ignore) -> None:
         """Start the query and call `watch` once a second while it runs; start it again after a replayed
@@ -49,6 +51,7 @@ class QueryRunner:
                 return
             query = self._start()
             self.query = query
+            self._running = True
             log.info("%s started: query %s", self.name, query.id)
             try:
                 while not query.awaitTermination(1):
@@ -64,12 +67,10 @@ class QueryRunner:
                 if REPLAYED_BATCH_FAILURE not in str(error) or restart == REPLAY_RESTARTS:
                     raise
                 log.warning("%s: starting the query again after a replayed batch (SPARK-55271)", self.name)
+            finally:
+                self._running = False
 
     @property
     def running(self) -> bool:
         """Whether a query has started and not ended."""
-        query = self.query
-        try:
-            return query is not None and bool(query.isActive)
-        except Exception:  # the driver's JVM is gone
-            return False
+        return self._running
