@@ -12,6 +12,8 @@ VENV ?= .venv-$(patsubst python%,%,$(notdir $(PYTHON)))
 endif
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# The source roots, one per top-level folder (setup.py's ROOTS; tests/test_layout.py checks they agree).
+SOURCE_ROOTS := core/src:schemas/src:router/src:backfill/src:apps/src:deploy/src:local/src:cli/src
 # The newer Pythons that `make test-pythons` checks, and the end-to-end tests it runs on each.
 OTHER_PYTHONS := python3.12 python3.13
 END_TO_END := tests/test_router.py::test_available_now_archives_each_offset_once_and_commits_the_group \
@@ -48,6 +50,10 @@ $(PYSPARK_WHEEL): | $(BIN)/uv
 $(INSTALLED): pyproject.toml constraints.txt $(BIN)/uv | $(PYSPARK_WHEEL)
 	sh deploy/install-system-packages.sh "$(abspath $(BIN)/python)"
 	$(BIN)/uv pip install -q --python $(BIN)/python --find-links $(WHEELS) -c constraints.txt -e '.[dev,postgres]'
+	@# The editable install's finder maps the source roots for imports alone; tools that walk the bergstream
+	@# namespace on sys.path (lint-imports, pyright, jedi) find every root through this file.
+	$(BIN)/python -c 'import pathlib, site, sys; pathlib.Path(site.getsitepackages()[0], "bergstream-source-roots.pth").write_text("\n".join(sys.argv[1:]) + "\n")' \
+		$(addprefix $(CURDIR)/,$(subst :, ,$(SOURCE_ROOTS)))
 	@touch $@
 
 setup: $(INSTALLED)
@@ -103,14 +109,11 @@ test-pythons:
 	if [ -n "$$failed" ]; then echo "make test-pythons: tests failed on$$failed" >&2; exit 1; fi; \
 	echo "make test-pythons: the tests passed on $(OTHER_PYTHONS)"
 
-# The source roots (setup.py's ROOTS), for tools that walk the bergstream namespace on sys.path.
-SOURCE_ROOTS := core/src:schemas/src:router/src:backfill/src:apps/src:deploy/src:local/src:cli/src
-
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	PYTHONPATH=$(SOURCE_ROOTS) $(BIN)/lint-imports --no-cache
+	$(BIN)/lint-imports --no-cache
 
 # constraints.txt pins every Python package, for every Python bergstream supports: one resolution whose
 # markers split a package only where a version drops a Python. `make lock` keeps the pins that still satisfy

@@ -47,6 +47,10 @@ def test_every_tool_reads_the_same_source_roots() -> None:
     assert tools["pytest"]["ini_options"]["pythonpath"] == roots
     assert tools["pyright"]["extraPaths"] == roots
     assert [root for root in tools["ruff"]["src"] if root != "."] == roots
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"SOURCE_ROOTS := {':'.join(roots)}\n" in makefile, (
+        "the Makefile's SOURCE_ROOTS differ from setup.py's"
+    )
     for root in roots:
         assert (ROOT / root / "bergstream").is_dir(), f"{root} holds no part of the bergstream namespace"
         assert not (ROOT / root / "bergstream" / "__init__.py").exists(), (
