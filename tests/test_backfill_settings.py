@@ -71,6 +71,8 @@ def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
         ({"backfill": {"regions": []}}, {}, "regions is empty"),
         ({"surprise": 1}, {}, "surprise: Extra inputs are not permitted"),
         ({"app": "other"}, {}, "app is 'other'"),
+        ({"sources": {"playback": {"topic": "playback", "schema_registry": {"url": "registry:8081"}}}}, {},
+         r"sources\.playback\.schema_registry\.url"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_refused_naming_the_file_and_key(
@@ -115,3 +117,13 @@ def test_an_applications_file_is_found_in_bergstream_apps_dir_else_refused_namin
     (tmp_path / "apps").mkdir()
     write(tmp_path / "apps")
     assert load_app_settings("sessionizer", None, defaults=DEFAULTS, overrides={}).app == "sessionizer"
+
+
+def test_a_registry_source_needs_no_schema_file(tmp_path: Path) -> None:
+    """Its columns come from the subject's newest version when the run starts; its name alone is kept."""
+    registry = {"url": "http://127.0.0.1:8081/", "subject": "plays-value"}
+    source = {"topic": "plays", "schema": "no-such-file", "encoding": "avro", "schema_registry": registry}
+    settings = load(write(tmp_path, sources={"playback": source}))
+    loaded = settings.sources["playback"].schema_registry
+    assert loaded is not None
+    assert (loaded.url, loaded.subject_of("plays")) == ("http://127.0.0.1:8081", "plays-value")

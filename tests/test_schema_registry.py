@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -316,3 +318,80 @@ def test_a_router_waiting_for_the_registry_at_start_stops_on_sigterm(
     finally:
         if router.poll() is None:
             router.kill()
+
+
+@pytest.mark.integration
+def test_a_live_application_reads_versions_registered_while_it_runs_and_leaves_out_what_is_no_version(
+    stack: Services, registry: registry_server.SchemaRegistryConfig, topic_name: str, tmp_path: Path
+) -> None:
+    """`app run` over a registry topic: the source's query knows the subject's versions at start; a value of
+    a version registered later fails its batch, the subject is fetched again and the query starts again from
+    its checkpoint; an id that is no version is left out, as the router dead-letters it."""
+    settings = SchemaRegistrySettings(url=registry.url)
+    request = ProduceRequest(topic=topic_name, schema="playback", count=300, encoding="avro", partitions=2,
+                             schema_registry=settings)  # fmt: skip
+    produce(request, stack.bootstrap_servers, show_progress=False)
+    playback = load_event_schema("playback")
+    payload = playback.encode(next(EventModel(seed=3).events("playback")).event, "avro")
+    _send(stack, topic_name, [wire.frame(999_999, payload), payload])
+    output = f"identity_{topic_name}".replace("-", "_").replace(".", "_")
+    app = {
+        "app": "identity",
+        "entry": "tests.jobs.identity_app:identity",
+        "sources": {"playback": {"topic": topic_name, "schema": "playback", "encoding": "avro",
+                                 "schema_registry": {"url": registry.url}}},
+        "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+        "checkpoint_location": str(tmp_path / "checkpoint"),
+        "output_table": output,
+        "trigger_interval": "1 second",
+        "spark": {"master": "local[2]"},
+    }  # fmt: skip
+    config = tmp_path / "identity.yaml"
+    config.write_text(json.dumps(app))
+    log = tmp_path / "app.log"
+    catalog = stack.catalog.load()
+
+    def output_rows() -> list[dict[str, Any]]:
+        if not catalog.table_exists(("apps", output)):
+            return []
+        rows: list[dict[str, Any]] = catalog.load_table(("apps", output)).scan().to_arrow().to_pylist()
+        return rows
+
+    command = [sys.executable, "-m", "bergstream", "app", "run", "--app", "identity", "--config", str(config)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=Path(__file__).parent.parent, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        eventually(lambda: len(output_rows()) >= 300 or process.poll() is not None,
+                   "the application to read the first version's values", 240)  # fmt: skip
+        assert process.poll() is None, log.read_text()[-3000:]
+
+        # The producer evolves: confluent-kafka's serializer registers an optional field as it writes.
+        client = SchemaRegistryClient({"url": registry.url})
+        quality = {"name": "quality", "type": ["null", "string"], "default": None}
+        v2 = dict(playback.avro, fields=[*playback.avro["fields"], quality])
+        serializer = AvroSerializer(client, json.dumps(v2))
+        context = SerializationContext(topic_name, MessageField.VALUE)
+        events = EventModel(seed=5).events("playback")
+        _send(
+            stack,
+            topic_name,
+            [serializer({**next(events).event, "quality": "4K"}, context) for _ in range(100)],
+        )
+        eventually(lambda: len(output_rows()) >= 400 or process.poll() is not None,
+                   "the application to read the second version's values", 240)  # fmt: skip
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    v2_id = client.get_version(f"{topic_name}-value", 2).schema_id
+    assert f"schema id {v2_id} is a version of subject {topic_name}-value registered after the query" in text
+    assert f"schema id 999999 is not a version of subject {topic_name}-value" in text
+    rows = output_rows()
+    assert len(rows) == 400, "each value of a version read once, the others left out"
+    assert len({(row["partition"], row["offset"]) for row in rows}) == 400
+    assert all(row["event_type"] in ("START", "HEARTBEAT", "STOP") for row in rows)

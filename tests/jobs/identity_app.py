@@ -1,4 +1,4 @@
-"""An application that writes each playback record it reads as it is: its partition and offset."""
+"""An application that writes each playback record it reads as it is: its partition, offset and event type."""
 
 from __future__ import annotations
 
@@ -14,5 +14,7 @@ def identity(run: AppRun) -> DataFrame:
     from pyspark.sql import functions as F
 
     return run.sources.stream("playback").select(
-        F.col("__metadata__.partition").alias("partition"), F.col("__metadata__.offset").alias("offset")
+        F.col("__metadata__.partition").alias("partition"),
+        F.col("__metadata__.offset").alias("offset"),
+        F.col("event_type"),
     )

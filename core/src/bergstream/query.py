@@ -1,10 +1,12 @@
 """A streaming query run to its end: started, watched, stopped on request, and started again after the
-known failure of a batch replayed from the offset log.
+known failure of a batch replayed from the offset log, or after a failure its owner knows how to mend.
 
 Spark 4.1's Kafka source fails the progress report of a batch replayed from the offset log after a crash
 (SPARK-55271, a null Option in KafkaMicroBatchStream.metrics) once the batch itself has run and been
 committed. Starting the query again resumes normally from its checkpoint; a few such restarts in a row are
-allowed. The router and an application's runtime both run their queries here.
+allowed. An owner's `recover` mends a failure of its own before the query starts again (an application's
+live source fetching a schema id its query did not know); each such restart is followed by that of the
+batch it replays. The router and an application's runtime both run their queries here.
 """
 
 from __future__ import annotations
@@ -29,13 +31,25 @@ def _ignore(query: StreamingQuery) -> None:
     pass
 
 
+def _cannot_recover(error: Exception) -> bool:
+    return False
+
+
 class QueryRunner:
     """Runs the query that `start` starts until it ends, or until `stopping` is set."""
 
-    def __init__(self, name: str, start: Callable[[], StreamingQuery], stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        name: str,
+        start: Callable[[], StreamingQuery],
+        stopping: threading.Event,
+        recover: Callable[[Exception], bool] = _cannot_recover,
+    ) -> None:
         self.name = name
         self._start = start
         self.stopping = stopping
+        # Mends the failure of a query, if it can, and says whether the query may start again.
+        self._recover = recover
         # The query running now, or the last one; None before the first has started.
         self.query: StreamingQuery | None = None
         # Kept in Python, not asked of the JVM: the metrics that read it are served while the JVM is stuck.
@@ -43,13 +57,19 @@ class QueryRunner:
 
     def run(self, watch: Callable[[StreamingQuery], None] = _ignore) -> None:
         """Start the query and call `watch` once a second while it runs; start it again after a replayed
-        batch failed its progress report. Raises the query's error, unless it was being stopped."""
+        batch failed its progress report, or after `recover` mended its failure. Raises the query's error,
+        unless it was being stopped."""
         from pyspark.errors import StreamingQueryException
 
-        for restart in range(REPLAY_RESTARTS + 1):
-            if self.stopping.is_set():
-                return
-            query = self._start()
+        replays = 0
+        while not self.stopping.is_set():
+            try:
+                query = self._start()
+            except Exception as error:
+                if self.stopping.is_set():
+                    log.warning("%s stopped while starting: %s", self.name, first_line(error))
+                    return
+                raise
             self.query = query
             self._running = True
             log.info("%s started: query %s", self.name, query.id)
@@ -64,9 +84,15 @@ class QueryRunner:
                 if self.stopping.is_set():
                     log.warning("%s stopped: %s", self.name, first_line(error))
                     return
-                if REPLAYED_BATCH_FAILURE not in str(error) or restart == REPLAY_RESTARTS:
+                if REPLAYED_BATCH_FAILURE in str(error) and replays < REPLAY_RESTARTS:
+                    replays += 1
+                    log.warning(
+                        "%s: starting the query again after a replayed batch (SPARK-55271)", self.name
+                    )
+                elif self._recover(error):
+                    replays = 0
+                else:
                     raise
-                log.warning("%s: starting the query again after a replayed batch (SPARK-55271)", self.name)
             finally:
                 self._running = False
 

@@ -37,9 +37,9 @@ from bergstream.router.accounting import RouterTotals
 from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.registry_topic import RegistryStopped
 from bergstream.router.retry import Backoff, java_causes
 from bergstream.router.table import ensure_namespace
+from bergstream.schemas.schema_registry import RegistryStopped
 from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router.fleet")

@@ -22,20 +22,23 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from bergstream.errors import BergstreamError
 from bergstream.router.config import RouterConfig
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import WireSchemas
-from bergstream.schemas.schema_registry import RegistryUnavailable, SubjectSchemas
+from bergstream.schemas.schema_registry import (
+    Outage,
+    RegistryUnavailable,
+    SubjectSchemas,
+    refresh_waiting,
+)
 
 log = logging.getLogger("bergstream.router")
 
@@ -53,10 +56,6 @@ def topic_parser(
     return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes), None
 
 
-class RegistryStopped(BergstreamError):
-    """The router was asked to stop while it waited for the schema registry."""
-
-
 class RegistryTopic:
     """The subject's schemas, the table's layout from its newest version, and the RecordSplitter that parses
     the topic's values with them."""
@@ -70,28 +69,11 @@ class RegistryTopic:
         self._stop = stop or threading.Event()
         self._schemas = SubjectSchemas(settings, self.subject, config.encoding)
         self._unresolved: dict[int, str] = {}
-        self._outage_started: float | None = None
-        self._attempts = 0
-        self._at_start()
+        self._outage = Outage(settings, self._stop, config.topic)
+        # The first look at the subject, waited for as long as a batch would wait.
+        refresh_waiting(self._schemas, self._outage, "starting")
         self.layout = self._newest_layout()
         self.splitter = self._new_splitter()
-
-    def _at_start(self) -> None:
-        """The first look at the subject, waited for as long as a batch would wait."""
-        while True:
-            try:
-                self._schemas.refresh()
-                self._outage_started = None
-                self._attempts = 0
-                return
-            except RegistryUnavailable as error:
-                waited = self._outage(error)
-                if waited is None:
-                    bound = self.settings.give_up_after_seconds
-                    raise BergstreamError(
-                        f"{self.config.topic}: {error}; gave up after {bound:.0f}s "
-                        "(schema_registry.give_up_after_seconds)"
-                    ) from None
 
     def _newest_layout(self) -> ArchiveLayout:
         return ArchiveLayout(self._schemas.event_schema(self.config.schema_name), self.config.table)
@@ -126,11 +108,10 @@ class RegistryTopic:
         self.splitter = self._new_splitter()
 
     def _back(self, batch_id: int) -> None:
-        if self._outage_started is not None:
+        lasted = self._outage.end()
+        if lasted is not None:
             log.warning("%s batch %d: the schema registry at %s answers again after %.0fs", self.config.topic,
-                        batch_id, self.settings.url, time.time() - self._outage_started)  # fmt: skip
-        self._outage_started = None
-        self._attempts = 0
+                        batch_id, self.settings.url, lasted)  # fmt: skip
         self._unresolved.clear()
 
     def _batch_ids(self, records: DataFrame) -> set[int]:
@@ -144,11 +125,10 @@ class RegistryTopic:
             log.warning("%s batch %d: %s; its schema ids are known", self.config.topic, batch_id, error)
             return
         while True:
-            waited = self._outage(error, batch_id, missing)
-            if waited is None:
+            if not self._outage.wait(error, f"batch {batch_id} needs schema ids {sorted(missing)}"):
                 reason = (
                     f"the schema registry at {self.settings.url} did not answer for "
-                    f"{time.time() - (self._outage_started or time.time()):.0f}s ({error})"
+                    f"{self._outage.elapsed:.0f}s ({error})"
                 )
                 log.error("%s batch %d: schema ids %s dead-lettered: %s", self.config.topic, batch_id,
                           sorted(missing), reason)  # fmt: skip
@@ -161,27 +141,3 @@ class RegistryTopic:
                 continue
             self._back(batch_id)
             return
-
-    def _outage(
-        self, error: RegistryUnavailable, batch_id: int = -1, missing: set[int] | None = None
-    ) -> float | None:
-        """Wait before the next attempt; the seconds waited, or None once the outage is past the bound."""
-        settings = self.settings
-        now = time.time()
-        if self._outage_started is None:
-            self._outage_started = now
-        elapsed = now - self._outage_started
-        if elapsed >= settings.give_up_after_seconds:
-            return None
-        delay = min(
-            settings.max_backoff_seconds,
-            settings.initial_backoff_seconds * 2.0 ** min(self._attempts, 30),
-            settings.give_up_after_seconds - elapsed,
-        )
-        self._attempts += 1
-        what = f"batch {batch_id} needs schema ids {sorted(missing)}" if missing else "starting"
-        log.warning("%s: %s (%s, %.0fs into the outage); trying again in %.1fs",
-                    self.config.topic, error, what, elapsed, delay)  # fmt: skip
-        if self._stop.wait(delay):
-            raise RegistryStopped(f"{self.config.topic}: stopped while waiting for the schema registry")
-        return delay

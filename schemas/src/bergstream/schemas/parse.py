@@ -22,12 +22,14 @@ A topic with a schema registry carries values in the wire format (schemas/wire.p
 payload. The parser checks the header, knows the ids of the subject's versions (`WireSchemas`, fetched by
 the router before each batch), and decodes an Avro payload with its writer's schema resolved to the table's
 schema, one branch per id; a JSON payload is parsed as above. A value with an id the router could not
-resolve goes to the dead-letter table with a reason that names the id.
+resolve goes to the dead-letter table with a reason that names the id; in an application's live source, an
+id its query does not know fails the batch instead (`UnknownSchemaId`), to be fetched before it starts again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -67,6 +69,9 @@ class WireSchemas:
     writers: dict[int, str]
     # Ids seen in a batch that the registry could not resolve, with the reason (it did not answer).
     unresolved: dict[int, str] = field(default_factory=dict)
+    # An id neither known nor unresolved fails the batch (UnknownSchemaId), instead of a dead letter: for a
+    # query that cannot look new versions up between batches, and starts again after fetching them.
+    fail_on_unknown: bool = False
 
     def id_error(self, schema_id: Column) -> Column:
         """Why a value's id is not one to decode with; null for a known id."""
@@ -75,10 +80,35 @@ class WireSchemas:
             schema_id.cast("string"),
             F.lit(f" is not a version of subject {self.subject} in the schema registry"),
         )
+        if self.fail_on_unknown:
+            unknown = F.raise_error(
+                F.concat(
+                    F.lit(UnknownSchemaId.PREFIX),
+                    schema_id.cast("string"),
+                    F.lit(f" of subject {self.subject}"),
+                )
+            )
         error = F.when(schema_id.isin(*self.writers), F.lit(None).cast("string"))
         for unresolved_id, reason in sorted(self.unresolved.items()):
             error = error.when(schema_id == unresolved_id, F.lit(f"schema id {unresolved_id}: {reason}"))
         return error.otherwise(unknown)
+
+
+@dataclass(frozen=True)
+class UnknownSchemaId:
+    """A batch failed on a value whose schema id its query did not know (`WireSchemas.fail_on_unknown`)."""
+
+    PREFIX = "unknown to the query: schema id "
+    _FOUND = re.compile(re.escape(PREFIX) + r"(\d+) of subject (\S+)")
+
+    schema_id: int
+    subject: str
+
+    @classmethod
+    def find(cls, error_text: str) -> UnknownSchemaId | None:
+        """The unknown id in the text of a query's error, if that is why it failed."""
+        found = cls._FOUND.search(error_text)
+        return None if found is None else cls(int(found.group(1)), found.group(2))
 
 
 class Parser:

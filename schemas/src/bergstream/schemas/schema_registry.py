@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,6 +35,10 @@ _UNAUTHORIZED = (401, 403)
 
 class RegistryUnavailable(BergstreamError):
     """The schema registry did not answer, or answered that it cannot serve now."""
+
+
+class RegistryStopped(BergstreamError):
+    """Asked to stop while waiting for the schema registry."""
 
 
 class SchemaRegistrySettings(BaseModel):
@@ -216,3 +222,64 @@ def schema_by_id(settings: SchemaRegistrySettings, schema_id: int) -> WriterSche
     if found is None:
         return None
     return WriterSchema(schema_id, 0, "JSON" if found.schema_type == "JSON" else "AVRO", found.schema_str)
+
+
+class Outage:
+    """An outage of the registry as `who` (a topic, an application's source) lives through it: since when,
+    and how long to wait before the next attempt (backoff doubling from `initial_backoff_seconds` to
+    `max_backoff_seconds`, for at most `give_up_after_seconds` in all)."""
+
+    def __init__(self, settings: SchemaRegistrySettings, stop: threading.Event, who: str) -> None:
+        self.settings = settings
+        self.who = who
+        self._stop = stop
+        self.started: float | None = None
+        self._attempts = 0
+
+    @property
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.time() - self.started
+
+    def wait(self, error: RegistryUnavailable, what: str) -> bool:
+        """Wait before the next attempt, logging the `error` and `what` waits; False, without waiting, once
+        the outage has lasted `give_up_after_seconds`. Raises RegistryStopped when `stop` is set meanwhile."""
+        settings = self.settings
+        if self.started is None:
+            self.started = time.time()
+        elapsed = self.elapsed
+        if elapsed >= settings.give_up_after_seconds:
+            return False
+        delay = min(
+            settings.max_backoff_seconds,
+            settings.initial_backoff_seconds * 2.0 ** min(self._attempts, 30),
+            settings.give_up_after_seconds - elapsed,
+        )
+        self._attempts += 1
+        log.warning("%s: %s (%s, %.0fs into the outage); trying again in %.1fs",
+                    self.who, error, what, elapsed, delay)  # fmt: skip
+        if self._stop.wait(delay):
+            raise RegistryStopped(f"{self.who}: stopped while waiting for the schema registry")
+        return True
+
+    def end(self) -> float | None:
+        """The registry answers again: how long the outage lasted, None when there was none."""
+        lasted = None if self.started is None else self.elapsed
+        self.started = None
+        self._attempts = 0
+        return lasted
+
+
+def refresh_waiting(schemas: SubjectSchemas, outage: Outage, what: str) -> None:
+    """`schemas.refresh()`, waiting out an outage of the registry; an error naming `outage.who` once it has
+    lasted `give_up_after_seconds`."""
+    while True:
+        try:
+            schemas.refresh()
+            outage.end()
+            return
+        except RegistryUnavailable as error:
+            if not outage.wait(error, what):
+                raise BergstreamError(
+                    f"{outage.who}: {error}; gave up after {outage.settings.give_up_after_seconds:.0f}s "
+                    "(schema_registry.give_up_after_seconds)"
+                ) from None

@@ -63,10 +63,11 @@ def query_name(settings: AppSettings) -> str:
 
 
 def start_query(
-    spark: SparkSession, settings: AppSettings, available_now: bool = False
+    spark: SparkSession, settings: AppSettings, available_now: bool = False, sources: Sources | None = None
 ) -> tuple[StreamingQuery, Sources]:
-    """Start the application as the settings say; `available_now` makes a live run stop when caught up."""
-    sources = Sources(spark, settings)
+    """Start the application as the settings say; `available_now` makes a live run stop when caught up.
+    `sources`: those of the run's earlier query, when it starts again."""
+    sources = sources or Sources(spark, settings)
     result = load_entry(settings.entry)(AppRun(spark, sources, dict(settings.options), settings.mode))
     if not result.isStreaming:
         raise BackfillConfigError(

@@ -20,6 +20,7 @@ from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
 from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
 from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.backfill.runtime.sources import Sources
 from bergstream.errors import first_line
 from bergstream.progress import ProgressLines
 from bergstream.query import QueryRunner
@@ -185,8 +186,9 @@ def run_app(
 
     listener = Listener()
     spark.streams.addListener(listener)
-    query = _AppQuery(spark, settings, available_now)
-    runner = QueryRunner(query_name(settings), query.start, threading.Event())
+    stopping = threading.Event()
+    query = _AppQuery(spark, settings, available_now, stopping)
+    runner = QueryRunner(query_name(settings), query.start, stopping, query.sources.recover)
     try:
         with on_stop_signals(runner.stopping.set):
             _follow(runner, tracker, query, show_progress)
@@ -274,16 +276,19 @@ def checkpointed_watermark(checkpoint: str) -> datetime | None:
 class _AppQuery:
     """Starts the application's query; keeps the plan its backfill sources read, for the progress shown."""
 
-    def __init__(self, spark: SparkSession, settings: AppSettings, available_now: bool) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: AppSettings, available_now: bool, stopping: threading.Event
+    ) -> None:
         self.spark = spark
         self.settings = settings
         self.available_now = available_now
+        self.sources = Sources(spark, settings, stopping)
         self.plan: BackfillPlan | None = None
 
     def start(self) -> StreamingQuery:
-        query, sources = start_query(self.spark, self.settings, self.available_now)
+        query, _ = start_query(self.spark, self.settings, self.available_now, self.sources)
         if self.settings.mode == "backfill":
-            self.plan = sources.plan()
+            self.plan = self.sources.plan()
         return query
 
 

@@ -23,6 +23,7 @@ from bergstream.backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
+from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import layered, problems, read_mapping
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
@@ -55,6 +56,9 @@ class SourceSettings(BaseModel):
     table: str | None = None
     # Options of Spark's Kafka source for this topic alone, over the application's `kafka`.
     kafka: dict[str, str] = Field(default_factory=dict)
+    # Live values in a schema registry's wire format, as the topic's router reads them; the source's columns
+    # are the subject's newest version when the run starts.
+    schema_registry: SchemaRegistrySettings | None = None
 
     @property
     def schema_or_topic(self) -> str:
@@ -146,7 +150,8 @@ class AppSettings(BaseModel):
             raise ValueError("sources: an application reads at least one named source")
         for name, source in self.sources.items():
             try:
-                load_event_schema(source.schema_or_topic, self.schema_dir)
+                if source.schema_registry is None:
+                    load_event_schema(source.schema_or_topic, self.schema_dir)
             except BackfillConfigError as error:
                 raise ValueError(f"sources.{name}.schema: {error}") from error
             except Exception as error:

@@ -3,7 +3,8 @@
 Live, that is the topic read with Spark's Kafka source and parsed as the router parses it; as a backfill,
 it is the topic's archive table read by the `bergstream-backfill` source in lateness-bounded order. Both
 yield the same columns: the typed event's fields and `__metadata__`. Records the router would dead-letter
-are left out of the live stream, as they are out of the archive table.
+are left out of the live stream, as they are out of the archive table. A live source over a schema-registry
+topic knows its subject's versions as runtime/subject.py says.
 
 All backfill sources of one application share one plan, so that they advance on one ingestion watermark.
 The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,10 +23,11 @@ from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.order import ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref
 from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.backfill.runtime.subject import LiveSubject
 from bergstream.kafka_source import kafka_stream
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
-from bergstream.schemas.parse import ERROR, Parser
+from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas
 from bergstream.schemas.stamp import archive_columns, metadata
 
 if TYPE_CHECKING:
@@ -36,12 +39,17 @@ PLAN_DIR = "bergstream-backfill"
 
 
 class Sources:
-    """The named sources of one run of an application."""
+    """The named sources of one run of an application, kept while its query starts again. `stopping`, set,
+    ends a wait for a schema registry."""
 
-    def __init__(self, spark: SparkSession, settings: AppSettings) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: AppSettings, stopping: threading.Event | None = None
+    ) -> None:
         self.spark = spark
         self.settings = settings
+        self._stopping = stopping or threading.Event()
         self._plan: BackfillPlan | None = None
+        self._subjects: dict[str, LiveSubject] = {}
 
     @property
     def names(self) -> list[str]:
@@ -62,15 +70,35 @@ class Sources:
         from pyspark.sql import functions as F
 
         source = self.settings.sources[name]
-        layout = ArchiveLayout(
-            load_event_schema(source.schema_or_topic, self.settings.schema_dir), source.table_or_topic
-        )
+        wire_schemas: WireSchemas | None = None
+        if source.schema_registry is None:
+            layout = ArchiveLayout(
+                load_event_schema(source.schema_or_topic, self.settings.schema_dir), source.table_or_topic
+            )
+        else:
+            if name not in self._subjects:
+                self._subjects[name] = LiveSubject(name, source, self._stopping)
+            layout = self._subjects[name].layout
+            wire_schemas = self._subjects[name].wire_schemas()
         records = kafka_stream(
             self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets_per_trigger
         )
-        parser = Parser(layout, source.encoding, source.max_value_bytes)
+        parser = Parser(layout, source.encoding, source.max_value_bytes, wire_schemas)
         parsed = parser.parse(records, metadata(source.cluster))
         return parsed.where(F.col(ERROR).isNull()).select(*archive_columns(layout))
+
+    def recover(self, error: Exception) -> bool:
+        """Whether the query that failed with `error` may start again: a batch held a schema id the query did
+        not know, and the subject has been fetched again since."""
+        unknown = UnknownSchemaId.find(str(error))
+        if unknown is None:
+            return False
+        learned = [
+            subject.learn(unknown.schema_id)
+            for subject in self._subjects.values()
+            if subject.subject == unknown.subject
+        ]
+        return any(learned)
 
     def _backfill(self, name: str) -> DataFrame:
         backfill_plan = self.plan()
