@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import time
 import urllib.request
@@ -114,9 +115,10 @@ def test_bad_settings_are_refused_naming_the_file_and_key(
     assert str(config) in error
 
 
-def test_sigkill_at_random_moments_loses_and_repeats_nothing(
+def test_sigkill_at_random_moments_and_a_lost_checkpoint_lose_and_repeat_nothing(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
+    """Killed four times; once, its checkpoint is lost too: the router resumes where its tables end."""
     config = write_config(stack, tmp_path, topic_name, max_offsets_per_trigger=1500)
     rng = random.Random(42)
     offsets: set[tuple[int, int]] = set()
@@ -134,8 +136,11 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(
         time.sleep(rng.uniform(0, 5))
         os.killpg(router.pid, signal.SIGKILL)  # the Python driver and its Spark JVM, at once
         router.wait()
+        if round_number == 1:
+            shutil.rmtree(tmp_path / "checkpoints" / topic_name)
     drained = run_router(topic_name, config, "--available-now")
     assert drained.returncode == 0, drained.stderr[-3000:]
+    assert log.read_text().count("holds no batch; resuming where the tables' snapshots say") == 1
 
     seen = archived_offsets(stack, topic_name)
     duplicates = len(seen) - len(set(seen))

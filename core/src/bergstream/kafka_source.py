@@ -1,4 +1,5 @@
-"""Spark's Kafka source for one topic, as the router and an application's live named sources read it.
+"""Spark's Kafka source for one topic, as the router and an application's live named sources read it; and
+one range of it as a batch read.
 
 Options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`, `startingOffsets`, ...); the
 defaults below are bergstream's, and a user's settings override each of them.
@@ -22,6 +23,12 @@ SOURCE_DEFAULTS = {
     # fetch.max.wait.ms (500 ms by default) for every partition of every batch.
     "kafka.fetch.max.wait.ms": "10",
 }
+# Options of the streaming source alone: a batch read is refused with them, or ignores them.
+_STREAMING_ONLY = (
+    "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+    "endingTimestamp", "endingOffsetsByTimestamp",
+)  # fmt: skip
 
 
 def kafka_stream(
@@ -37,3 +44,20 @@ def kafka_stream(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     return reader.load()
+
+
+def kafka_range(
+    spark: SparkSession, topic: str, options: Mapping[str, str], starting: str, ending: str
+) -> DataFrame:
+    """`topic`'s records from `starting` up to `ending` (Spark's startingOffsets and endingOffsets), headers
+    included, read as a batch with the streaming source's `options`."""
+    kept = {key: value for key, value in options.items() if key not in _STREAMING_ONLY}
+    return (
+        spark.read.format("kafka")
+        .options(**{**SOURCE_DEFAULTS, **kept})
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
+        .load()
+    )

@@ -4,11 +4,13 @@ The router wires its roles: the tables set up before the query (archive_tables.p
 archives each micro-batch (archiver.py) with its commits tried again through an outage (commit_retry.py),
 the accounting of each batch (accounting.py, expired.py), and the following of the query's progress into
 the consumer group `bergstream-router.<topic>` and the lag metrics (progress.py). The query itself is
-started, watched and restarted by bergstream's query runner.
+started, watched and restarted by bergstream's query runner; without a checkpoint, from where the tables
+record that the archive ends (resume.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -28,7 +30,9 @@ from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.errors import RouterStopped
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
+from bergstream.router.positions import EARLIEST
 from bergstream.router.progress import ProgressFollower
+from bergstream.router.resume import starting_offsets
 from bergstream.router.schedule import MaintenanceSchedule
 from bergstream.signals import on_stop_signals
 
@@ -51,6 +55,7 @@ class Router:
         self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
         try:
             expired = ExpiredOffsets(config.topic, self._kafka, metrics)
+            self._expired = expired
             self.accounting = BatchAccounting(config.topic, metrics, expired)
             self.tables = ArchiveTables(spark, config)
             retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
@@ -64,6 +69,8 @@ class Router:
         )  # fmt: skip
         self.runner = QueryRunner(f"the router for {config.topic}", self._start, stopping)
         self._available_now = False
+        # Where the query starts when its checkpoint holds no batch: the tables' recorded positions.
+        self._resume: dict[int, int] | None = None
 
     @property
     def running(self) -> bool:
@@ -80,6 +87,11 @@ class Router:
         try:
             self._kafka.require_topic()
             self.tables.prepare(self.archiver.layout)
+            self._resume = starting_offsets(
+                self.spark, config, self.tables, self.archiver.layout, self.archiver.splitter, self._kafka
+            )
+            if self._resume is not None:
+                self._expired.left_off({p: o for p, o in self._resume.items() if o != EARLIEST})
         except BaseException:
             self._kafka.close()
             raise
@@ -105,8 +117,12 @@ class Router:
 
     def _start(self) -> StreamingQuery:
         config = self.config
+        options = dict(config.kafka)
+        if self._resume is not None:
+            resume = {str(partition): offset for partition, offset in sorted(self._resume.items())}
+            options["startingOffsets"] = json.dumps({config.topic: resume})
         writer = (
-            kafka_stream(self.spark, config.topic, config.kafka, config.max_offsets_per_trigger)
+            kafka_stream(self.spark, config.topic, options, config.max_offsets_per_trigger)
             .writeStream.queryName(f"bergstream-router-{config.topic}")
             .foreachBatch(self.archiver.archive)
             .option("checkpointLocation", config.checkpoint_location)
@@ -117,7 +133,7 @@ class Router:
             else writer.trigger(processingTime=config.trigger_interval)
         )
         query = writer.start()
-        self.archiver.started(query.id)
+        self.archiver.started(query, options.get("startingOffsets", "latest"))
         return query
 
 

@@ -1,6 +1,7 @@
 """Archiving one micro-batch: read, parsed, stamped, counted and appended to the archive table in one pass,
 the records that do not parse appended to the dead-letter table. Each append is idempotent per
-(query, batch), so a batch replayed after a crash is never archived twice."""
+(query, batch), so a batch replayed after a crash is never archived twice, and records the Kafka range it
+covers (positions.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import uuid
 
 from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.router.accounting import BatchAccounting
 from bergstream.router.archive_tables import ArchiveTables
@@ -17,6 +19,7 @@ from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from bergstream.router.metrics import RouterMetrics
+from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED
 from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
@@ -45,22 +48,29 @@ class BatchArchiver:
         # With a schema registry, the subject's newest version is the table's schema, and may change.
         self.layout, self.splitter, self.registry = topic_parser(config, retry.stopping)
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
+        self._query: StreamingQuery | None = None
+        self._starting = "latest"
         # The query's first batch may come before `started` is told the query's id.
         self._started = threading.Event()
         self._expect_dead_letters = False
         self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
         self._previous_read: int | None = None
 
-    def started(self, query_id: str) -> None:
-        """The query `query_id` started: its batches are appended under its id."""
-        self._writers = self.tables.writers(self.layout, query_id)
+    def started(self, query: StreamingQuery, starting: str) -> None:
+        """`query` started, from `starting` (its startingOffsets) when it has no checkpoint: its batches are
+        appended under its id."""
+        self._writers = self.tables.writers(self.layout, query.id)
+        self._query = query
+        self._starting = starting
         self._started.set()
 
     def archive(self, records: DataFrame, batch_id: int) -> None:
         self._started.wait()
-        assert self._writers is not None
+        assert self._writers is not None and self._query is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
+        covered = batch_range(self._query, batch_id, self.config.topic, self._starting)
+        properties = covered.properties(self.config.topic, self.config.cluster)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
@@ -86,7 +96,7 @@ class BatchArchiver:
                 def archive() -> tuple[Appended | None, BatchCounts]:
                     observation = self._observation(batch_id)
                     rows = self.splitter.archive_rows(stamped, observation, self._counting)
-                    result = self._append(archive_writer, rows, batch_id, phases)
+                    result = self._append(archive_writer, rows, batch_id, properties, phases)
                     if result is None:  # an earlier attempt committed it before its error: count apart
                         return None, count_batch(stamped)
                     return result, from_observation(observation.get)
@@ -99,7 +109,7 @@ class BatchArchiver:
                 def dead_letters(counts: BatchCounts | None = counts) -> Appended | None:
                     observation = self._observation(batch_id)
                     rows = self.splitter.dead_letter_rows(stamped, observation)
-                    result = self._append(dead_letter_writer, rows, batch_id, phases)
+                    result = self._append(dead_letter_writer, rows, batch_id, properties, phases)
                     if result is not None and counts is not None:
                         self._check_dead_letters(batch_id, counts, observation)
                     return result
@@ -118,10 +128,15 @@ class BatchArchiver:
         self.accounting.account(batch_id, counts, appended, time.monotonic() - started, phases)
 
     def _append(
-        self, writer: BatchTableWriter, rows: DataFrame, batch_id: int, phases: dict[str, float]
+        self,
+        writer: BatchTableWriter,
+        rows: DataFrame,
+        batch_id: int,
+        properties: dict[str, str],
+        phases: dict[str, float],
     ) -> Appended | None:
         commit_started = time.monotonic()
-        result = writer.append(rows, batch_id)
+        result = writer.append(rows, batch_id, properties)
         took = time.monotonic() - commit_started
         if result is not None:
             self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)

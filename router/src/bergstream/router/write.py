@@ -50,10 +50,15 @@ class BatchTableWriter:
         self._spark3util = getattr(spark._jvm, "org.apache.iceberg.spark.Spark3Util")
 
     def _snapshot_summaries(self, batch_id: int | None = None) -> list[dict[str, str]]:
-        condition = f"summary['{QUERY_ID}'] = '{self.query_id}'"
+        """The summaries of this query's appends in the table's current history: an append rolled back
+        since is not in the table."""
+        condition = f"s.summary['{QUERY_ID}'] = '{self.query_id}'"
         if batch_id is not None:
-            condition += f" AND summary['{BATCH_ID}'] = '{batch_id}'"
-        rows = self.spark.sql(f"SELECT summary FROM {self.identifier}.snapshots WHERE {condition}").collect()
+            condition += f" AND s.summary['{BATCH_ID}'] = '{batch_id}'"
+        rows = self.spark.sql(
+            f"SELECT s.summary FROM {self.identifier}.snapshots s JOIN {self.identifier}.history h "
+            f"ON s.snapshot_id = h.snapshot_id WHERE h.is_current_ancestor AND {condition}"
+        ).collect()
         return [dict(row.summary) for row in rows]
 
     def _appended_summary(self, batch_id: int) -> dict[str, str] | None:
@@ -88,17 +93,22 @@ class BatchTableWriter:
             self._last_committed = max(batches, default=-1)
         return self._last_committed
 
-    def append(self, rows: DataFrame, batch_id: int) -> Appended | None:
-        """Append `rows` as batch `batch_id`; None when that batch is already in the table."""
+    def append(
+        self, rows: DataFrame, batch_id: int, properties: dict[str, str] | None = None
+    ) -> Appended | None:
+        """Append `rows` as batch `batch_id`, with `properties` in the snapshot's summary too; None when that
+        batch is already in the table."""
         if batch_id <= self.last_committed:
             return None
         try:
-            (
+            writer = (
                 rows.writeTo(self.identifier)
                 .option(f"snapshot-property.{QUERY_ID}", self.query_id)
                 .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
-                .append()
             )
+            for key, value in (properties or {}).items():
+                writer = writer.option(f"snapshot-property.{key}", value)
+            writer.append()
         except Exception:
             # A commit can land and still report an error (the catalog went away before answering): the
             # next attempt reads the table's snapshots again instead of trusting what it knew.
