@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bergstream.loadgen.events import EventModel
 from bergstream.router.maintain import closed_before
 from bergstream.schemas.event_schema import load_event_schema
-from tests.routers import ROOT, archived_offsets, run_router, start_router, write_config
+from tests.routers import ROOT, archived_offsets, eventually, run_router, start_router, write_config
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -72,16 +72,21 @@ def test_maintain_while_the_router_runs(stack: Services, topic_name: str, tmp_pa
             time.sleep(0.5)
 
     producing = threading.Thread(target=keep_producing)
-    router = start_router(topic_name, config, tmp_path / "router.log")
+    router_log = tmp_path / "router.log"
+    router = start_router(topic_name, config, router_log)
     producing.start()
     try:
-        time.sleep(15)
+        # Maintenance while the router appends what is being produced now.
+        eventually(
+            lambda: router_log.read_text().count(" batch ") >= 2, "two batches of the live router", 180
+        )
         maintained = subprocess.run(
             [".venv/bin/python", "-m", "bergstream", "router", "maintain", "--topic", topic_name,
              "--config", str(config)],
             capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
         )  # fmt: skip
-        assert maintained.returncode == 0, maintained.stderr[-3000:]
+        errors = [line for line in maintained.stderr.splitlines() if "error" in line.lower()]
+        assert maintained.returncode == 0, "\n".join(errors[:20])[:6000]
         assert "compacted" in maintained.stdout
     finally:
         stop.set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -137,11 +137,17 @@ class RecordProducer:
     @contextmanager
     def _fatal(self) -> Iterator[None]:
         """The producer's fatal error as DeliveryFailed. confluent-kafka raises it from flush() and poll(),
-        or, when a delivery callback runs after it was raised, as the cause of a SystemError."""
+        or, when a delivery callback runs after it was raised, as the cause of a SystemError, or as a
+        SystemError with no cause at all (the fatal error then comes through the error callback)."""
         try:
             yield
         except (KafkaException, SystemError) as error:
             cause = error.__cause__ if isinstance(error, SystemError) else error
-            if not isinstance(cause, KafkaException):
+            if isinstance(cause, KafkaException):
+                raise DeliveryFailed(failure(cause.args[0])) from error
+            with suppress(KafkaException, SystemError):
+                self._producer.poll(0)  # serves the error callback
+            if self.errors.fatal is None and not self.failures:
                 raise
-            raise DeliveryFailed(failure(cause.args[0])) from error
+            fallback = self.failures[0] if self.failures else "the producer failed"
+            raise DeliveryFailed(self.errors.explain(self._producer, fallback), len(self.failures)) from error
