@@ -14,17 +14,9 @@ from pyspark.sql import SparkSession
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
-from bergstream.router.positions import (
-    BATCH_START,
-    CLUSTER,
-    NEXT_OFFSETS,
-    TOPIC,
-    BatchRange,
-    Recorded,
-    newest_recorded,
-    resume_offsets,
-)
+from bergstream.router.positions import Recorded, newest_recorded, resume_offsets
 from bergstream.router.write import QUERY_ID
+from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
 from tests.routers import archived_offsets, produced_offsets
 from tests.services import Services
 
@@ -42,6 +34,10 @@ def test_resume_offsets_take_the_furthest_position_and_earliest_for_a_new_partit
         NEXT_OFFSETS: '{"0":9,"1":6}',
     }
     assert BatchRange({0: 3}, {0: 9}).starting_offsets("plays") == '{"plays": {"0": 3}}'
+    summary = BatchRange("earliest", {0: 9, 1: 4}).properties("plays", "eu")
+    assert BatchRange.recorded(summary, "plays", "eu") == BatchRange("earliest", {0: 9, 1: 4})
+    assert BatchRange.recorded(summary, "plays", "us") is None, "another cluster's position"
+    assert BatchRange.recorded({"operation": "replace"}, "plays", "eu") is None, "not a router commit"
 
 
 @pytest.mark.integration

@@ -30,10 +30,10 @@ from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.errors import RouterStopped
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import EARLIEST
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import starting_offsets
 from bergstream.router.schedule import MaintenanceSchedule
+from bergstream.schemas.positions import EARLIEST
 from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router")

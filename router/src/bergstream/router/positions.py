@@ -23,36 +23,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.schemas.positions import (
+    CLUSTER,
+    EARLIEST,
+    NEXT_OFFSETS,
+    TOPIC,
+    BatchRange,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("bergstream.router")
-
-TOPIC = "bergstream.kafka.topic"
-CLUSTER = "bergstream.kafka.cluster"
-BATCH_START = "bergstream.kafka.batch-start"
-NEXT_OFFSETS = "bergstream.kafka.next-offsets"
-# Spark's startingOffsets for a partition that has no recorded position.
-EARLIEST = -2
-
-
-@dataclass(frozen=True)
-class BatchRange:
-    """A micro-batch's offsets: where each partition started (or `earliest`), and the next offset after it."""
-
-    start: dict[int, int] | str
-    end: dict[int, int]
-
-    def properties(self, topic: str, cluster: str) -> dict[str, str]:
-        """The snapshot properties that record the range."""
-        start = self.start if isinstance(self.start, str) else _offsets_json(self.start)
-        return {TOPIC: topic, CLUSTER: cluster, BATCH_START: start, NEXT_OFFSETS: _offsets_json(self.end)}
-
-    def starting_offsets(self, topic: str) -> str:
-        """The range's start as Spark's Kafka source takes it."""
-        return self.start if isinstance(self.start, str) else json.dumps({topic: _keyed(self.start)})
 
 
 def batch_range(query: StreamingQuery, batch_id: int, topic: str, starting: str) -> BatchRange:
@@ -74,7 +57,7 @@ def _logged_offsets(query: StreamingQuery, batch_id: int, topic: str) -> dict[in
     offset = logged.get().offsets().apply(0)
     if not offset.isDefined():
         return None
-    return _parse_offsets(json.loads(offset.get().json()).get(topic, {}))
+    return _per_partition(json.loads(offset.get().json()).get(topic, {}))
 
 
 def _parse_starting(starting: str, topic: str) -> dict[int, int] | str:
@@ -82,19 +65,7 @@ def _parse_starting(starting: str, topic: str) -> dict[int, int] | str:
         parsed = json.loads(starting)
     except ValueError:
         return starting  # earliest, latest
-    return _parse_offsets(parsed.get(topic, {})) if isinstance(parsed, dict) else starting
-
-
-def _parse_offsets(offsets: dict[str, int]) -> dict[int, int]:
-    return {int(partition): int(offset) for partition, offset in offsets.items()}
-
-
-def _keyed(offsets: dict[int, int]) -> dict[str, int]:
-    return {str(partition): offset for partition, offset in sorted(offsets.items())}
-
-
-def _offsets_json(offsets: dict[int, int]) -> str:
-    return json.dumps(_keyed(offsets), separators=(",", ":"))
+    return _per_partition(parsed.get(topic, {})) if isinstance(parsed, dict) else starting
 
 
 @dataclass(frozen=True)
@@ -128,17 +99,19 @@ def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: s
     if not rows:
         return None
     summary = dict(rows[0].summary)
-    start_text = summary[BATCH_START]
-    start: dict[int, int] | str = (
-        _parse_offsets(json.loads(start_text)) if start_text.startswith("{") else start_text
-    )
+    recorded = BatchRange.recorded(summary, topic, cluster)
+    assert recorded is not None, "selected for its position"
     return Recorded(
         identifier=identifier,
         snapshot_id=int(rows[0].snapshot_id),
         query_id=summary[QUERY_ID],
         batch_id=int(summary[BATCH_ID]),
-        range=BatchRange(start, _parse_offsets(json.loads(summary[NEXT_OFFSETS]))),
+        range=recorded,
     )
+
+
+def _per_partition(offsets: dict[str, int]) -> dict[int, int]:
+    return {int(partition): int(offset) for partition, offset in offsets.items()}
 
 
 def _sql_string(text: str) -> str:

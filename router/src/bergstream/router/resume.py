@@ -18,16 +18,11 @@ from bergstream.kafka_source import kafka_range
 from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.positions import (
-    EARLIEST,
-    Recorded,
-    checkpoint_has_batches,
-    newest_recorded,
-    resume_offsets,
-)
+from bergstream.router.positions import Recorded, checkpoint_has_batches, newest_recorded, resume_offsets
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BatchTableWriter
 from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.positions import EARLIEST
 
 log = logging.getLogger("bergstream.router")
 
