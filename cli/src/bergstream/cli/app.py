@@ -56,6 +56,18 @@ def app() -> None:
 @app.command("run")
 @with_options(APP_OPTIONS)
 @click.option("--available-now", is_flag=True, help="Read what the topics hold now, then stop.")
+@click.option(
+    "--from",
+    "start_from",
+    default=None,
+    help="Bootstrap: read the archive from this ingestion time (ISO) as `backfill run` reads it, then Kafka "
+    "from exactly where the archive ends: one query, its state carried over. The same command resumes it.",
+)
+@click.option(
+    "--max-misalignment",
+    default=None,
+    help="With --from: B of the archive phase (15m, 1h; default: the file's backfill.max_misalignment).",
+)
 @DATA_DIR
 def app_run(
     app: str,
@@ -65,19 +77,29 @@ def app_run(
     output_table: str | None,
     as_json: bool,
     available_now: bool,
+    start_from: str | None,
+    max_misalignment: str | None,
     data_dir: Path | None,
 ) -> None:
-    """Run an application live until stopped (or until caught up with --available-now)."""
-    from bergstream.backfill.runtime.settings import load_app_settings
+    """Run an application live until stopped (or until caught up with --available-now); with --from,
+    bootstrap it from the archive first."""
+    from bergstream.backfill.runtime.settings import bootstrap_checkpoint, load_app_settings
     from bergstream.cli.endpoints import Endpoints
 
     configure_logging()
-    overrides = {
-        "mode": "live",
+    if max_misalignment is not None and start_from is None:
+        raise click.UsageError("--max-misalignment bounds the archive phase of --from: give --from too")
+    overrides: dict[str, object] = {
+        "mode": "live" if start_from is None else "bootstrap",
         "entry": entry,
         "output_table": output_table,
-        "checkpoint_location": checkpoint,
     }
+    if start_from is not None:
+        overrides["backfill"] = {"start": start_from, "max_misalignment": max_misalignment}
     defaults = Endpoints.resolve(data_dir).app_defaults(app)
     settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    if start_from is not None:
+        checkpoint = checkpoint or bootstrap_checkpoint(settings)
+    if checkpoint is not None:
+        settings = settings.model_copy(update={"checkpoint_location": checkpoint})
     run_application(settings, available_now=available_now, as_json=as_json)

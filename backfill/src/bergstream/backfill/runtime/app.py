@@ -3,7 +3,9 @@
 An application is a function, named `module:function` in its settings, that takes an `AppRun` and returns
 the streaming DataFrame it produces; bergstream appends that to the application's output table. Live, the
 query runs on the settings' trigger; as a backfill, it runs with an availableNow trigger, one epoch per
-micro-batch, and stops by itself at the end of the window.
+micro-batch, and stops by itself at the end of the window. Bootstrapped, it triggers every second, so that
+the archive phase runs one epoch after another, and its Kafka phase waits for the settings' trigger
+interval between batches (Kafka's maxTriggerDelay), as a live run does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 Application = Callable[["AppRun"], "DataFrame"]
+BOOTSTRAP_TRIGGER = "1 second"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ def start_query(
     """Start the application as the settings say; `available_now` makes a live run stop when caught up.
     `sources`: those of the run's earlier query, when it starts again."""
     sources = sources or Sources(spark, settings)
+    sources.paced = settings.mode == "bootstrap" and not available_now
     result = load_entry(settings.entry)(AppRun(spark, sources, dict(settings.options), settings.mode))
     if not result.isStreaming:
         raise BackfillConfigError(
@@ -82,6 +86,8 @@ def start_query(
     )
     if settings.mode == "backfill" or available_now:
         writer = writer.trigger(availableNow=True)
+    elif settings.mode == "bootstrap":
+        writer = writer.trigger(processingTime=BOOTSTRAP_TRIGGER)
     else:
         writer = writer.trigger(processingTime=settings.trigger_interval)
     return writer.toTable(output), sources

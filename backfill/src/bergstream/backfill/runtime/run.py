@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,9 @@ class Position:
     epochs: int | None = None
     watermark: datetime | None = None  # every row ingested before it has been read
     kafka_end_offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # live: next offset to read
+    # A bootstrap: "archive", then "kafka" once its sources have switched (the batch of the switch on).
+    phase: str | None = None
+    switched_at_batch: int | None = None
 
     @property
     def total_rows(self) -> int:
@@ -140,7 +143,17 @@ class _Progress:
                 name = self._name(str(source.description))
                 position.rows[name] = position.rows.get(name, 0) + int(source.numInputRows)
                 end = _offset_json(source.endOffset)
-                if isinstance(end, dict) and "epoch" in end:
+                if isinstance(end, dict) and end.get("phase") == "kafka":
+                    if position.phase != "kafka":
+                        position.phase = "kafka"
+                        position.switched_at_batch = int(progress.batchId)
+                        log.info("%s: switched to Kafka in batch %d", name, progress.batchId)
+                    position.epoch = int(end.get("epochs", position.epoch))
+                    for topic, partitions in end.get("kafka", {}).items():
+                        position.kafka_end_offsets[topic] = {int(p): int(o) for p, o in partitions.items()}
+                elif isinstance(end, dict) and "epoch" in end:
+                    if end.get("phase") == "archive":
+                        position.phase = position.phase or "archive"
                     position.epoch = int(end["epoch"])
                     position.epochs = int(end.get("epochs", 0)) or position.epochs
                     if end.get("watermark"):
@@ -204,7 +217,10 @@ def run_app(
     rows_in_archive: dict[str, int] = {}
     window = None
     bound = None
-    if plan is not None:
+    if plan is not None and settings.mode == "bootstrap":
+        window = (from_micros(plan.window.start), from_micros(plan.window.end))
+        bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
+    elif plan is not None:
         checkpointed = checkpointed_watermark(settings.checkpoint_location)
         position = tracker.position
         if checkpointed is not None and (position.watermark is None or checkpointed > position.watermark):
@@ -287,7 +303,7 @@ class _AppQuery:
 
     def start(self) -> StreamingQuery:
         query, _ = start_query(self.spark, self.settings, self.available_now, self.sources)
-        if self.settings.mode == "backfill":
+        if self.settings.mode in ("backfill", "bootstrap"):
             self.plan = self.sources.plan()
         return query
 
@@ -313,7 +329,13 @@ def _status(tracker: _Progress, plan: BackfillPlan | None, elapsed: float) -> tu
     with tracker.lock:
         position = tracker.position
         rows, watermark, epoch = position.total_rows, position.watermark, position.epoch
+        position = replace(position)
     rate = rows / elapsed if elapsed > 0 else 0.0
+    if position.phase == "kafka":
+        return (
+            f"Kafka (switched in batch {position.switched_at_batch}), {rows:,} rows, {rate:,.0f} rows/s",
+            100.0,
+        )
     if plan is None or watermark is None:
         return f"{rows:,} rows, {rate:,.0f} rows/s", 0.0
     window = plan.window

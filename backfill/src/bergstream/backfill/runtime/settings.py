@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 APPS_DIR = Path("deploy/apps")
 APPS_DIR_ENVIRONMENT = "BERGSTREAM_APPS_DIR"
 BOOTSTRAP = "kafka.bootstrap.servers"
-Mode = Literal["live", "backfill"]
+# live: Kafka; backfill: a window of the archive; bootstrap: the archive from a time, then Kafka.
+Mode = Literal["live", "backfill", "bootstrap"]
 # As max_misalignment: read the window in one epoch, in no order.
 UNORDERED = "unordered"
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -159,13 +160,22 @@ class AppSettings(BaseModel):
             for key in {**self.kafka, **source.kafka}:
                 if key in _RESERVED_KAFKA_OPTIONS:
                     raise ValueError(f"sources.{name}: option {key!r} is set by bergstream from `topic`")
-        if self.mode == "live":
+        if self.mode in ("live", "bootstrap"):
             missing = [n for n, s in self.sources.items() if BOOTSTRAP not in {**self.kafka, **s.kafka}]
             if missing:
                 raise ValueError(f"kafka: {BOOTSTRAP} is missing for live source(s) {', '.join(missing)}")
-        else:
-            if self.backfill.start is None or self.backfill.end is None:
-                raise ValueError("backfill: a backfill needs start and end (--start, --end)")
+        if self.mode == "backfill" and (self.backfill.start is None or self.backfill.end is None):
+            raise ValueError("backfill: a backfill needs start and end (--start, --end)")
+        if self.mode == "bootstrap":
+            if self.backfill.start is None:
+                raise ValueError("backfill: a bootstrap needs the time it reads the archive from (--from)")
+            if self.backfill.end is not None:
+                raise ValueError(
+                    "backfill: a bootstrap reads the archive to its end, then Kafka: leave out end"
+                )
+            topics = [source.topic for source in self.sources.values()]
+            if len(set(topics)) != len(topics):
+                raise ValueError("sources: a bootstrap reads each topic into one source; two name the same")
         return self
 
     def kafka_options(self, source: str) -> dict[str, str]:
@@ -214,6 +224,18 @@ def catalog_from_file(path: Path) -> CatalogConfig:
         return CatalogConfig.model_validate(loaded["catalog"])
     except ValidationError as error:
         raise BackfillConfigError(f"{path}: {problems(error, 'catalog.')}") from error
+
+
+def bootstrap_checkpoint(settings: AppSettings) -> str:
+    """The checkpoint of an application bootstrapped from a time: the live query it becomes keeps it, so
+    the same command resumes it in either phase; another time, or another bound, is another query."""
+    backfill = settings.backfill
+    assert backfill.start is not None
+    bound = "unordered" if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
+    if backfill.strict:
+        bound = "strict"
+    name = re.sub(r"[^A-Za-z0-9-]", "-", f"{backfill.start:%Y%m%dT%H%M%S%f}_{bound}")
+    return f"{settings.checkpoint_location.rstrip('/')}-from-{name}"
 
 
 def backfill_checkpoint(settings: AppSettings) -> str:

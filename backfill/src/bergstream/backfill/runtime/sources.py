@@ -8,6 +8,12 @@ topic knows its subject's versions as runtime/subject.py says.
 
 All backfill sources of one application share one plan, so that they advance on one ingestion watermark.
 The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on.
+
+Bootstrapped (`app run --from`), a source is both, in one query: the `bergstream-hybrid` source reads the
+archive from `--from` in the same aligned epochs, up to where the pinned snapshot records that the archive
+ends in Kafka (read/handover.py), then Spark's own Kafka reader from exactly there. Its rows carry Kafka's
+columns, or the archive row in `__archive__`; one projection parses the Kafka rows as the router does and
+yields the same columns for both.
 """
 
 from __future__ import annotations
@@ -15,27 +21,36 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
-from bergstream.backfill.read.order import ordering
-from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref
+from bergstream.backfill.read.handover import Handover, pin_handover, refuse_lost_handover
+from bergstream.backfill.read.order import Window, ordering
+from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.subject import LiveSubject
-from bergstream.kafka_source import kafka_stream
-from bergstream.schemas.archive import ArchiveLayout
+from bergstream.kafka_settings import librdkafka_settings
+from bergstream.kafka_source import SOURCE_DEFAULTS, kafka_stream
+from bergstream.schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas
 from bergstream.schemas.stamp import archive_columns, metadata
+from bergstream.timeparse import parse_duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 BACKFILL_FORMAT = "bergstream-backfill"
+HYBRID_FORMAT = "bergstream-hybrid"
 PLAN_DIR = "bergstream-backfill"
+# The archive row of a bootstrapped source's archive phase; null in its Kafka phase.
+ARCHIVE = "__archive__"
+# Planned up to here, then cut at the newest row of the pinned snapshots (parse.py's latest event time).
+_END_OF_TIME_US = 7_258_118_400 * 1_000_000
 
 
 class Sources:
@@ -49,7 +64,10 @@ class Sources:
         self.settings = settings
         self._stopping = stopping or threading.Event()
         self._plan: BackfillPlan | None = None
+        self._handovers: dict[str, Handover] = {}
         self._subjects: dict[str, LiveSubject] = {}
+        # A bootstrap on a one-second trigger: its Kafka phase then waits for the trigger interval.
+        self.paced = False
 
     @property
     def names(self) -> list[str]:
@@ -64,11 +82,23 @@ class Sources:
             )
         if self.settings.mode == "live":
             return self._live(name)
+        if self.settings.mode == "bootstrap":
+            return self._bootstrap(name)
         return self._backfill(name)
 
     def _live(self, name: str) -> DataFrame:
         from pyspark.sql import functions as F
 
+        source = self.settings.sources[name]
+        layout, parser = self._parser(name)
+        records = kafka_stream(
+            self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets_per_trigger
+        )
+        parsed = parser.parse(records, metadata(source.cluster))
+        return parsed.where(F.col(ERROR).isNull()).select(*archive_columns(layout))
+
+    def _parser(self, name: str) -> tuple[ArchiveLayout, Parser]:
+        """The layout of a live source's rows, and the parser of its topic's values, as the router's."""
         source = self.settings.sources[name]
         wire_schemas: WireSchemas | None = None
         if source.schema_registry is None:
@@ -80,12 +110,55 @@ class Sources:
                 self._subjects[name] = LiveSubject(name, source, self._stopping)
             layout = self._subjects[name].layout
             wire_schemas = self._subjects[name].wire_schemas()
-        records = kafka_stream(
-            self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets_per_trigger
+        return layout, Parser(layout, source.encoding, source.max_value_bytes, wire_schemas)
+
+    def _bootstrap(self, name: str) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        settings = self.settings
+        source = settings.sources[name]
+        backfill_plan = self.plan()
+        table = table_ref(source.table_or_topic, settings.catalog).identifier
+        handover = self._handovers[table]
+        path = self._plan_dir() / f"{name}.json"
+        path.write_text(
+            json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
         )
-        parser = Parser(layout, source.encoding, source.max_value_bytes, wire_schemas)
+        options = {
+            **SOURCE_DEFAULTS,
+            **{k: v for k, v in settings.kafka_options(name).items() if k != "startingOffsets"},
+        }
+        if settings.max_offsets_per_trigger is not None:
+            options["maxOffsetsPerTrigger"] = str(settings.max_offsets_per_trigger)
+        if self.paced and "minOffsetsPerTrigger" not in options:
+            # Kafka's batches wait for this many records or for the trigger interval, whichever first.
+            options["minOffsetsPerTrigger"] = str(2**62)
+            interval = parse_duration(settings.trigger_interval, "trigger_interval")
+            options["maxTriggerDelay"] = f"{interval // timedelta(milliseconds=1)}ms"
+        records = (
+            self.spark.readStream.format(HYBRID_FORMAT).option("plan", str(path)).options(**options).load()
+        )
+        layout, parser = self._parser(name)
+        archived = records.schema[ARCHIVE].dataType
+        assert hasattr(archived, "fieldNames"), "the archive row is a struct"
+        present = set(archived.fieldNames())
+        is_archive = F.col(ARCHIVE).isNotNull()
         parsed = parser.parse(records, metadata(source.cluster))
-        return parsed.where(F.col(ERROR).isNull()).select(*archive_columns(layout))
+        columns = []
+        for field in layout.event_type.fields:
+            from_archive = F.col(f"{ARCHIVE}.{field.name}") if field.name in present else F.lit(None)
+            from_kafka = F.col(f"event.{field.name}")
+            columns.append(
+                F.when(is_archive, from_archive.cast(field.dataType)).otherwise(from_kafka).alias(field.name)
+            )
+        archived_metadata = F.struct(
+            *[
+                F.col(f"{ARCHIVE}.{METADATA}.{f.name}").cast(f.dataType).alias(f.name)
+                for f in METADATA_TYPE.fields
+            ]
+        )
+        columns.append(F.when(is_archive, archived_metadata).otherwise(F.col(METADATA)).alias(METADATA))
+        return parsed.where(is_archive | F.col(ERROR).isNull()).select(*columns)
 
     def recover(self, error: Exception) -> bool:
         """Whether the query that failed with `error` may start again: a batch held a schema id the query did
@@ -123,18 +196,26 @@ class Sources:
 
         settings = self.settings
         backfill = settings.backfill
-        assert backfill.start is not None and backfill.end is not None, "validated by AppSettings"
+        bootstrap = settings.mode == "bootstrap"
+        assert backfill.start is not None, "validated by AppSettings"
         tables = [source.table_or_topic for source in settings.sources.values()]
         policy = ordering(backfill.max_misalignment, backfill.strict)
-        window = window_of(backfill.start, backfill.end)
+        if bootstrap:
+            window = Window(to_micros(backfill.start), _END_OF_TIME_US)
+        else:
+            assert backfill.end is not None, "validated by AppSettings"
+            window = window_of(backfill.start, backfill.end)
         pinned_file = self._plan_dir() / "plan.json"
-        request = {
+        request: dict[str, Any] = {
             "tables": sorted(table_ref(t, settings.catalog).identifier for t in tables),
             "window": [window.start, window.end],
             "ordering": policy.name,
             "bound_us": None if policy.bound is None else policy.bound // timedelta(microseconds=1),
             "regions": backfill.regions,
         }
+        if bootstrap:
+            request["mode"] = "bootstrap"
+            request["regions"] = sorted({source.cluster for source in settings.sources.values()})
         snapshots: dict[str, int | None] | None = None
         if pinned_file.exists():
             pinned: dict[str, Any] = json.loads(pinned_file.read_text())
@@ -145,12 +226,65 @@ class Sources:
                     "give this backfill a checkpoint of its own"
                 )
             snapshots = pinned["snapshots"]
-            log.info("resuming backfill %s from its plan in %s", settings.app, pinned_file)
-        backfill_plan = plan(settings.catalog, tables, window, policy, backfill.regions, snapshots)
-        if snapshots is None:
+            self._handovers = {
+                table: Handover.from_json(table, handover)
+                for table, handover in pinned.get("handovers", {}).items()
+            }
+            log.info("resuming %s %s from its plan in %s", "bootstrap" if bootstrap else "backfill",
+                     settings.app, pinned_file)  # fmt: skip
+        elif bootstrap:
+            self._handovers = self._pin_handovers()
+            snapshots = {table: handover.snapshot_id for table, handover in self._handovers.items()}
+        regions = request["regions"]
+        backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
+        if bootstrap:
+            backfill_plan = _ending_at_the_archive(backfill_plan, pinned_file, policy)
+        if not pinned_file.exists():
             pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
-            pinned_file.write_text(json.dumps({"request": request, "snapshots": pinned_snapshots}))
+            document: dict[str, Any] = {"request": request, "snapshots": pinned_snapshots}
+            if bootstrap:
+                document["handovers"] = {table: h.to_json() for table, h in self._handovers.items()}
+                document["window_end"] = backfill_plan.window.end
+            pinned_file.write_text(json.dumps(document))
+        if bootstrap and not self._switched():
+            for handover in self._handovers.values():
+                source = next(s for s in settings.sources.values() if s.topic == handover.topic)
+                kafka = {**settings.kafka, **source.kafka}
+                refuse_lost_handover(handover, librdkafka_settings(kafka, prefix="kafka."))
+                log.info("%s: the archive hands over to Kafka at %s", settings.app, handover.describe())
         return backfill_plan
+
+    def _pin_handovers(self) -> dict[str, Handover]:
+        """Per source table, the newest router commit of its topic and cluster, and where it ends in Kafka."""
+        settings = self.settings
+        handovers = {}
+        for source in settings.sources.values():
+            ref = table_ref(source.table_or_topic, settings.catalog)
+            handovers[ref.identifier] = pin_handover(settings.catalog, ref, source.topic, source.cluster)
+        return handovers
+
+    def _switched(self) -> bool:
+        """Whether the query has logged its switch to Kafka: a hand-over offset may then be long read."""
+        offsets = Path(self.settings.checkpoint_location) / "offsets"
+        logged = (
+            sorted((int(p.name), p) for p in offsets.glob("*") if p.name.isdigit())
+            if offsets.is_dir()
+            else []
+        )
+        return bool(logged) and '"phase":"kafka"' in logged[-1][1].read_text()
+
+
+def _ending_at_the_archive(backfill_plan: BackfillPlan, pinned_file: Path, policy: Any) -> BackfillPlan:
+    """The plan of a bootstrap cut at the newest row of its pinned snapshots: every archived row below the
+    hand-over is read, whatever its timestamp, and the epochs end with the archive."""
+    start = backfill_plan.window.start
+    if pinned_file.exists():
+        end = int(json.loads(pinned_file.read_text())["window_end"])
+    else:
+        end = max((split.upper + 1 for split in backfill_plan.splits), default=start + 1)
+        end = max(end, start + 1)
+    window = Window(start, end)
+    return replace(backfill_plan, window=window, epochs=tuple(policy.epochs(window, backfill_plan.splits)))
 
 
 def _describe(request: dict[str, Any]) -> str:
