@@ -1,0 +1,131 @@
+"""`app run --from`: an application bootstrapped from the archive, then Kafka from where the archive ends, in
+one query. Proof by equality: for both yardstick applications, the bootstrap and a plain live run over the
+same records from Kafka (which still holds them all) write the same output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.runtime.run import run_app
+from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+KINDS = {"impression": ("avro", 4000), "playback": ("json", 2000)}
+
+
+@dataclass(frozen=True)
+class Topics:
+    start: datetime
+    names: dict[str, str]  # kind -> topic and table
+
+
+@pytest.fixture(scope="module")
+def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Topics:
+    """Two hours archived, then half an hour more in Kafka alone, on a partition added after the archive
+    too (the hand-over has no position for it)."""
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    directory = tmp_path_factory.mktemp("bootstrap")
+    names = {}
+    for kind, (encoding, count) in KINDS.items():
+        topic = f"boot_{kind}"
+        archived = ProduceRequest(topic=topic, schema=kind, count=count, encoding=encoding, partitions=3,
+                                  seed=7, late_fraction=0.05, bad_fraction=0.02, ingestion_start=start,
+                                  ingestion_span=timedelta(hours=2))  # fmt: skip
+        produce(archived, stack.bootstrap_servers, show_progress=False)
+        config = RouterConfig(
+            topic=topic, schema=kind, encoding=encoding, table=topic, cluster="us-east-1",
+            kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            checkpoint_location=str(directory / topic), catalog=stack.catalog,
+        )  # fmt: skip
+        archive_available_now(spark, config)
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        later = ProduceRequest(topic=topic, schema=kind, count=count // 4, encoding=encoding, partitions=4,
+                               seed=8, late_fraction=0.05, bad_fraction=0.02,
+                               ingestion_start=start + timedelta(hours=2), ingestion_span=timedelta(minutes=30))  # fmt: skip
+        produce(later, stack.bootstrap_servers, show_progress=False)
+        names[kind] = topic
+    return Topics(start, names)
+
+
+def settings(
+    stack: Services, topics: Topics, app: str, checkpoint: Path, output: str, **mode: Any
+) -> AppSettings:
+    kinds = {"sessionizer": ["playback"], "attribution": ["impression", "playback"]}
+    return AppSettings.model_validate(
+        {
+            "app": app,
+            "entry": f"bergstream.apps.{app}:{app}",
+            "sources": {
+                kind: {"topic": topics.names[kind], "table": topics.names[kind], "schema": kind,
+                       "encoding": KINDS[kind][0], "cluster": "us-east-1"}
+                for kind in kinds[app]
+            },
+            "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+            "checkpoint_location": str(checkpoint),
+            "output_table": output,
+            "max_offsets_per_trigger": 1500,
+            "spark": {"master": "local[2]"},
+            **mode,
+        }
+    )  # fmt: skip
+
+
+def output_rows(spark: SparkSession, table: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row) for row in spark.table(f"bergstream.apps.{table}").collect())
+
+
+@pytest.mark.parametrize("app", ["sessionizer", "attribution"])
+def test_a_bootstrap_from_the_archive_writes_what_a_live_run_writes(
+    stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path, app: str
+) -> None:
+    live = settings(stack, topics, app, tmp_path / "live", f"{app}_plain", mode="live")
+    run_app(spark, live, available_now=True, show_progress=False)
+    bootstrap = settings(stack, topics, app, tmp_path / "bootstrap", f"{app}_bootstrapped", mode="bootstrap",
+                         backfill={"start": topics.start, "max_misalignment": "15m"})  # fmt: skip
+    report = run_app(spark, bootstrap, available_now=True, show_progress=False)
+    assert report.position.phase == "kafka", "the query went over to Kafka"
+    assert report.position.epoch >= 8, "the archive phase read the two hours in epochs of 15 minutes"
+    rows = output_rows(spark, f"{app}_plain")
+    assert len(rows) > 10
+    assert output_rows(spark, f"{app}_bootstrapped") == rows
+
+
+def test_a_bootstrap_refuses_a_hand_over_kafka_no_longer_holds(
+    stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
+) -> None:
+    """Last in this file: it deletes records of the topics the others read."""
+    from confluent_kafka import TopicPartition
+
+    from bergstream.backfill.read.handover import pin_handover
+    from bergstream.backfill.read.planner import table_ref
+
+    topic = topics.names["playback"]
+    handover = pin_handover(stack.catalog, table_ref(topic, stack.catalog), topic, "us-east-1")
+    beyond = handover.offsets[0] + 1
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.delete_records([TopicPartition(topic, 0, beyond)]).values():
+        future.result(30)
+    bootstrap = settings(stack, topics, "sessionizer", tmp_path / "refused", "refused", mode="bootstrap",
+                         backfill={"start": topics.start, "max_misalignment": "15m"})  # fmt: skip
+    with pytest.raises(BackfillConfigError) as refused:
+        run_app(spark, bootstrap, available_now=True, show_progress=False)
+    assert str(refused.value).startswith(
+        f"Kafka no longer holds the hand-over offset: topic {topic} partition 0, hand-over offset "
+        f"{handover.offsets[0]}, earliest offset {beyond}, next offset "
+    )
