@@ -56,7 +56,8 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
         later = ProduceRequest(topic=topic, schema=kind, count=count // 4, encoding=encoding, partitions=4,
                                seed=8, late_fraction=0.05, bad_fraction=0.02,
-                               ingestion_start=start + timedelta(hours=2), ingestion_span=timedelta(minutes=30))  # fmt: skip
+                               ingestion_start=start + timedelta(hours=2),
+                               ingestion_span=timedelta(minutes=30))  # fmt: skip
         produce(later, stack.bootstrap_servers, show_progress=False)
         names[kind] = topic
     return Topics(start, names)
