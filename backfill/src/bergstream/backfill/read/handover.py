@@ -1,0 +1,119 @@
+"""Where an application bootstrapped from the archive goes over to Kafka: per source, the newest router
+commit of its topic and cluster in the table's current history, and the Kafka position it records.
+
+The archive phase reads that snapshot; the Kafka phase starts at exactly its next offsets, in every
+partition the router had, so that each offset is read once: from the archive if the router archived it
+(and it is in the window), from Kafka otherwise. A partition added to the topic since is read from its
+start. The position must still be in Kafka: a hand-over offset that retention has passed is refused,
+naming the topic, partition, hand-over offset and the earliest offset Kafka still has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.planner import TableRef
+from bergstream.catalog import CatalogConfig
+from bergstream.schemas.positions import BatchRange, offsets_json, spark_offsets
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A source's pinned snapshot and the Kafka position its archive ends at."""
+
+    table: str  # catalog.namespace.table
+    topic: str
+    cluster: str
+    snapshot_id: int
+    offsets: dict[int, int]  # per partition, the next offset to read from Kafka
+
+    def to_json(self) -> dict[str, Any]:
+        offsets = {str(partition): offset for partition, offset in sorted(self.offsets.items())}
+        return {
+            "topic": self.topic,
+            "cluster": self.cluster,
+            "snapshot_id": self.snapshot_id,
+            "offsets": offsets,
+        }
+
+    @classmethod
+    def from_json(cls, table: str, data: Mapping[str, Any]) -> Handover:
+        offsets = {int(partition): int(offset) for partition, offset in data["offsets"].items()}
+        return cls(table, data["topic"], data["cluster"], int(data["snapshot_id"]), offsets)
+
+    @property
+    def starting_offsets(self) -> str:
+        """Spark's startingOffsets for the Kafka phase."""
+        return spark_offsets(self.topic, self.offsets)
+
+    def describe(self) -> str:
+        listed = ", ".join(f"p{partition}: {offset}" for partition, offset in sorted(self.offsets.items()))
+        return f"{self.topic} at {listed} (snapshot {self.snapshot_id} of {self.table})"
+
+
+def pin_handover(catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str) -> Handover:
+    """The newest router commit of `topic` from `cluster` in the current history of table `ref`."""
+    handover = recorded_handover(catalog, ref, topic, cluster)
+    if handover is None:
+        raise BackfillConfigError(
+            f"table {ref.identifier} records no Kafka position of topic {topic} read from cluster {cluster}: "
+            "no router commit of this bergstream version is in its history (run the router, or check the "
+            "source's topic and cluster)"
+        )
+    return handover
+
+
+def recorded_handover(
+    catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str, snapshot_id: int | None = None
+) -> Handover | None:
+    """The newest router commit of `topic` from `cluster` at or before `snapshot_id` (default: the current
+    snapshot) in table `ref`'s history; None when there is none."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.table.snapshots import ancestors_of
+
+    try:
+        table = catalog.load().load_table(ref.pyiceberg_identifier)
+    except NoSuchTableError as error:
+        raise BackfillConfigError(f"table {ref.identifier} does not exist in the catalog") from error
+    newest = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    for snapshot in ancestors_of(newest, table.metadata):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        recorded = BatchRange.recorded(summary, topic, cluster)
+        if recorded is not None:
+            return Handover(ref.identifier, topic, cluster, snapshot.snapshot_id, recorded.end)
+    return None
+
+
+def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:
+    """Refuse a hand-over whose offsets Kafka no longer holds, or a partition Kafka no longer has."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {**client_config, "group.id": "bergstream-handover-check", "enable.auto.commit": False}
+    )
+    try:
+        metadata = consumer.list_topics(handover.topic, timeout=15).topics.get(handover.topic)
+        if metadata is None or metadata.error is not None:
+            why = "it does not exist" if metadata is None else str(metadata.error)
+            raise BackfillConfigError(f"topic {handover.topic}: cannot hand over to it: {why}")
+        for partition, offset in sorted(handover.offsets.items()):
+            if partition not in metadata.partitions:
+                raise BackfillConfigError(
+                    f"topic {handover.topic} partition {partition}: the hand-over position "
+                    f"{offsets_json(handover.offsets)} names a partition Kafka no longer has (was the topic "
+                    "deleted and made again?)"
+                )
+            earliest, next_offset = consumer.get_watermark_offsets(
+                TopicPartition(handover.topic, partition), timeout=15, cached=False
+            )
+            if offset < earliest or offset > next_offset:
+                lost = "no longer holds" if offset < earliest else "has not reached"
+                raise BackfillConfigError(
+                    f"Kafka {lost} the hand-over offset: topic {handover.topic} partition {partition}, "
+                    f"hand-over offset {offset}, earliest offset {earliest}, next offset {next_offset}"
+                )
+    finally:
+        consumer.close()
