@@ -284,6 +284,15 @@ def test_a_checkpoint_is_refused_to_another_backfill(
                          start=archived.start + timedelta(minutes=30))  # fmt: skip
     with pytest.raises(CheckpointMismatch, match="give this backfill a checkpoint of its own"):
         Sources(spark, later).plan()
+    # The same regions in another order are the same backfill, as the checkpoint's name says.
+    regions = ["us-east-1", "eu-west-1"]
+    first = app_settings(
+        stack, archived, tmp_path / "regions", "probe", "backfill", "apps.unused", regions=regions
+    )
+    Sources(spark, first).plan()
+    again = app_settings(stack, archived, tmp_path / "regions", "probe", "backfill", "apps.unused",
+                         regions=regions[::-1])  # fmt: skip
+    assert Sources(spark, again).plan().regions == Sources(spark, first).plan().regions
     # A plan file changed under the checkpoint: the source itself refuses the checkpointed offsets.
     for name in ("impression", "playback"):
         path = tmp_path / "bergstream-backfill" / f"{name}.json"

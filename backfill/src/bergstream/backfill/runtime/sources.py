@@ -128,12 +128,14 @@ class Sources:
         policy = ordering(backfill.max_misalignment, backfill.strict)
         window = window_of(backfill.start, backfill.end)
         pinned_file = self._plan_dir() / "plan.json"
+        # As the checkpoint's name has them: the same regions in another order are the same request.
+        regions = sorted(backfill.regions) if backfill.regions is not None else None
         request = {
             "tables": sorted(table_ref(t, settings.catalog).identifier for t in tables),
             "window": [window.start, window.end],
             "ordering": policy.name,
             "bound_us": None if policy.bound is None else policy.bound // timedelta(microseconds=1),
-            "regions": backfill.regions,
+            "regions": regions,
         }
         snapshots: dict[str, int | None] | None = None
         if pinned_file.exists():
@@ -146,7 +148,7 @@ class Sources:
                 )
             snapshots = pinned["snapshots"]
             log.info("resuming backfill %s from its plan in %s", settings.app, pinned_file)
-        backfill_plan = plan(settings.catalog, tables, window, policy, backfill.regions, snapshots)
+        backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
         if snapshots is None:
             pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
             pinned_file.write_text(json.dumps({"request": request, "snapshots": pinned_snapshots}))
