@@ -127,3 +127,21 @@ def test_a_registry_source_needs_no_schema_file(tmp_path: Path) -> None:
     loaded = settings.sources["playback"].schema_registry
     assert loaded is not None
     assert (loaded.url, loaded.subject_of("plays")) == ("http://127.0.0.1:8081", "plays-value")
+
+
+def test_a_checkpoint_name_tells_windows_apart_to_the_microsecond_and_regions_in_any_order(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path)
+    window = {"start": "2026-11-22T00:00:00Z", "end": "2026-11-23T00:00:00Z"}
+    whole = backfill_checkpoint(load(path, mode="backfill", backfill=window))
+    later = backfill_checkpoint(
+        load(path, mode="backfill", backfill={**window, "start": "2026-11-22T00:00:00.5Z"})
+    )
+    assert whole != later and "20261122T000000500000_" in later
+    regions = [["us-east-1", "eu-west-1"], ["eu-west-1", "us-east-1"]]
+    named = {
+        backfill_checkpoint(load(path, mode="backfill", backfill={**window, "regions": listed}))
+        for listed in regions
+    }
+    assert len(named) == 1

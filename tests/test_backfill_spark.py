@@ -284,6 +284,15 @@ def test_a_checkpoint_is_refused_to_another_backfill(
                          start=archived.start + timedelta(minutes=30))  # fmt: skip
     with pytest.raises(CheckpointMismatch, match="give this backfill a checkpoint of its own"):
         Sources(spark, later).plan()
+    # The same regions in another order are the same backfill, as the checkpoint's name says.
+    regions = ["us-east-1", "eu-west-1"]
+    first = app_settings(
+        stack, archived, tmp_path / "regions", "probe", "backfill", "apps.unused", regions=regions
+    )
+    Sources(spark, first).plan()
+    again = app_settings(stack, archived, tmp_path / "regions", "probe", "backfill", "apps.unused",
+                         regions=regions[::-1])  # fmt: skip
+    assert Sources(spark, again).plan().regions == Sources(spark, first).plan().regions
     # A plan file changed under the checkpoint: the source itself refuses the checkpointed offsets.
     for name in ("impression", "playback"):
         path = tmp_path / "bergstream-backfill" / f"{name}.json"
@@ -452,11 +461,14 @@ def test_a_replay_that_fails_says_where_it_stopped(stack: Services, archived: Ar
         )  # fmt: skip
 
 
-def test_a_backfill_killed_with_sigkill_resumes_with_the_same_output(
+def test_a_backfill_stopped_then_killed_resumes_with_the_same_output_and_reports_every_run(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:
-    """`bergstream backfill run` killed (driver and JVM) after two micro-batches, then run again with
-    the same command, writes what an uninterrupted backfill writes: each batch's output once."""
+    """`bergstream backfill run` stopped with SIGTERM (it exits 1: its report says the window is not
+    covered), then killed (driver and JVM) after two more micro-batches, then run again with the same
+    command: it writes what an uninterrupted backfill writes, each batch's output once, and its report
+    counts the rows of all three runs against the archive's."""
+    import json
     import os
     import signal
     import subprocess
@@ -476,15 +488,30 @@ def test_a_backfill_killed_with_sigkill_resumes_with_the_same_output(
     command = [
         sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer",
         "--config", str(config), "--start", archived.start.isoformat(), "--end", archived.end.isoformat(),
-        "--max-misalignment", "15m", "--checkpoint", str(checkpoint),
+        "--max-misalignment", "15m", "--checkpoint", str(checkpoint), "--json",
     ]  # fmt: skip
     root = Path(__file__).parent.parent
+    stopped = subprocess.Popen(
+        command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 240
+    while len(list((checkpoint / "commits").glob("[0-9]*"))) < 1:
+        assert stopped.poll() is None, stopped.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the backfill committed no micro-batch in 240s"
+        time.sleep(0.2)
+    stopped.send_signal(signal.SIGTERM)
+    out, err = stopped.communicate(timeout=120)
+    assert stopped.returncode == 1, err[-2000:]
+    partial = json.loads(out)
+    assert partial["complete"] is False and "covered to" in partial["problems"][0], partial
+    assert "incomplete" in err.strip().splitlines()[-1]
+    before_kill = len(list((checkpoint / "commits").glob("[0-9]*")))
     with (tmp_path / "killed.log").open("wb") as log:
         process = subprocess.Popen(
             command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     deadline = time.monotonic() + 240
-    while len(list((checkpoint / "commits").glob("[0-9]*"))) < 2:
+    while len(list((checkpoint / "commits").glob("[0-9]*"))) < before_kill + 2:
         assert process.poll() is None, (tmp_path / "killed.log").read_text()[-2000:]
         assert time.monotonic() < deadline, "the backfill committed no two micro-batches in 240s"
         time.sleep(0.2)
@@ -494,6 +521,11 @@ def test_a_backfill_killed_with_sigkill_resumes_with_the_same_output(
     assert committed < 9, "killed before the end of the window"
     resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "covered to " + archived.end.strftime("%Y-%m-%dT%H:%M:%SZ") in resumed.stdout
+    report = json.loads(resumed.stdout)
+    assert report["complete"] is True and report["problems"] == []
+    assert report["watermark"] == archived.end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert report["rows"] == report["rows_in_archive"] and report["rows"]["playback"] > 0
+    (handover,) = report["handovers"].values()
+    assert handover["topic"] == archived.topics["playback"] and len(handover["offsets"]) == 3
     assert output_rows(spark, "killed_resumed") == output_rows(spark, "killed_whole")
     assert len(output_rows(spark, "killed_whole")) > 10

@@ -46,6 +46,12 @@ def run_application(settings: AppSettings, available_now: bool, as_json: bool) -
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         echo_lines(report.lines())
+    if report.problems:
+        from bergstream.backfill.errors import BackfillError
+
+        raise BackfillError(
+            f"{settings.app}: the {settings.mode} is incomplete: {'; '.join(report.problems)}"
+        )
 
 
 @click.group()

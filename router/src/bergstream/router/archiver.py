@@ -23,6 +23,7 @@ from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED
 from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
+from bergstream.schemas.positions import BatchRange
 
 log = logging.getLogger("bergstream.router")
 
@@ -50,6 +51,8 @@ class BatchArchiver:
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
         self._query: StreamingQuery | None = None
         self._starting = "latest"
+        # The last batch's range: its end is the next batch's start.
+        self._covered: tuple[int, BatchRange] | None = None
         # The query's first batch may come before `started` is told the query's id.
         self._started = threading.Event()
         self._expect_dead_letters = False
@@ -62,6 +65,7 @@ class BatchArchiver:
         self._writers = self.tables.writers(self.layout, query.id)
         self._query = query
         self._starting = starting
+        self._covered = None
         self._started.set()
 
     def archive(self, records: DataFrame, batch_id: int) -> None:
@@ -69,7 +73,11 @@ class BatchArchiver:
         assert self._writers is not None and self._query is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
-        covered = batch_range(self._query, batch_id, self.config.topic, self._starting)
+        previous = self._covered if self._covered is not None and self._covered[0] == batch_id - 1 else None
+        covered = batch_range(
+            self._query, batch_id, self.config.topic, self._starting, previous[1].end if previous else None
+        )
+        self._covered = (batch_id, covered)
         properties = covered.properties(self.config.topic, self.config.cluster)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)

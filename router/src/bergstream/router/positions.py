@@ -38,13 +38,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("bergstream.router")
 
 
-def batch_range(query: StreamingQuery, batch_id: int, topic: str, starting: str) -> BatchRange:
+def batch_range(
+    query: StreamingQuery,
+    batch_id: int,
+    topic: str,
+    starting: str,
+    previous_end: dict[int, int] | None = None,
+) -> BatchRange:
     """Batch `batch_id`'s range, from the query's offset log (written before the batch runs); `starting`
-    is the query's startingOffsets, the start of its first batch."""
+    is the query's startingOffsets, the start of its first batch; `previous_end`, batch `batch_id - 1`'s
+    end where the caller has it (one read of the log instead of two)."""
     end = _logged_offsets(query, batch_id, topic)
     if end is None:
         raise RuntimeError(f"{topic}: batch {batch_id} is not in the query's offset log")
-    start: dict[int, int] | str | None = _logged_offsets(query, batch_id - 1, topic) if batch_id else None
+    start: dict[int, int] | str | None = previous_end
+    if start is None and batch_id:
+        start = _logged_offsets(query, batch_id - 1, topic)
     if start is None:
         start = _parse_starting(starting, topic)
     return BatchRange(start, end)

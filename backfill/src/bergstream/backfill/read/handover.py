@@ -56,6 +56,21 @@ class Handover:
 
 def pin_handover(catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str) -> Handover:
     """The newest router commit of `topic` from `cluster` in the current history of table `ref`."""
+    handover = recorded_handover(catalog, ref, topic, cluster)
+    if handover is None:
+        raise BackfillConfigError(
+            f"table {ref.identifier} records no Kafka position of topic {topic} read from cluster {cluster}: "
+            "no router commit of this bergstream version is in its history (run the router, or check the "
+            "source's topic and cluster)"
+        )
+    return handover
+
+
+def recorded_handover(
+    catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str, snapshot_id: int | None = None
+) -> Handover | None:
+    """The newest router commit of `topic` from `cluster` at or before `snapshot_id` (default: the current
+    snapshot) in table `ref`'s history; None when there is none."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -63,16 +78,13 @@ def pin_handover(catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str
         table = catalog.load().load_table(ref.pyiceberg_identifier)
     except NoSuchTableError as error:
         raise BackfillConfigError(f"table {ref.identifier} does not exist in the catalog") from error
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+    newest = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    for snapshot in ancestors_of(newest, table.metadata):
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         recorded = BatchRange.recorded(summary, topic, cluster)
         if recorded is not None:
             return Handover(ref.identifier, topic, cluster, snapshot.snapshot_id, recorded.end)
-    raise BackfillConfigError(
-        f"table {ref.identifier} records no Kafka position of topic {topic} read from cluster {cluster}: "
-        "no router commit of this bergstream version is in its history (run the router, or check the "
-        "source's topic and cluster)"
-    )
+    return None
 
 
 def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:

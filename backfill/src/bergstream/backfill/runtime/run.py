@@ -1,8 +1,11 @@
 """`bergstream backfill run` and `bergstream app run`: an application's query, its progress and its report.
 
-The report of a backfill says which part of the window was covered, how many rows each source read, and,
-per Kafka partition, the last archived offset read: where a live run takes over. The rows are counted
-twice, from the query's progress and from the archive itself, and a difference is reported as an error.
+The report of a backfill says what was delivered, never more: the part of the window covered by batches
+Spark committed, how many rows each source read over every run of the same request (kept beside the
+checkpoint, so that a resumed run counts the rows of the runs before it), and where in Kafka the archive
+it read ends (the hand-over positions its router recorded). The rows are counted twice, from the query's
+progress and from the archive itself. A window not covered, or rows that disagree with the archive, make
+the report incomplete, and the command exit non-zero.
 """
 
 from __future__ import annotations
@@ -11,16 +14,18 @@ import json
 import logging
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
+from bergstream.backfill.read.handover import Handover, recorded_handover
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
 from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
 from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import Sources
+from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
 from bergstream.errors import first_line
 from bergstream.progress import ProgressLines
 from bergstream.query import QueryRunner
@@ -55,14 +60,6 @@ class Position:
 
 
 @dataclass(frozen=True)
-class EndOffset:
-    topic: str
-    partition: int
-    last_offset: int
-    rows: int
-
-
-@dataclass(frozen=True)
 class RunReport:
     app: str
     mode: str
@@ -71,8 +68,17 @@ class RunReport:
     position: Position
     window: tuple[datetime, datetime] | None
     bound: str | None
-    end_offsets: list[EndOffset]
-    rows_in_archive: dict[str, int]
+    # Per source: the rows read over every run of this request, and the rows the archive holds in the window.
+    rows_read: dict[str, int] = field(default_factory=dict)
+    rows_in_archive: dict[str, int] = field(default_factory=dict)
+    # Per source: where the archive it read ends in Kafka, as its router recorded it.
+    handovers: dict[str, Handover] = field(default_factory=dict)
+    # What keeps a backfill from being complete; None for a live run, which has no end to reach.
+    problems: list[str] | None = None
+
+    @property
+    def complete(self) -> bool | None:
+        return None if self.problems is None else not self.problems
 
     def lines(self) -> list[str]:
         rate = self.position.total_rows / self.seconds if self.seconds else 0.0
@@ -86,48 +92,75 @@ class RunReport:
             f"  {self.position.batches} micro-batches, {self.position.total_rows:,} rows in "
             f"{self.seconds:.1f}s ({rate:,.0f} rows/s), output appended to {self.output}",
         ]
-        for source, rows in sorted(self.position.rows.items()):
+        for source, rows in sorted((self.rows_read or self.position.rows).items()):
             archived = self.rows_in_archive.get(source)
             check = "" if archived is None else f" (the archive holds {archived:,} in the window)"
-            lines.append(f"  {source}: {rows:,} rows read{check}")
-        if self.end_offsets:
-            lines.append("  last archived offset read per partition (a live run takes over after it):")
-            for end in self.end_offsets:
-                lines.append(
-                    f"    {end.topic} partition {end.partition}: offset {end.last_offset} ({end.rows:,} rows)"
-                )
+            runs = " over every run" if self.rows_read else ""
+            lines.append(f"  {source}: {rows:,} rows read{runs}{check}")
+        if self.handovers:
+            lines.append("  the archive read ends in Kafka at (`app run --from` hands over there):")
+            for source, handover in sorted(self.handovers.items()):
+                lines.append(f"    {source}: {handover.describe()}")
         for topic, offsets in sorted(self.position.kafka_end_offsets.items()):
             listed = ", ".join(f"p{p}: {o}" for p, o in sorted(offsets.items()))
             lines.append(f"  {topic}: next offsets {listed}")
+        for problem in self.problems or []:
+            lines.append(f"  incomplete: {problem}")
         return lines
 
     def to_json(self) -> dict[str, Any]:
         return {
             "app": self.app,
             "mode": self.mode,
+            "complete": self.complete,
+            "problems": self.problems,
             "output": self.output,
             "seconds": self.seconds,
             "batches": self.position.batches,
-            "rows": self.position.rows,
+            "rows": self.rows_read or self.position.rows,
             "rows_in_archive": self.rows_in_archive,
             "window": [format_instant(t) for t in self.window] if self.window else None,
             "watermark": format_instant(self.position.watermark) if self.position.watermark else None,
             "max_misalignment": self.bound,
-            "end_offsets": [end.__dict__ for end in self.end_offsets],
+            "handovers": {source: handover.to_json() for source, handover in self.handovers.items()},
             "kafka_end_offsets": self.position.kafka_end_offsets,
         }
+
+
+class RowLedger:
+    """The rows each committed micro-batch of a backfill read, per source, in a file beside its checkpoint:
+    a resumed run counts the rows of the runs before it, and a replayed batch once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.batches: dict[int, dict[str, int]] = {}
+        if path.exists():
+            loaded = json.loads(path.read_text())
+            self.batches = {int(batch): dict(rows) for batch, rows in loaded.items()}
+
+    def record(self, batch_id: int, rows: dict[str, int]) -> None:
+        self.batches[batch_id] = rows
+        written = self.path.with_suffix(".tmp")
+        written.write_text(
+            json.dumps({str(batch): counted for batch, counted in sorted(self.batches.items())})
+        )
+        written.replace(self.path)
+
+    def totals(self, sources: list[str]) -> dict[str, int]:
+        return {source: sum(rows.get(source, 0) for rows in self.batches.values()) for source in sources}
 
 
 class _Progress:
     """Follows the query's progress events; `position` is read by the display and the report."""
 
-    def __init__(self, settings: AppSettings) -> None:
+    def __init__(self, settings: AppSettings, ledger: RowLedger | None = None) -> None:
         # How each named source shows in a progress event's description, whatever order the plan has.
         self.markers = {
             name: (f"[{name}:", f"Subscribe[{source.topic}]") for name, source in settings.sources.items()
         }
         self.position = Position(rows=dict.fromkeys(settings.sources, 0))
         self.lock = threading.Lock()
+        self.ledger = ledger
 
     def _name(self, description: str) -> str:
         for name, markers in self.markers.items():
@@ -139,8 +172,10 @@ class _Progress:
         with self.lock:
             position = self.position
             position.batches += 1
+            batch_rows: dict[str, int] = {}
             for source in progress.sources:
                 name = self._name(str(source.description))
+                batch_rows[name] = batch_rows.get(name, 0) + int(source.numInputRows)
                 position.rows[name] = position.rows.get(name, 0) + int(source.numInputRows)
                 end = _offset_json(source.endOffset)
                 if isinstance(end, dict) and end.get("phase") == "kafka":
@@ -161,6 +196,8 @@ class _Progress:
                 elif isinstance(end, dict):
                     for topic, partitions in end.items():
                         position.kafka_end_offsets[topic] = {int(p): int(o) for p, o in partitions.items()}
+            if self.ledger is not None:
+                self.ledger.record(int(progress.batchId), batch_rows)
 
 
 def _offset_json(offset: Any) -> Any:
@@ -182,7 +219,12 @@ def run_app(
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     started = time.monotonic()
-    tracker = _Progress(settings)
+    ledger = None
+    if settings.mode == "backfill":
+        plans = Path(settings.checkpoint_location) / PLAN_DIR
+        plans.mkdir(parents=True, exist_ok=True)
+        ledger = RowLedger(plans / "rows.json")
+    tracker = _Progress(settings, ledger)
 
     class Listener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -208,85 +250,168 @@ def run_app(
     except StreamingQueryException as error:
         raise BackfillError(f"{settings.app}: the query stopped: {first_line(error)}") from error
     finally:
+        # Progress events come through Spark's listener bus after the batch; let the last ones arrive.
+        _drain_listener_bus(spark)
         spark.streams.removeListener(listener)
     if runner.stopping.is_set():
         log.warning("%s: stopped; run the same command again to resume from the checkpoint", settings.app)
     plan = query.plan
     seconds = time.monotonic() - started
-    end_offsets: list[EndOffset] = []
-    rows_in_archive: dict[str, int] = {}
-    window = None
-    bound = None
-    if plan is not None and settings.mode == "bootstrap":
-        window = (from_micros(plan.window.start), from_micros(plan.window.end))
-        bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
-    elif plan is not None:
-        checkpointed = checkpointed_watermark(settings.checkpoint_location)
-        position = tracker.position
-        if checkpointed is not None and (position.watermark is None or checkpointed > position.watermark):
-            position.watermark = checkpointed
-        window = (from_micros(plan.window.start), from_micros(plan.window.end))
-        bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
-        end_offsets, rows_in_archive = archive_positions(spark, settings, plan)
-        position = tracker.position
-        for name, expected in rows_in_archive.items():
-            if position.watermark is not None and position.watermark >= window[1]:
-                read = position.rows.get(name, 0)
-                if read != expected:
-                    log.error("%s: source %s read %d rows but the archive holds %d in the window",
-                              settings.app, name, read, expected)  # fmt: skip
-    return RunReport(
+    report = RunReport(
         app=settings.app, mode=settings.mode, output=output_identifier(settings), seconds=seconds,
-        position=tracker.position, window=window, bound=bound, end_offsets=end_offsets,
-        rows_in_archive=rows_in_archive,
+        position=tracker.position, window=None, bound=None,
+    )  # fmt: skip
+    if plan is not None and settings.mode == "bootstrap":
+        return replace(
+            report,
+            window=(from_micros(plan.window.start), from_micros(plan.window.end)),
+            bound=format_duration(plan.policy.bound) if plan.policy.bound is not None else None,
+            handovers=query.sources.handovers,
+        )
+    if plan is None or ledger is None:
+        return report
+    return _backfill_report(spark, settings, plan, ledger, report)
+
+
+def _drain_listener_bus(spark: SparkSession) -> None:
+    with suppress(Exception):
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+
+
+def _backfill_report(
+    spark: SparkSession,
+    settings: AppSettings,
+    plan: BackfillPlan,
+    ledger: RowLedger,
+    report: RunReport,
+) -> RunReport:
+    """What a backfill delivered over all its runs: the window covered by committed batches, the rows read
+    against the archive's, and where the archive it read ends in Kafka."""
+    window = (from_micros(plan.window.start), from_micros(plan.window.end))
+    bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
+    position = report.position
+    committed = committed_epoch(settings.checkpoint_location)
+    if committed is not None:
+        position.epoch = max(position.epoch, committed)
+    done = position.epoch >= len(plan.epochs)
+    # Past the last epoch there is nothing more in the window to read: the whole window is covered.
+    position.watermark = (
+        window[1]
+        if done
+        else from_micros(plan.epochs[position.epoch - 1].upper if position.epoch else plan.window.start)
+    )
+    rows_in_archive = count_in_archive(spark, settings, plan, [(plan.window.start, plan.window.end)])
+    sources = list(settings.sources)
+    rows_read = ledger.totals(sources)
+    unreported = [
+        batch for batch in committed_batches(settings.checkpoint_location) if batch not in ledger.batches
+    ]
+    if unreported:
+        # A run killed after Spark committed a batch and before its progress reached bergstream.
+        ranges = [
+            (plan.epochs[epoch].lower, plan.epochs[epoch].upper)
+            for batch in unreported
+            for epoch in range(logged_epoch(settings.checkpoint_location, batch - 1) or 0,
+                               logged_epoch(settings.checkpoint_location, batch) or 0)
+        ]  # fmt: skip
+        log.warning("%s: batches %s of an earlier run stopped before their progress was recorded: their "
+                    "rows are counted from the archive", settings.app, unreported)  # fmt: skip
+        for name, rows in count_in_archive(spark, settings, plan, ranges).items():
+            rows_read[name] += rows
+    problems = []
+    if not done:
+        problems.append(
+            f"covered to {format_instant(position.watermark)} of a window ending {format_instant(window[1])} "
+            f"({position.epoch} of {len(plan.epochs)} epochs): run the same command again to resume"
+        )
+    else:
+        for name in sources:
+            if rows_read[name] != rows_in_archive.get(name, 0):
+                problems.append(
+                    f"source {name} read {rows_read[name]:,} rows but the archive holds "
+                    f"{rows_in_archive.get(name, 0):,} in the window"
+                )
+    for problem in problems:
+        log.error("%s: %s", settings.app, problem)
+    return replace(
+        report, window=window, bound=bound, rows_read=rows_read, rows_in_archive=rows_in_archive,
+        handovers=handovers_read(settings, plan), problems=problems,
     )  # fmt: skip
 
 
-def archive_positions(
-    spark: SparkSession, settings: AppSettings, plan: BackfillPlan
-) -> tuple[list[EndOffset], dict[str, int]]:
-    """Per Kafka partition, the last offset of the window in each source's archive; rows per source."""
+def handovers_read(settings: AppSettings, plan: BackfillPlan) -> dict[str, Handover]:
+    """Per source, where the archive it read ends in Kafka: the newest router commit of its topic and
+    cluster at or before the snapshot the backfill pinned."""
+    from bergstream.backfill.read.planner import table_ref
+
+    handovers = {}
+    for name, source in settings.sources.items():
+        scan = plan.scan_of(table_ref(source.table_or_topic, settings.catalog).identifier)
+        if scan.snapshot_id is None:
+            continue
+        handover = recorded_handover(
+            settings.catalog, scan.table, source.topic, source.cluster, scan.snapshot_id
+        )
+        if handover is not None:
+            handovers[name] = handover
+    return handovers
+
+
+def count_in_archive(
+    spark: SparkSession, settings: AppSettings, plan: BackfillPlan, ranges: list[tuple[int, int]]
+) -> dict[str, int]:
+    """Per source, the rows ingested in `ranges` ([lower, upper) in microseconds) in the snapshot the
+    backfill pinned, regions applied."""
+    from pyspark.sql import Column
     from pyspark.sql import functions as F
 
     from bergstream.backfill.read.planner import table_ref
 
-    ends: list[EndOffset] = []
     rows: dict[str, int] = {}
-    start, end = (format_instant(from_micros(t)) for t in (plan.window.start, plan.window.end))
+    ts = F.col(INGESTION_TS_COLUMN)
+    within: Column | None = None
+    for lower, upper in ranges:
+        start, end = (format_instant(from_micros(t)) for t in (lower, upper))
+        one = (ts >= F.lit(start).cast("timestamp")) & (ts < F.lit(end).cast("timestamp"))
+        within = one if within is None else within | one
     for name, source in settings.sources.items():
         scan = plan.scan_of(table_ref(source.table_or_topic, settings.catalog).identifier)
-        if scan.snapshot_id is None:
+        if scan.snapshot_id is None or within is None:
             rows[name] = 0
             continue
-        table = spark.read.option("versionAsOf", str(scan.snapshot_id)).table(scan.table.identifier)
-        ts = F.col(INGESTION_TS_COLUMN)
-        selected = table.where((ts >= F.lit(start).cast("timestamp")) & (ts < F.lit(end).cast("timestamp")))
+        selected = (
+            spark.read.option("versionAsOf", str(scan.snapshot_id)).table(scan.table.identifier).where(within)
+        )
         if plan.regions is not None:
             selected = selected.where(F.col(f"{METADATA}.cluster").isin(list(plan.regions)))
-        counted = selected.groupBy(F.col(f"{METADATA}.topic").alias("topic"),
-                                   F.col(f"{METADATA}.partition").alias("partition")).agg(
-            F.max(f"{METADATA}.offset").alias("last_offset"), F.count("*").alias("rows")
-        )  # fmt: skip
-        found = counted.orderBy("topic", "partition").collect()
-        ends += [EndOffset(r.topic, int(r.partition), int(r.last_offset), int(r.rows)) for r in found]
-        rows[name] = sum(int(r.rows) for r in found)
-    return ends, rows
+        rows[name] = selected.count()
+    return rows
 
 
-def checkpointed_watermark(checkpoint: str) -> datetime | None:
-    """The backfill watermark of the newest micro-batch in the query's offset log, where one ran before."""
-    offsets = Path(checkpoint) / "offsets"
-    logged = (
-        sorted((int(p.name), p) for p in offsets.glob("*") if p.name.isdigit()) if offsets.is_dir() else []
-    )
-    if not logged:
+def committed_batches(checkpoint: str) -> list[int]:
+    """The micro-batches Spark committed: delivered whole."""
+    commits = Path(checkpoint) / "commits"
+    return sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit()) if commits.is_dir() else []
+
+
+def logged_epoch(checkpoint: str, batch: int) -> int | None:
+    """The epochs done once `batch` is, from the query's offset log; None for no such batch."""
+    logged = Path(checkpoint) / "offsets" / str(batch)
+    if batch < 0 or not logged.exists():
         return None
-    marks = []
-    for line in logged[-1][1].read_text().splitlines()[2:]:
+    epochs = []
+    for line in logged.read_text().splitlines()[2:]:
         offset = _offset_json(line)
-        if isinstance(offset, dict) and offset.get("watermark"):
-            marks.append(datetime.fromisoformat(str(offset["watermark"]).replace("Z", "+00:00")))
-    return min(marks) if marks else None
+        if isinstance(offset, dict) and "epoch" in offset:
+            epochs.append(int(offset["epoch"]))
+    return min(epochs) if epochs else None
+
+
+def committed_epoch(checkpoint: str) -> int | None:
+    """The epochs done by the newest micro-batch Spark committed; None before the first commit. A batch
+    in the offset log but not in the commit log has not been delivered."""
+    committed = committed_batches(checkpoint)
+    return logged_epoch(checkpoint, committed[-1]) if committed else None
 
 
 class _AppQuery:

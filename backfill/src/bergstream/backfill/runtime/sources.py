@@ -206,12 +206,14 @@ class Sources:
             assert backfill.end is not None, "validated by AppSettings"
             window = window_of(backfill.start, backfill.end)
         pinned_file = self._plan_dir() / "plan.json"
+        # As the checkpoint's name has them: the same regions in another order are the same request.
+        regions = sorted(backfill.regions) if backfill.regions is not None else None
         request: dict[str, Any] = {
             "tables": sorted(table_ref(t, settings.catalog).identifier for t in tables),
             "window": [window.start, window.end],
             "ordering": policy.name,
             "bound_us": None if policy.bound is None else policy.bound // timedelta(microseconds=1),
-            "regions": backfill.regions,
+            "regions": regions,
         }
         if bootstrap:
             request["mode"] = "bootstrap"
@@ -253,6 +255,17 @@ class Sources:
                 refuse_lost_handover(handover, librdkafka_settings(kafka, prefix="kafka."))
                 log.info("%s: the archive hands over to Kafka at %s", settings.app, handover.describe())
         return backfill_plan
+
+    @property
+    def handovers(self) -> dict[str, Handover]:
+        """Per source name, where a bootstrap goes over to Kafka; empty before its plan is made."""
+        by_table = self._handovers
+        catalog = self.settings.catalog
+        return {
+            name: by_table[table_ref(source.table_or_topic, catalog).identifier]
+            for name, source in self.settings.sources.items()
+            if table_ref(source.table_or_topic, catalog).identifier in by_table
+        }
 
     def _pin_handovers(self) -> dict[str, Handover]:
         """Per source table, the newest router commit of its topic and cluster, and where it ends in Kafka."""
