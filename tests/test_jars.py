@@ -88,7 +88,7 @@ def test_shuffle_partitions_follow_the_local_cores(master: str, partitions: str,
     assert overridden["spark.sql.shuffle.partitions"] == "16"
 
 
-def test_bergstreams_java_is_built_once_and_the_backfill_source_registered(
+def test_bergstreams_java_is_built_once_and_the_backfill_and_hybrid_sources_registered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import zipfile
@@ -97,8 +97,12 @@ def test_bergstreams_java_is_built_once_and_the_backfill_source_registered(
     assert jar in jars.spark_jars()
     with zipfile.ZipFile(jar) as built:
         service = built.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()
-        assert service.strip() == "io.bergstream.backfill.BackfillSource"
+        assert service.split() == [
+            "io.bergstream.backfill.BackfillSource",
+            "io.bergstream.backfill.HybridSource",
+        ]
         assert "io/bergstream/backfill/EpochStream.class" in built.namelist()
+        assert "io/bergstream/backfill/HybridStream.class" in built.namelist()
         assert "io/bergstream/router/PartitionRanges.class" in built.namelist()
     monkeypatch.setenv("PATH", "/nonexistent")  # no javac: a built jar must not need it
     assert jars.project_jar() == jar

@@ -163,7 +163,7 @@ def test_the_wheel_ships_bergstreams_java_built(wheel: Path, tmp_path: Path) -> 
     with zipfile.ZipFile(tmp_path / "bergstream-spark.jar") as jar:
         names = set(jar.namelist())
         service = jar.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()
-    assert service.strip() == "io.bergstream.backfill.BackfillSource"
+    assert service.split() == ["io.bergstream.backfill.BackfillSource", "io.bergstream.backfill.HybridSource"]
     for part in ("schemas", "router", "backfill"):
         for source in (ROOT / part / "jvm" / "src" / "main" / "java").rglob("*.java"):
             compiled = source.relative_to(source.parents[3]).with_suffix(".class").as_posix()

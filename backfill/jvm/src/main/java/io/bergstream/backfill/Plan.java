@@ -16,7 +16,8 @@ import java.util.Map;
 /**
  * What one backfill source reads, as the Python planner wrote it: the table at its pinned snapshot,
  * the regions, and the epochs shared by every source of the backfill ([lower, upper) ingestion times in
- * microseconds, ascending).
+ * microseconds, ascending). A plan for {@code bergstream-hybrid} adds the {@link Handover}: the Kafka
+ * positions recorded in that snapshot, where the source reads on from Kafka once the epochs are done.
  */
 final class Plan implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -39,6 +40,8 @@ final class Plan implements Serializable {
   final Map<String, long[][]> rowGroups;
   // Per data file: its inclusive ingestion-time bounds, as the planner found them.
   final Map<String, long[]> files;
+  // Where Kafka takes over from the archive; null in a plan for bergstream-backfill alone.
+  final Handover handover;
 
   private Plan(String path, JsonNode node) {
     this.path = path;
@@ -50,6 +53,24 @@ final class Plan implements Serializable {
       wanted = new ArrayList<>();
       for (JsonNode region : node.get("regions")) {
         wanted.add(region.asText());
+      }
+    }
+    this.handover = node.hasNonNull("handover") ? Handover.of(node.get("handover")) : null;
+    if (handover != null) {
+      if (snapshotId == null || snapshotId != handover.snapshotId) {
+        throw new IllegalArgumentException(
+            "the hand-over offsets were recorded by snapshot " + handover.snapshotId + ", but the table is"
+                + " read at snapshot " + snapshotId + ": the archive is read where its Kafka positions were"
+                + " recorded");
+      }
+      // Kafka is one cluster: the archive phase reads only the rows read from it, or rows of other
+      // regions would be read from the archive and never from Kafka.
+      if (wanted == null) {
+        wanted = List.of(handover.cluster);
+      } else if (!wanted.equals(List.of(handover.cluster))) {
+        throw new IllegalArgumentException(
+            "regions " + wanted + " are read from the archive, but Kafka takes over from cluster "
+                + handover.cluster + " alone");
       }
     }
     this.regions = wanted;
@@ -98,9 +119,14 @@ final class Plan implements Serializable {
   }
 
   static Plan read(String path) {
+    return read(path, "bergstream-backfill");
+  }
+
+  /** The plan file at `path`, for the source `format` (named in the message when the option is missing). */
+  static Plan read(String path, String format) {
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException(
-          "the bergstream-backfill source needs option 'plan': the plan file bergstream writes");
+          "the " + format + " source needs option 'plan': the plan file bergstream writes");
     }
     try {
       JsonNode node = new ObjectMapper().readTree(Files.readAllBytes(Path.of(path)));
