@@ -37,6 +37,7 @@ from bergstream.kafka_source import SOURCE_DEFAULTS, kafka_stream
 from bergstream.schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas
+from bergstream.schemas.spark_types import optional
 from bergstream.schemas.stamp import archive_columns, metadata
 from bergstream.timeparse import parse_duration
 
@@ -149,11 +150,13 @@ class Sources:
             from_archive = F.col(f"{ARCHIVE}.{field.name}") if field.name in present else F.lit(None)
             from_kafka = F.col(f"event.{field.name}")
             columns.append(
-                F.when(is_archive, from_archive.cast(field.dataType)).otherwise(from_kafka).alias(field.name)
+                F.when(is_archive, from_archive.cast(optional(field.dataType)))
+                .otherwise(from_kafka)
+                .alias(field.name)
             )
         archived_metadata = F.struct(
             *[
-                F.col(f"{ARCHIVE}.{METADATA}.{f.name}").cast(f.dataType).alias(f.name)
+                F.col(f"{ARCHIVE}.{METADATA}.{f.name}").cast(optional(f.dataType)).alias(f.name)
                 for f in METADATA_TYPE.fields
             ]
         )
