@@ -236,6 +236,34 @@ def test_strict_order_reads_each_source_in_exact_ingestion_order(
         assert len(times) == len(expected)
 
 
+def test_a_table_empty_when_planned_yields_no_rows_even_when_rows_arrive_later(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    source = stack.catalog.table_identifier(archived.tables["playback"])
+    empty = stack.catalog.table_identifier("bf_empty_when_planned")
+    iceberg = stack.catalog.load()
+    schema = iceberg.load_table(f"{stack.catalog.namespace}.{archived.tables['playback']}").schema()
+    iceberg.create_table(f"{stack.catalog.namespace}.bf_empty_when_planned", schema=schema)
+    # Impressions make the epochs; playbacks come from the empty table.
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused")
+    playback = settings.sources["playback"].model_copy(update={"table": "bf_empty_when_planned"})
+    settings = settings.model_copy(update={"sources": {**settings.sources, "playback": playback}})
+    sources = Sources(spark, settings)
+    assert sources.plan().scan_of(empty).snapshot_id is None and sources.plan().epochs
+    spark.sql(f"INSERT INTO {empty} SELECT * FROM {source}")
+    read: list[int] = []
+    query = (
+        sources.stream("playback").select(F.col("__metadata__.offset"))
+        .writeStream.foreachBatch(lambda frame, _: read.append(frame.count()))
+        .option("checkpointLocation", str(tmp_path / "query")).trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination()
+    assert spark.table(empty).count() > 0, "rows arrived after the plan"
+    assert sum(read) == 0, "the backfill read the table as it is now, not as it was planned"
+
+
 def test_backfill_and_live_sources_have_the_same_columns(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

@@ -94,6 +94,11 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
 
   @Override
   public InputPartition[] planInputPartitions(Offset start, Offset end) {
+    if (plan.snapshotId == null) {
+      // The table had no snapshot when the backfill was planned: it has no rows for it, even if some
+      // arrived since (its current snapshot is not the one the backfill pinned).
+      return new InputPartition[0];
+    }
     List<InputPartition> partitions = new ArrayList<>();
     for (int epoch = epochOf(start); epoch < epochOf(end); epoch++) {
       long lower = plan.epochs[epoch][0];
