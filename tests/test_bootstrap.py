@@ -107,6 +107,60 @@ def test_a_bootstrap_from_the_archive_writes_what_a_live_run_writes(
     assert output_rows(spark, f"{app}_bootstrapped") == rows
 
 
+def _logged(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.is_dir() else []
+
+
+def _switch_logged(checkpoint: Path) -> bool:
+    logged = _logged(checkpoint / "offsets")
+    return bool(logged) and '"phase":"kafka"' in (checkpoint / "offsets" / str(logged[-1])).read_text()
+
+
+def test_a_bootstrap_killed_in_the_archive_phase_and_at_the_switch_resumes_to_the_same_output(
+    stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
+) -> None:
+    """`app run --from` killed with SIGKILL (driver and JVM) while it reads the archive, then again once its
+    switch to Kafka is in the offset log; the same command then finishes with what a plain live run wrote."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    plain = settings(stack, topics, "sessionizer", tmp_path / "plain", "killed_plain", mode="live")
+    run_app(spark, plain, available_now=True, show_progress=False)
+    app = settings(stack, topics, "sessionizer", tmp_path / "unused", "killed_bootstrap", mode="live")
+    config = tmp_path / "sessionizer.yaml"
+    config.write_text(yaml.safe_dump(app.model_dump(mode="json", by_alias=True, exclude={"backfill"})))
+    checkpoint = tmp_path / "checkpoint"
+    command = [
+        sys.executable, "-m", "bergstream", "app", "run", "--app", "sessionizer", "--config", str(config),
+        "--from", topics.start.isoformat(), "--max-misalignment", "15m", "--checkpoint", str(checkpoint),
+        "--available-now", "--json",
+    ]  # fmt: skip
+    root = Path(__file__).parent.parent
+    for killed_once, reached in (
+        ("archive phase", lambda: len(_logged(checkpoint / "commits")) >= 2),
+        ("switch", lambda: _switch_logged(checkpoint)),
+    ):
+        log = tmp_path / f"killed in the {killed_once}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not reached():
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the bootstrap did not reach its {killed_once} in 300s"
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert output_rows(spark, "killed_bootstrap") == output_rows(spark, "killed_plain")
+
+
 def test_a_bootstrap_refuses_a_hand_over_kafka_no_longer_holds(
     stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
 ) -> None:
