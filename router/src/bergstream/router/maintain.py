@@ -18,14 +18,17 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 
 from bergstream.router.config import RouterConfig
 from bergstream.router.write import QUERY_ID
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, INGESTION_TS_COLUMN
 
 log = logging.getLogger(__name__)
+# Rewrites of the closed hours in one maintenance run, while some files are left by lost commits.
+_COMPACTION_ATTEMPTS = 3
 NEWEST_APPEND_TAG = "bergstream-router-newest-append"
 
 
@@ -64,13 +67,7 @@ def maintain(
     for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
         identifier = catalog.table_identifier(table)
         started = time.monotonic()
-        compacted = spark.sql(
-            f"CALL {catalog.name}.system.rewrite_data_files("
-            f"table => '{identifier}', strategy => 'sort', "
-            f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
-            f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
-            f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
-        ).first()
+        compacted = _compact(spark, config, identifier, closed)
         keep_newest_append(spark, identifier)
         older_than = now - timedelta(hours=config.snapshot_retention_hours)
         expired = spark.sql(
@@ -97,6 +94,35 @@ def maintain(
         log.info(result.summary())
         results.append(result)
     return results
+
+
+def _compact(spark: SparkSession, config: RouterConfig, identifier: str, closed: datetime) -> Any:
+    """Rewrite the closed hours' files into few; the groups whose commit lost to the router's appends (they
+    failed their retries, and partial progress kept the others) are rewritten again, a few times at most."""
+    statement = (
+        f"CALL {config.catalog.name}.system.rewrite_data_files("
+        f"table => '{identifier}', strategy => 'sort', "
+        f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
+        f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
+        f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
+    )
+    compacted = spark.sql(statement).first()
+    for _ in range(_COMPACTION_ATTEMPTS - 1):
+        failed = int((compacted.asDict() if compacted else {}).get("failed_data_files_count") or 0)
+        if not failed:
+            break
+        log.warning("%s: %d files were not compacted (their commit lost to concurrent appends); again",
+                    identifier, failed)  # fmt: skip
+        again = spark.sql(statement).first()
+        if again is not None and compacted is not None:
+            merged = compacted.asDict()
+            for key in ("rewritten_data_files_count", "added_data_files_count", "rewritten_bytes_count"):
+                merged[key] = int(merged.get(key) or 0) + int(again.asDict().get(key) or 0)
+            merged["failed_data_files_count"] = again.asDict().get("failed_data_files_count")
+            compacted = Row(**merged)
+        else:
+            compacted = again
+    return compacted
 
 
 def keep_newest_append(spark: SparkSession, identifier: str) -> None:
