@@ -66,11 +66,12 @@ demo: setup
 # The demo as a user gets it: bergstream's wheel (its Java built by Maven, inside it) installed with its
 # dependencies into a virtualenv of its own, and `bergstream demo` run in a working folder outside the
 # checkout. Both live in DEMO_WHEEL_DIR, made anew; DEMO_COUNT sets the records per topic (tests/test_demo_wheel.py).
+# DEMO_WHEEL_FILE installs a wheel built already (the tests build one for tests/test_layout.py too).
 DEMO_WHEEL_DIR ?= $(or $(TMPDIR),/tmp)/bergstream-demo-wheel
 DEMO_WHEEL := $(abspath $(DEMO_WHEEL_DIR))
 demo-wheel: setup
-	rm -rf $(DEMO_WHEEL) && mkdir -p $(DEMO_WHEEL)/work
-	$(BIN)/uv build -q --wheel --out-dir $(DEMO_WHEEL)/dist .
+	rm -rf $(DEMO_WHEEL) && mkdir -p $(DEMO_WHEEL)/work $(DEMO_WHEEL)/dist
+	$(if $(DEMO_WHEEL_FILE),cp $(DEMO_WHEEL_FILE) $(DEMO_WHEEL)/dist/,$(BIN)/uv build -q --wheel --out-dir $(DEMO_WHEEL)/dist .)
 	$(BIN)/uv venv -q --python $(BIN)/python $(DEMO_WHEEL)/venv
 	$(BIN)/uv pip install -q --python $(DEMO_WHEEL)/venv/bin/python --find-links $(WHEELS) \
 		-c constraints.txt $(DEMO_WHEEL)/dist/bergstream-*.whl

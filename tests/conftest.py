@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -10,6 +14,8 @@ from tests.services import Services, services
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +41,30 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic of its own for each test, so that tests sharing the broker do not see each other's records."""
     name: str = request.node.name
     return "t_" + "".join(c if c.isalnum() else "_" for c in name)[:80]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bergstream's wheel, built once a run: tests/test_layout.py reads it, make demo-wheel installs it."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv, "uv is a dev dependency: make setup installs it"
+    # Built from a copy of the files git tracks, as a clean clone has them: setuptools builds in the source
+    # tree, where two builds at once (the tests of two Pythons) would spoil each other's files.
+    source = tmp_path_factory.mktemp("source")
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(out), str(source)],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (built,) = out.glob("bergstream-*.whl")
+    return built

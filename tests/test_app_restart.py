@@ -47,7 +47,7 @@ def test_a_live_application_killed_with_sigkill_resumes_with_every_record_once(
         "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
         "checkpoint_location": str(checkpoint),
         "output_table": output,
-        "max_offsets_per_trigger": RECORDS // 20,
+        "max_offsets_per_trigger": RECORDS // 8,
         "spark": {"master": "local[2]"},
     }
     config = tmp_path / "identity.yaml"
@@ -68,7 +68,7 @@ def test_a_live_application_killed_with_sigkill_resumes_with_every_record_once(
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert _logged(checkpoint / "commits") < 20, "killed before the end of the topic"
+    assert _logged(checkpoint / "commits") < 8, "killed before the end of the topic"
 
     resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

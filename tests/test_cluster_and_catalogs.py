@@ -76,7 +76,7 @@ def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     request = ProduceRequest(
-        topic=topic_name, schema="playback", count=20_000, bad_fraction=0.02, partitions=2
+        topic=topic_name, schema="playback", count=10_000, bad_fraction=0.02, partitions=2
     )
     report = produce(request, stack.bootstrap_servers, show_progress=False)
     expected = {(p, o) for p, (low, high) in report.offsets.items() for o in range(low, high + 1)}
@@ -84,7 +84,7 @@ def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
     log = tmp_path / "router.log"
     with spark_cluster(tmp_path / "spark") as cluster:
         config = write_config(
-            # Twenty batches: after the first, enough are left to run tasks when the executor is killed.
+            # Ten batches: after the first, enough are left to run tasks when the executor is killed.
             stack, tmp_path, topic_name, max_offsets_per_trigger=1000,
             spark={"master": cluster.master_url, "conf": {
                 "spark.ui.port": str(ui_port), "spark.executor.memory": "1g", "spark.cores.max": "1",
@@ -100,7 +100,7 @@ def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
             (executor,) = cluster.executor_pids()
             os.kill(executor, signal.SIGKILL)  # in the middle of a batch's tasks
             deadline = time.monotonic() + 240
-            while sum(int(n) for n in re.findall(r" batch \d+: read (\d+),", log.read_text())) < 20_000:
+            while sum(int(n) for n in re.findall(r" batch \d+: read (\d+),", log.read_text())) < 10_000:
                 assert time.monotonic() < deadline, "the records after the executor's loss were not archived"
                 time.sleep(0.5)
             deadline = time.monotonic() + 60

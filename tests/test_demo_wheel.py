@@ -1,5 +1,6 @@
-"""The installed wheel runs the demo: `make demo-wheel` builds bergstream's wheel, installs it into a
-virtualenv of its own and runs `bergstream demo` in a folder outside the checkout."""
+"""The installed wheel runs the demo: `make demo-wheel` installs bergstream's wheel (the one the tests
+build, tests/conftest.py) into a virtualenv of its own and runs `bergstream demo` in a folder outside the
+checkout."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_installed_wheel_runs_the_demo_with_the_java_it_ships(tmp_path: Path) -> None:
+def test_the_installed_wheel_runs_the_demo_with_the_java_it_ships(wheel: Path, tmp_path: Path) -> None:
     make = shutil.which("make")
     assert make, "make runs the demo-wheel target"
     # Records per topic: the demo's path end to end, in about three minutes on 2 cores.
     done = subprocess.run(
-        [make, "--no-print-directory", "demo-wheel", f"DEMO_WHEEL_DIR={tmp_path}", "DEMO_COUNT=500"],
+        [make, "--no-print-directory", "demo-wheel", f"DEMO_WHEEL_DIR={tmp_path}", f"DEMO_WHEEL_FILE={wheel}",
+         "DEMO_COUNT=500"],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
     )  # fmt: skip
     output = done.stdout + done.stderr

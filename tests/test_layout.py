@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,32 +99,6 @@ def test_the_layers_hold() -> None:
     # Every source root was analysed, not only the first one found.
     analysed = int(done.stdout.split("Analyzed ")[1].split(" files")[0])
     assert analysed >= sum(1 for root in _source_roots() for _ in (ROOT / root).rglob("*.py"))
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    assert uv, "uv is a dev dependency: make setup installs it"
-    # Built from a copy of the files git tracks, as a clean clone has them: setuptools builds in the source
-    # tree, where two builds at once (the tests of two Pythons) would spoil each other's files.
-    source = tmp_path_factory.mktemp("source")
-    tracked = (
-        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
-        .stdout.decode()
-        .split("\0")
-    )
-    for name in filter(None, tracked):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run(
-        [uv, "build", "--wheel", "--out-dir", str(out), str(source)],
-        capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (built,) = out.glob("bergstream-*.whl")
-    return built
 
 
 def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:

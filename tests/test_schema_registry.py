@@ -295,6 +295,7 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
         registry_server.stop(server)
 
 
+@pytest.mark.integration
 def test_a_router_waiting_for_the_registry_at_start_stops_on_sigterm(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
