@@ -144,8 +144,11 @@ class RecordProducer:
         with self._fatal():
             remaining = self._producer.flush(timeout_seconds)
         if self.failures or remaining:
+            # The broker's refusal says more than the local failures that follow it: in a transaction, the
+            # records still queued then fail as purged.
+            refused = [failure for failure in self.failures if failure.code() >= 0]
             fallback = (
-                self.failures[0]
+                (refused or self.failures)[0]
                 if self.failures
                 else f"{remaining} records still undelivered after {timeout_seconds:g}s"
             )
