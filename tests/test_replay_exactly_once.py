@@ -247,7 +247,11 @@ def set_max_message_bytes(bootstrap: str, topic: str, value: str) -> None:
         assert time.monotonic() < deadline, f"{topic}: max.message.bytes not {value} after 30s"
 
 
-def test_a_replay_failed_on_a_kafka_error_resumes_exactly_once(stack: Services, source: Source) -> None:
+def test_a_replay_failed_on_a_kafka_error_or_interrupted_resumes_exactly_once(
+    stack: Services, source: Source
+) -> None:
+    """Stopped by a record too large for the topic in epoch 2, run again once the topic takes it, stopped by
+    SIGINT after epoch 2, run again: every record once."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from bergstream.backfill.errors import BackfillError
@@ -270,8 +274,17 @@ def test_a_replay_failed_on_a_kafka_error_resumes_exactly_once(stack: Services, 
         and "Epochs 0 to 1 were delivered whole; the same command goes on from there" in str(failed.value)
     ), failed.value
     set_max_message_bytes(stack.bootstrap_servers, target, "1048588")
+
+    def interrupt(report: Any) -> None:
+        if report.epochs_done == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(
+        BackfillError, match=r"stopped in epoch 3 .*: stopped by a signal\. .*Epochs 0 to 2 were"
+    ):
+        replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client, on_epoch=interrupt)
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
-    assert report.resumed_at == (2, 0) and report.epochs_done == report.epochs == 4
+    assert report.resumed_at == (3, 0) and report.epochs_done == report.epochs == 4
     seen = [source_of(message) for message in read_committed(stack.bootstrap_servers, target)]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == archived(stack, lower, upper)
