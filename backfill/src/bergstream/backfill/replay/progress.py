@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bergstream.backfill.errors import BackfillError
@@ -78,6 +78,9 @@ class ReplayProgress:
     @property
     def complete(self) -> bool:
         return self.epoch >= self.epochs
+
+    def at(self, epoch: int, sent: int) -> ReplayProgress:
+        return replace(self, epoch=epoch, sent=sent)
 
     def dumps(self, identity: ReplayIdentity) -> bytes:
         return json.dumps(

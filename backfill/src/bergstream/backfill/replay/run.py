@@ -21,8 +21,8 @@ from bergstream.backfill.errors import BackfillError, PlanError
 from bergstream.backfill.read.order import Epoch, OrderingPolicy, Window
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, plan, table_ref
 from bergstream.backfill.read.reader import TableReader
-from bergstream.backfill.replay.encode import KafkaRecord, kafka_records, table_encoder
-from bergstream.backfill.replay.order import epoch_in_order
+from bergstream.backfill.replay.encode import Encoder, KafkaRecord, kafka_records, table_encoder
+from bergstream.backfill.replay.order import Run, epoch_in_order
 from bergstream.backfill.replay.progress import ReplayIdentity, ReplayProgress, recorded_progress
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
@@ -201,49 +201,18 @@ def replay(
     stop = threading.Event()
     with on_stop_signals(stop.set):
         for epoch in backfill_plan.epochs[progress.epoch :]:
-            if stop.is_set():
-                report.seconds = time.monotonic() - started
-                raise BackfillError(_stopped(transactions, epoch, "stopped by a signal", ref.identifier))
-            skip = progress.sent if epoch.index == progress.epoch else 0
             try:
-                runs = list(epoch_in_order(readers, epoch, policy.single_reader, dead_letter_table))
-            except BergstreamError:
-                raise
-            except Exception as error:  # pyiceberg's, pyarrow's and the object store's errors alike
-                raise BackfillError(
-                    _stopped(transactions, epoch, f"reading the archive failed: {error!r}", ref.identifier)
-                ) from error
-            try:
-                sent = 0
-                for run in runs:
-                    dead = run.table == dead_letter_table
-                    if sent + run.rows.num_rows <= skip:
-                        sent += run.rows.num_rows
-                        continue
-                    rows = run.rows.slice(max(0, skip - sent))
-                    sent = max(sent, skip)
-                    for batch in rows.to_batches(max_chunksize=ENCODED_ROWS):
-                        if stop.is_set():
-                            raise _Stopped
-                        for record in kafka_records(batch, encoder, dead):
-                            transactions.send(record, dead)
-                            sent += 1
-                            if transactions.due:
-                                progress = ReplayProgress(snapshots, progress.epochs, epoch.index, sent)
-                                transactions.commit(progress)
                 if stop.is_set():
                     raise _Stopped
-                progress = ReplayProgress(snapshots, progress.epochs, epoch.index + 1)
-                transactions.commit(progress)
+                runs = _read(readers, epoch, policy, dead_letter_table)
+                _send_epoch(transactions, runs, epoch, encoder, dead_letter_table, stop)
             except _Stopped:
                 transactions.abort()
-                report.seconds = time.monotonic() - started
                 raise BackfillError(
                     _stopped(transactions, epoch, "stopped by a signal", ref.identifier)
                 ) from None
             except BergstreamError as error:
                 transactions.abort()
-                report.seconds = time.monotonic() - started
                 raise BackfillError(_stopped(transactions, epoch, str(error), ref.identifier)) from error
             except BaseException:
                 transactions.abort()
@@ -255,6 +224,51 @@ def replay(
                 on_epoch(report)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _read(
+    readers: list[TableReader], epoch: Epoch, policy: OrderingPolicy, dead_letter_table: str | None
+) -> list[Run]:
+    """The rows of `epoch` in the order they go out in."""
+    try:
+        return list(epoch_in_order(readers, epoch, policy.single_reader, dead_letter_table))
+    except BergstreamError:
+        raise
+    except Exception as error:  # pyiceberg's, pyarrow's and the object store's errors alike
+        raise BackfillError(f"reading the archive failed: {error!r}") from error
+
+
+def _send_epoch(
+    transactions: _Transactions,
+    runs: list[Run],
+    epoch: Epoch,
+    encoder: Encoder,
+    dead_letter_table: str | None,
+    stop: threading.Event,
+) -> None:
+    """Send the rows of `epoch` after those the progress counts delivered, committing a transaction when
+    one is due and at the end, with the epoch done. _Stopped when a stop signal came."""
+    progress = transactions.progress
+    skip = progress.sent if epoch.index == progress.epoch else 0
+    sent = 0
+    for run in runs:
+        dead = run.table == dead_letter_table
+        if sent + run.rows.num_rows <= skip:
+            sent += run.rows.num_rows
+            continue
+        rows = run.rows.slice(max(0, skip - sent))
+        sent = max(sent, skip)
+        for batch in rows.to_batches(max_chunksize=ENCODED_ROWS):
+            if stop.is_set():
+                raise _Stopped
+            for record in kafka_records(batch, encoder, dead):
+                transactions.send(record, dead)
+                sent += 1
+                if transactions.due:
+                    transactions.commit(progress.at(epoch.index, sent))
+    if stop.is_set():
+        raise _Stopped
+    transactions.commit(progress.at(epoch.index + 1, 0))
 
 
 def _plan(catalog: CatalogConfig, identity: ReplayIdentity, recorded: ReplayProgress | None) -> BackfillPlan:
