@@ -9,6 +9,7 @@ topic.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -328,3 +329,26 @@ def test_a_header_without_a_value_is_replayed_without_one(stack: Services, sourc
     nameless = [found for found in headers if ("kind", b"test") in found]
     assert len(nameless) == source.nameless
     assert all(("trace", None) in found for found in nameless), nameless
+
+
+def test_a_strict_replay_sends_in_ingestion_time_then_partition_and_offset_order(
+    stack: Services, source: Source
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from bergstream.backfill.read.order import StrictOrder
+
+    target = "rx_strict"  # one partition: the order of sending, whole
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(target, num_partitions=1, replication_factor=1)])[target].result(30)
+    lower, upper = source.start, source.start + timedelta(minutes=15)
+    replay(
+        stack.catalog, TOPIC, window_of(lower, upper), StrictOrder(), target,
+        {"bootstrap.servers": stack.bootstrap_servers},
+    )  # fmt: skip
+    sent = [
+        (message.timestamp()[1], *source_of(message))
+        for message in read_committed(stack.bootstrap_servers, target)
+    ]
+    assert sent == sorted(sent) and len(sent) == len(archived(stack, lower, upper))
+    assert any(a[1:] > b[1:] for a, b in itertools.pairwise(sent)), "the window has offsets against time"
