@@ -1,10 +1,10 @@
 """`backfill replay` exactly once for read_committed consumers, on real Kafka and Iceberg: killed with SIGKILL
-and run again, failed on a Kafka error and run again, over a redrive's leftover duplicate, and with a
-header that has no value.
+and run again, stopped by a Kafka error and by SIGINT and run again, over a redrive's leftover duplicate,
+with a header that has no value, and in strict order.
 
-One topic is produced over two past hours of ingestion time and archived by the router; each test replays
-its own part of the window (the killed replay's first hour gains rows between its two runs) into its own
-topic.
+One topic is produced over two past hours of ingestion time (a few offsets of its first quarter hour going
+against time) and archived by the router; each test replays its own part of the window (the killed
+replay's first hour gains rows between its two runs) into its own topic.
 """
 
 from __future__ import annotations
