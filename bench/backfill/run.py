@@ -17,9 +17,12 @@ import logging
 import platform
 import shutil
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from confluent_kafka.admin import AdminClient
 
 from bench.backfill.archive import OUT, ArchiveRequest, BenchArchive, build, default_start
 from bench.stack import bench_parser
@@ -208,10 +211,15 @@ def main() -> None:
                       f"{rows / seconds:,.0f} rows/s")  # fmt: skip
             results["match"] = match_rates(spark, archive, work)
         hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
+        # A topic of its own: a replay run again into the same topic finds itself complete and sends nothing.
+        target = f"bench-replay-{uuid.uuid4().hex[:8]}"
         seconds, report = timed(lambda: replay(
-            catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), "bench-replay",
+            catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), target,
             {"bootstrap.servers": archive.bootstrap_servers},
             schema="playback", encoding="json"))  # fmt: skip
+        AdminClient({"bootstrap.servers": archive.bootstrap_servers}).delete_topics(
+            [target, f"{target}.bergstream-replay"]
+        )
         results["replay"] = {
             "seconds": seconds,
             "records": report.records,

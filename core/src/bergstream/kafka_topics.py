@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from bergstream.errors import BergstreamError
@@ -27,14 +28,18 @@ def _admin_and_topics(client_config: Mapping[str, Any]) -> tuple[AdminClient, di
         ) from error
 
 
-def ensure_topic(client_config: Mapping[str, Any], topic: str, partitions: int) -> None:
-    """Create `topic` unless it exists; `client_config` is librdkafka's, `bootstrap.servers` included."""
+def ensure_topic(
+    client_config: Mapping[str, Any], topic: str, partitions: int, config: Mapping[str, str] | None = None
+) -> None:
+    """Create `topic` unless it exists, with topic `config` (`cleanup.policy`, ...); `client_config` is
+    librdkafka's, `bootstrap.servers` included."""
     bootstrap_servers = client_config["bootstrap.servers"]
     admin, existing = _admin_and_topics(client_config)
     if topic in existing:
         return
     # -1: as many copies as the cluster's default.replication.factor says.
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=dict(config or {}))
+    future = admin.create_topics([new])[topic]
     try:
         future.result(timeout=30)
     except TimeoutError as error:
@@ -77,7 +82,9 @@ class RecordProducer:
     """bergstream's one Kafka producer, for the load generator and the replay: idempotent, counting what
     each partition acknowledged (and the lowest and highest offsets), keeping the failures as they come.
 
-    `client_config` is librdkafka's, `bootstrap.servers` included."""
+    `client_config` is librdkafka's, `bootstrap.servers` included; with a `transactional.id`, records are
+    sent in transactions (`init_transactions`, then `begin_transaction` and `commit_transaction` or
+    `abort_transaction`), and the counts are those of the committed transactions."""
 
     def __init__(self, client_config: Mapping[str, Any]) -> None:
         self.errors = ClientErrors()
@@ -88,6 +95,7 @@ class RecordProducer:
         self._producer = Producer(
             {**PRODUCER_DEFAULTS, **client_config, **PRODUCER_GUARANTEES, **self.errors.settings()}
         )
+        self._committed: tuple[Counter[int], dict[int, tuple[int, int]]] = (Counter(), {})
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
@@ -99,17 +107,28 @@ class RecordProducer:
         low, high = self.offsets.get(partition, (offset, offset))
         self.offsets[partition] = (min(low, offset), max(high, offset))
 
+    def _on_uncounted_delivery(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.failures.append(error)
+
     def send(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Any, timestamp_ms: int
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        timestamp_ms: int,
+        counted: bool = True,
     ) -> None:
-        """Send one record; a timestamp of 0 lets the producer stamp the time of sending. Raises
+        """Send one record; a timestamp of 0 lets the producer stamp the time of sending; a record not
+        `counted` (bookkeeping beside the records) is left out of `delivered` and `offsets`. Raises
         DeliveryFailed when the producer has failed for good (a user that may not write the topic)."""
         with self._fatal():
             while True:
                 try:
                     self._producer.produce(
                         topic, value=value, key=key, headers=headers, timestamp=timestamp_ms,
-                        on_delivery=self._on_delivery,
+                        on_delivery=self._on_delivery if counted else self._on_uncounted_delivery,
                     )  # fmt: skip
                     return
                 except BufferError:
@@ -125,14 +144,55 @@ class RecordProducer:
         with self._fatal():
             remaining = self._producer.flush(timeout_seconds)
         if self.failures or remaining:
+            # The broker's refusal says more than the local failures that follow it: in a transaction, the
+            # records still queued then fail as purged.
+            refused = [failure for failure in self.failures if failure.code() >= 0]
             fallback = (
-                self.failures[0]
+                (refused or self.failures)[0]
                 if self.failures
                 else f"{remaining} records still undelivered after {timeout_seconds:g}s"
             )
             raise DeliveryFailed(
                 self.errors.explain(self._producer, fallback), len(self.failures) + remaining
             )
+
+    def init_transactions(self, timeout_seconds: float) -> None:
+        """Make this producer the only one of its `transactional.id`: an earlier one (a process killed in a
+        transaction) is fenced, and its open transaction aborted, so that no read_committed consumer ever
+        sees its records."""
+        self._transactional(lambda: self._producer.init_transactions(timeout_seconds), timeout_seconds)
+
+    def begin_transaction(self) -> None:
+        self._committed = (Counter(self.delivered), dict(self.offsets))
+        self._transactional(self._producer.begin_transaction, 0)
+
+    def commit_transaction(self, timeout_seconds: float) -> None:
+        """Deliver every record of the transaction and commit it; DeliveryFailed when one was not delivered
+        or the commit failed, and the transaction is then to be aborted."""
+        self.flush(timeout_seconds)
+        self._transactional(lambda: self._producer.commit_transaction(timeout_seconds), timeout_seconds)
+
+    def abort_transaction(self, timeout_seconds: float) -> None:
+        """Abort the open transaction where there is one to abort: a fenced producer has none. The counts go
+        back to those of the last commit."""
+        self.delivered, self.offsets = self._committed
+        with suppress(KafkaException, SystemError):
+            self._producer.abort_transaction(timeout_seconds)
+        self.failures.clear()
+
+    def _transactional(self, call: Callable[[], None], timeout_seconds: float) -> None:
+        """A transaction call, tried again while librdkafka says it may succeed, up to `timeout_seconds`."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            try:
+                with self._fatal():
+                    call()
+                return
+            except DeliveryFailed as error:
+                cause = error.__cause__
+                retriable = isinstance(cause, KafkaException) and cause.args[0].retriable()
+                if not retriable or time.monotonic() >= deadline:
+                    raise
 
     @contextmanager
     def _fatal(self) -> Iterator[None]:
@@ -151,3 +211,66 @@ class RecordProducer:
                 raise
             fallback = self.failures[0] if self.failures else "the producer failed"
             raise DeliveryFailed(self.errors.explain(self._producer, fallback), len(self.failures)) from error
+
+
+def last_committed_value(
+    client_config: Mapping[str, Any], topic: str, key: bytes, group_id: str, timeout_seconds: float
+) -> bytes | None:
+    """The value of the newest committed record of `key` in the one-partition `topic` (None when there is
+    none, or the newest is a tombstone), read to the end as a read_committed consumer sees it. The end is
+    the high watermark when reading starts: an open transaction of another producer before it holds the
+    reading back until it ends, which takes `timeout_seconds` at most."""
+    errors = ClientErrors()
+    consumer = Consumer(
+        {**client_config, "group.id": group_id, "isolation.level": "read_committed",
+         "enable.auto.commit": False, "enable.partition.eof": True, **errors.settings()}
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        low, high = _watermarks(consumer, topic, deadline)
+        if high <= low:
+            return None
+        consumer.assign([TopicPartition(topic, 0, low)])
+        value: bytes | None = None
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                # Where the fetching stands: past the commit markers, which are no records.
+                if (message.offset() or 0) >= high:
+                    return value
+            elif error is not None:
+                raise BergstreamError(f"cannot read topic {topic}: {errors.explain(consumer, error)}")
+            elif message.key() == key:
+                value = message.value()
+        raise BergstreamError(
+            f"reading topic {topic} to its end (offset {high}) took over {timeout_seconds:g}s: a transaction "
+            "of another producer stays open in it"
+        )
+    except KafkaException as error:
+        raise BergstreamError(
+            f"cannot read topic {topic}: {errors.explain(consumer, error.args[0])}"
+        ) from error
+    finally:
+        consumer.close()
+
+
+_NOT_YET_KNOWN = (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                  KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION)  # fmt: skip
+
+
+def _watermarks(consumer: Consumer, topic: str, deadline: float) -> tuple[int, int]:
+    """The low and high watermarks of partition 0 of `topic`, asked again while a topic just created is not
+    known yet to the broker that answers."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, 0), timeout=max(0.1, min(5.0, deadline - time.monotonic()))
+            )
+            return low or 0, high or 0
+        except KafkaException as error:
+            if error.args[0].code() not in _NOT_YET_KNOWN or time.monotonic() >= deadline:
+                raise
+            consumer.list_topics(topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))

@@ -167,7 +167,14 @@ def backfill_replay(
     producer_options: tuple[str, ...],
     data_dir: Path | None,
 ) -> None:
-    """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark."""
+    """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark.
+
+    Exactly once for consumers that read with isolation.level=read_committed: records go out in Kafka
+    transactions, with the replay's progress in the compacted topic TO_TOPIC.bergstream-replay. The same
+    command resumes a replay that stopped (a Kafka or Iceberg error, Ctrl-C, a killed process) at the
+    snapshots its first run read, and sends nothing again once it is complete. Delete that topic to start
+    the replays into TO_TOPIC over. Records of one source partition go out in offset order within each
+    epoch; with --strict, in (ingestion time, partition, offset) order."""
     from bergstream.backfill.read.batches import window_of
     from bergstream.backfill.replay import replay
     from bergstream.cli.endpoints import Endpoints
