@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
-from bergstream.backfill.read.handover import Handover, pin_handover, refuse_lost_handover
+from bergstream.backfill.read.handover import (
+    Handover,
+    archive_window,
+    pin_handover,
+    refuse_lost_handover,
+)
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
 from bergstream.backfill.runtime.settings import AppSettings
@@ -295,11 +300,9 @@ def _ending_at_the_archive(backfill_plan: BackfillPlan, pinned_file: Path, polic
     hand-over is read, whatever its timestamp, and the epochs end with the archive."""
     start = backfill_plan.window.start
     if pinned_file.exists():
-        end = int(json.loads(pinned_file.read_text())["window_end"])
+        window = Window(start, int(json.loads(pinned_file.read_text())["window_end"]))
     else:
-        end = max((split.upper + 1 for split in backfill_plan.splits), default=start + 1)
-        end = max(end, start + 1)
-    window = Window(start, end)
+        window = archive_window(start, backfill_plan.splits)
     return replace(backfill_plan, window=window, epochs=tuple(policy.epochs(window, backfill_plan.splits)))
 
 
