@@ -16,10 +16,15 @@ from typing import Any
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.order import Window
-from bergstream.backfill.read.planner import TableRef
+from bergstream.backfill.read.planner import TableRef, from_micros, rows_read, table_ref
 from bergstream.backfill.read.split import Micros, Split
 from bergstream.catalog import CatalogConfig
 from bergstream.schemas.positions import BatchRange, offsets_json, spark_offsets
+from bergstream.timeparse import format_instant
+
+# A bootstrap's archive phase is planned up to here (parse.py's latest event time), then cut at the newest
+# row of its pinned snapshots. Kafka's own timestamps are not bounded: see refuse_rows_past.
+END_OF_TIME: Micros = 7_258_118_400 * 1_000_000
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,28 @@ def archive_window(start: Micros, splits: Iterable[Split]) -> Window:
     timestamp, and the epochs end with the archive."""
     end = max((split.upper + 1 for split in splits), default=start + 1)
     return Window(start, max(end, start + 1))
+
+
+def refuse_rows_past(catalog: CatalogConfig, handover: Handover, end: Micros = END_OF_TIME) -> None:
+    """Refuse a pinned snapshot holding rows of the hand-over's cluster stamped by Kafka at or after `end`,
+    where the archive phase's plan ends: below the hand-over, they would be read neither from the archive
+    nor from Kafka. A broker takes such timestamps when the topic's `message.timestamp.after.max.ms` allows
+    timestamps that far in the future."""
+    ref = table_ref(handover.table, catalog)
+    table = catalog.load().load_table(ref.pyiceberg_identifier)
+    row_filter = rows_read(table, end, 2**63 - 1, [handover.cluster])
+    past = table.scan(
+        row_filter=row_filter, snapshot_id=handover.snapshot_id, selected_fields=("__metadata__",)
+    )
+    rows = past.to_arrow().num_rows
+    if rows:
+        raise BackfillConfigError(
+            f"table {ref.identifier}: snapshot {handover.snapshot_id} holds {rows:,} row(s) of cluster "
+            f"{handover.cluster} below the hand-over stamped by Kafka at or after "
+            f"{format_instant(from_micros(end))}: a bootstrap reads the archive in ingestion order up to "
+            "then, so it would read them neither from the archive nor from Kafka. Run the application live "
+            "from Kafka, or backfill it up to a time before them"
+        )
 
 
 def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:

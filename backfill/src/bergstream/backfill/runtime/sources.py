@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.handover import (
+    END_OF_TIME,
     Handover,
     archive_window,
     pin_handover,
     refuse_lost_handover,
+    refuse_rows_past,
 )
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
@@ -55,8 +57,6 @@ HYBRID_FORMAT = "bergstream-hybrid"
 PLAN_DIR = "bergstream-backfill"
 # The archive row of a bootstrapped source's archive phase; null in its Kafka phase.
 ARCHIVE = "__archive__"
-# Planned up to here, then cut at the newest row of the pinned snapshots (parse.py's latest event time).
-_END_OF_TIME_US = 7_258_118_400 * 1_000_000
 
 
 class Sources:
@@ -209,7 +209,7 @@ class Sources:
         tables = [source.table_or_topic for source in settings.sources.values()]
         policy = ordering(backfill.max_misalignment, backfill.strict)
         if bootstrap:
-            window = Window(to_micros(backfill.start), _END_OF_TIME_US)
+            window = Window(to_micros(backfill.start), END_OF_TIME)
         else:
             assert backfill.end is not None, "validated by AppSettings"
             window = window_of(backfill.start, backfill.end)
@@ -244,6 +244,8 @@ class Sources:
                      settings.app, pinned_file)  # fmt: skip
         elif bootstrap:
             self._handovers = self._pin_handovers()
+            for handover in self._handovers.values():
+                refuse_rows_past(settings.catalog, handover)
             snapshots = {table: handover.snapshot_id for table, handover in self._handovers.items()}
         regions = request["regions"]
         backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
