@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.planner import to_micros
 from bergstream.backfill.runtime.run import run_app
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -55,7 +56,8 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
             checkpoint_location=str(directory / topic), catalog=stack.catalog,
         )  # fmt: skip
         archive_available_now(spark, config)
-        assert backwards_in_partitions(spark, stack.catalog.table_identifier(topic)) > count // 10
+        backwards, at_start = archived_times(spark, stack.catalog.table_identifier(topic), start)
+        assert backwards > count // 10 and at_start > 0
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
         later = ProduceRequest(topic=topic, schema=kind, count=count // 4, encoding=encoding, partitions=4,
@@ -67,18 +69,21 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
     return Topics(start, names)
 
 
-def backwards_in_partitions(spark: SparkSession, table: str) -> int:
-    """The archived records whose Kafka timestamp is earlier than that of the offset before them."""
+def archived_times(spark: SparkSession, table: str, start: datetime) -> tuple[int, int]:
+    """Of the archived records, how many have a Kafka timestamp earlier than that of the offset before them,
+    and how many sit exactly at `start`."""
     row = spark.sql(
         f"""
-        SELECT count_if(ts < previous) AS backwards FROM (
+        SELECT count_if(ts < previous) AS backwards,
+               count_if(unix_micros(ts) = {to_micros(start)}) AS at_start
+        FROM (
           SELECT __metadata__.kafka_ingestion_ts AS ts, lag(__metadata__.kafka_ingestion_ts)
             OVER (PARTITION BY __metadata__.partition ORDER BY __metadata__.offset) AS previous
           FROM {table})
         """
     ).first()
     assert row is not None
-    return int(row.backwards)
+    return int(row.backwards), int(row.at_start)
 
 
 def settings(
