@@ -76,7 +76,9 @@ class ProduceRequest:
             raise ConfigError(f"--ingestion-span {self.ingestion_span}: give a positive duration")
         if self.timestamp_jitter is not None:
             if self.ingestion_start is None:
-                raise ConfigError("--timestamp-jitter moves ingestion times: it needs --ingestion-start")
+                raise ConfigError(
+                    "--timestamp-jitter moves the timestamps --ingestion-start gives: give both"
+                )
             if self.timestamp_jitter <= timedelta(0):
                 raise ConfigError(f"--timestamp-jitter {self.timestamp_jitter}: give a positive duration")
         if self.ingestion_start is not None and self.rate is not None:
