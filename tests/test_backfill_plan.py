@@ -27,7 +27,8 @@ from pyiceberg.types import (
 )
 
 from bergstream.backfill import read_batches
-from bergstream.backfill.errors import PlanError
+from bergstream.backfill.errors import BackfillConfigError, PlanError
+from bergstream.backfill.read.handover import Handover, refuse_rows_past
 from bergstream.backfill.read.order import BoundedOrder, Unordered, Window
 from bergstream.backfill.read.planner import plan, split_bounds, table_ref, to_micros
 from bergstream.backfill.read.split import HOUR
@@ -253,3 +254,23 @@ def test_an_empty_table_plans_no_epochs(catalog: CatalogConfig) -> None:
     made = plan(catalog, ["plays"], Window(to_micros(START), to_micros(START + HOUR_DELTA)), Unordered())
     assert made.epochs == () and made.tables[0].snapshot_id is None
     assert list(read_batches("plays", START, START + HOUR_DELTA, catalog=catalog)) == []
+
+
+def test_a_bootstrap_refuses_archived_rows_stamped_past_the_end_of_its_plan(catalog: CatalogConfig) -> None:
+    """Kafka timestamps in 2300, which a topic allowing timestamps far in the future takes: below the
+    hand-over and past the archive phase's plan, such rows would be read from neither side."""
+    archive = Archive(catalog, "plays")
+    archive.append(spread(START, 10, HOUR_DELTA))
+    archive.append([datetime(2300, 1, 1, tzinfo=UTC)], cluster="eu-west-1")
+    identifier = table_ref("plays", catalog).identifier
+
+    def pinned() -> Handover:
+        snapshot = archive.table.refresh().metadata.current_snapshot_id
+        assert snapshot is not None
+        return Handover(identifier, "plays", "us-east-1", snapshot, {0: archive.offset})
+
+    refuse_rows_past(catalog, pinned())  # another cluster's, not read by this bootstrap
+    archive.append([datetime(2300, 1, 1, tzinfo=UTC)])
+    refused = r"snapshot \d+ holds 1 row\(s\) of cluster us-east-1 below the hand-over stamped by Kafka "
+    with pytest.raises(BackfillConfigError, match=refused + "at or after 2200-01-01T00:00:00"):
+        refuse_rows_past(catalog, pinned())

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.planner import to_micros
 from bergstream.backfill.runtime.run import run_app
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 KINDS = {"impression": ("avro", 4000), "playback": ("json", 2000)}
+# Within the applications' slack: events up to 30 minutes late, a watermark delay of an hour, B = 15m.
+JITTER = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class Topics:
 @pytest.fixture(scope="module")
 def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Topics:
     """Two hours archived, then half an hour more in Kafka alone, on a partition added after the archive
-    too (the hand-over has no position for it)."""
+    too (the hand-over has no position for it). Kafka timestamps go back by up to JITTER inside partitions,
+    never before the start: many records sit exactly at it, where the bootstrap starts."""
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
     directory = tmp_path_factory.mktemp("bootstrap")
     names = {}
@@ -44,7 +48,7 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
         topic = f"boot_{kind}"
         archived = ProduceRequest(topic=topic, schema=kind, count=count, encoding=encoding, partitions=3,
                                   seed=7, late_fraction=0.05, bad_fraction=0.02, ingestion_start=start,
-                                  ingestion_span=timedelta(hours=2))  # fmt: skip
+                                  ingestion_span=timedelta(hours=2), timestamp_jitter=JITTER)  # fmt: skip
         produce(archived, stack.bootstrap_servers, show_progress=False)
         config = RouterConfig(
             topic=topic, schema=kind, encoding=encoding, table=topic, cluster="us-east-1",
@@ -52,15 +56,34 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
             checkpoint_location=str(directory / topic), catalog=stack.catalog,
         )  # fmt: skip
         archive_available_now(spark, config)
+        backwards, at_start = archived_times(spark, stack.catalog.table_identifier(topic), start)
+        assert backwards > count // 10 and at_start > 0
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
         later = ProduceRequest(topic=topic, schema=kind, count=count // 4, encoding=encoding, partitions=4,
                                seed=8, late_fraction=0.05, bad_fraction=0.02,
                                ingestion_start=start + timedelta(hours=2),
-                               ingestion_span=timedelta(minutes=30))  # fmt: skip
+                               ingestion_span=timedelta(minutes=30), timestamp_jitter=JITTER)  # fmt: skip
         produce(later, stack.bootstrap_servers, show_progress=False)
         names[kind] = topic
     return Topics(start, names)
+
+
+def archived_times(spark: SparkSession, table: str, start: datetime) -> tuple[int, int]:
+    """Of the archived records, how many have a Kafka timestamp earlier than that of the offset before them,
+    and how many sit exactly at `start`."""
+    row = spark.sql(
+        f"""
+        SELECT count_if(ts < previous) AS backwards,
+               count_if(unix_micros(ts) = {to_micros(start)}) AS at_start
+        FROM (
+          SELECT __metadata__.kafka_ingestion_ts AS ts, lag(__metadata__.kafka_ingestion_ts)
+            OVER (PARTITION BY __metadata__.partition ORDER BY __metadata__.offset) AS previous
+          FROM {table})
+        """
+    ).first()
+    assert row is not None
+    return int(row.backwards), int(row.at_start)
 
 
 def settings(
@@ -111,16 +134,28 @@ def _logged(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.is_dir() else []
 
 
+def _in_kafka(checkpoint: Path, batch: int) -> bool:
+    """Whether micro-batch `batch` of the offset log ends in the Kafka phase."""
+    return '"phase":"kafka"' in (checkpoint / "offsets" / str(batch)).read_text()
+
+
 def _switch_logged(checkpoint: Path) -> bool:
     logged = _logged(checkpoint / "offsets")
-    return bool(logged) and '"phase":"kafka"' in (checkpoint / "offsets" / str(logged[-1])).read_text()
+    return bool(logged) and _in_kafka(checkpoint, logged[-1])
 
 
-def test_a_bootstrap_killed_in_the_archive_phase_and_at_the_switch_resumes_to_the_same_output(
+def _kafka_batch_committed(checkpoint: Path) -> bool:
+    """Whether a micro-batch that started in the Kafka phase, after the switch, is committed."""
+    return any(_in_kafka(checkpoint, batch - 1) for batch in _logged(checkpoint / "commits") if batch > 0)
+
+
+def test_a_bootstrap_killed_in_the_archive_phase_at_the_switch_and_after_it_resumes_to_the_same_output(
     stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
 ) -> None:
-    """`app run --from` killed with SIGKILL (driver and JVM) while it reads the archive, then again once its
-    switch to Kafka is in the offset log; the same command then finishes with what a plain live run wrote."""
+    """`app run --from` killed with SIGKILL (driver and JVM) while it reads the archive, as more records
+    arrive in Kafka; again once its switch to Kafka is in the offset log; again once it has committed a
+    micro-batch of Kafka alone. The same command then finishes with what a plain live run over every record
+    writes."""
     import os
     import signal
     import subprocess
@@ -129,8 +164,6 @@ def test_a_bootstrap_killed_in_the_archive_phase_and_at_the_switch_resumes_to_th
 
     import yaml
 
-    plain = settings(stack, topics, "sessionizer", tmp_path / "plain", "killed_plain", mode="live")
-    run_app(spark, plain, available_now=True, show_progress=False)
     app = settings(stack, topics, "sessionizer", tmp_path / "unused", "killed_bootstrap", mode="live")
     config = tmp_path / "sessionizer.yaml"
     config.write_text(yaml.safe_dump(app.model_dump(mode="json", by_alias=True, exclude={"backfill"})))
@@ -140,10 +173,21 @@ def test_a_bootstrap_killed_in_the_archive_phase_and_at_the_switch_resumes_to_th
         "--from", topics.start.isoformat(), "--max-misalignment", "15m", "--checkpoint", str(checkpoint),
         "--available-now", "--json",
     ]  # fmt: skip
+    # Beyond the hand-over, with the half hour already in Kafka: three Kafka micro-batches of at most 1,500.
+    arriving = ProduceRequest(topic=topics.names["playback"], schema="playback", count=3500, partitions=4,
+                              seed=9, late_fraction=0.05, bad_fraction=0.02,
+                              ingestion_start=topics.start + timedelta(hours=2, minutes=30),
+                              ingestion_span=timedelta(minutes=30), timestamp_jitter=JITTER)  # fmt: skip
+
+    def arrive() -> None:
+        produce(arriving, stack.bootstrap_servers, show_progress=False)
+        assert not _switch_logged(checkpoint), "the records arrived once the archive phase was over"
+
     root = Path(__file__).parent.parent
-    for killed_once, reached in (
-        ("archive phase", lambda: len(_logged(checkpoint / "commits")) >= 2),
-        ("switch", lambda: _switch_logged(checkpoint)),
+    for killed_once, reached, then in (
+        ("archive phase", lambda: len(_logged(checkpoint / "commits")) >= 1, arrive),
+        ("switch", lambda: _switch_logged(checkpoint), None),
+        ("Kafka phase", lambda: _kafka_batch_committed(checkpoint), None),
     ):
         log = tmp_path / f"killed in the {killed_once}.log"
         with log.open("wb") as out:
@@ -154,10 +198,14 @@ def test_a_bootstrap_killed_in_the_archive_phase_and_at_the_switch_resumes_to_th
             assert process.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, f"the bootstrap did not reach its {killed_once} in 300s"
             time.sleep(0.05)
+        if then is not None:
+            then()
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    plain = settings(stack, topics, "sessionizer", tmp_path / "plain", "killed_plain", mode="live")
+    run_app(spark, plain, available_now=True, show_progress=False)
     assert output_rows(spark, "killed_bootstrap") == output_rows(spark, "killed_plain")
 
 

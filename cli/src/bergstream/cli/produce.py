@@ -35,6 +35,12 @@ from bergstream.cli.options import CLIENT_CONFIG, DATA_DIR
     "--ingestion-span", default=None, help="Spread the records' ingestion times evenly over this long (24h)."
 )
 @click.option(
+    "--timestamp-jitter",
+    default=None,
+    help="With --ingestion-start: move each record's Kafka timestamp up to this much earlier, at random, so "
+    "that timestamps go backwards inside a partition (10m).",
+)
+@click.option(
     "--bootstrap-servers",
     default=None,
     help="Kafka to send to (default: the site settings', else the local stack's).",
@@ -60,6 +66,7 @@ def produce(
     partitions: int,
     ingestion_start: str | None,
     ingestion_span: str | None,
+    timestamp_jitter: str | None,
     bootstrap_servers: str | None,
     client_config: Path | None,
     data_dir: Path | None,
@@ -84,6 +91,7 @@ def produce(
         partitions=partitions,
         ingestion_start=parse_instant(ingestion_start, "--ingestion-start") if ingestion_start else None,
         ingestion_span=parse_duration(ingestion_span, "--ingestion-span") if ingestion_span else None,
+        timestamp_jitter=parse_duration(timestamp_jitter, "--timestamp-jitter") if timestamp_jitter else None,
         schema_registry=endpoints.schema_registry(schema_registry),
     )
     settings = endpoints.kafka_client(bootstrap_servers, client_config)

@@ -38,6 +38,10 @@ class ProduceRequest:
     # are made this way for backfills.
     ingestion_start: datetime | None = None
     ingestion_span: timedelta | None = None
+    # With ingestion_start: each record's Kafka timestamp (CreateTime) up to this much earlier than its
+    # ingestion time, at random, never before ingestion_start, so that timestamps go backwards inside a
+    # partition as when producers' clocks disagree. The events' own times keep the ingestion clock.
+    timestamp_jitter: timedelta | None = None
     # Values in the registry's wire format, under the schema registered for the topic's subject.
     schema_registry: SchemaRegistrySettings | None = None
 
@@ -70,6 +74,13 @@ class ProduceRequest:
             raise ConfigError("--ingestion-start needs a time zone, for example 2026-11-20T00:00:00Z")
         if self.ingestion_span is not None and self.ingestion_span <= timedelta(0):
             raise ConfigError(f"--ingestion-span {self.ingestion_span}: give a positive duration")
+        if self.timestamp_jitter is not None:
+            if self.ingestion_start is None:
+                raise ConfigError(
+                    "--timestamp-jitter moves the timestamps --ingestion-start gives: give both"
+                )
+            if self.timestamp_jitter <= timedelta(0):
+                raise ConfigError(f"--timestamp-jitter {self.timestamp_jitter}: give a positive duration")
         if self.ingestion_start is not None and self.rate is not None:
             raise ConfigError("--rate paces records in real time; it cannot go with --ingestion-start")
 
@@ -78,6 +89,13 @@ class ProduceRequest:
         if self.ingestion_start is None or self.ingestion_span is None:
             return None
         return self.ingestion_start + self.ingestion_span * (index / max(self.count, 1))
+
+    def record_timestamp(self, ingested: datetime, draw: float) -> datetime:
+        """The Kafka timestamp of a record ingested at `ingested`: that time, or with a jitter, `draw` (in
+        [0, 1)) of the jitter earlier, but not before `ingestion_start`."""
+        if self.timestamp_jitter is None or self.ingestion_start is None:
+            return ingested
+        return max(self.ingestion_start, ingested - self.timestamp_jitter * draw)
 
     @property
     def event_kind(self) -> str:
@@ -142,6 +160,8 @@ def produce(
     clock = (lambda: now[0]) if request.ingestion_start is not None else (lambda: datetime.now(UTC))
     model = EventModel(seed=request.seed, late_fraction=request.late_fraction, clock=clock)
     rng = random.Random(request.seed ^ 0x5EED)
+    # Its own generator, so that a jitter moves timestamps only.
+    jitter = random.Random(request.seed ^ 0x71773)
     report = ProduceReport(
         topic=request.topic, bootstrap_servers=bootstrap_servers, encoding=request.encoding
     )
@@ -175,7 +195,9 @@ def produce(
                     report.late += generated.late
                 if schema_id is not None and value is not None:
                     value = wire.frame(schema_id, value)
-                timestamp_ms = int(ingested.timestamp() * 1000) if ingested is not None else 0
+                timestamp_ms = 0
+                if ingested is not None:
+                    timestamp_ms = int(request.record_timestamp(ingested, jitter.random()).timestamp() * 1000)
                 producer.send(request.topic, generated.key, value, headers, timestamp_ms)
                 report.sent += 1
                 report.value_bytes += len(value or b"")

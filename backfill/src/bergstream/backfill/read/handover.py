@@ -10,14 +10,21 @@ naming the topic, partition, hand-over offset and the earliest offset Kafka stil
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.backfill.read.planner import TableRef
+from bergstream.backfill.read.order import Window
+from bergstream.backfill.read.planner import TableRef, from_micros, rows_read, table_ref
+from bergstream.backfill.read.split import Micros, Split
 from bergstream.catalog import CatalogConfig
 from bergstream.schemas.positions import BatchRange, offsets_json, spark_offsets
+from bergstream.timeparse import format_instant
+
+# A bootstrap's archive phase is planned up to here (parse.py's latest event time), then cut at the newest
+# row of its pinned snapshots. Kafka's own timestamps are not bounded: see refuse_rows_past.
+END_OF_TIME: Micros = 7_258_118_400 * 1_000_000
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,54 @@ def recorded_handover(
     except NoSuchTableError as error:
         raise BackfillConfigError(f"table {ref.identifier} does not exist in the catalog") from error
     newest = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
-    for snapshot in ancestors_of(newest, table.metadata):
-        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    history = (
+        (snapshot.snapshot_id, snapshot.summary.additional_properties if snapshot.summary is not None else {})
+        for snapshot in ancestors_of(newest, table.metadata)
+    )
+    return newest_handover(history, ref.identifier, topic, cluster)
+
+
+def newest_handover(
+    history: Iterable[tuple[int, Mapping[str, str]]], table: str, topic: str, cluster: str
+) -> Handover | None:
+    """The hand-over the newest router commit of `topic` from `cluster` records, in `history`: a snapshot's
+    ancestors as (snapshot id, summary properties), newest first. Snapshots that record no position of
+    them (compactions, other topics' or clusters' commits) are passed over; None when none records one."""
+    for snapshot_id, summary in history:
         recorded = BatchRange.recorded(summary, topic, cluster)
         if recorded is not None:
-            return Handover(ref.identifier, topic, cluster, snapshot.snapshot_id, recorded.end)
+            return Handover(table, topic, cluster, snapshot_id, recorded.end)
     return None
+
+
+def archive_window(start: Micros, splits: Iterable[Split]) -> Window:
+    """The window of a bootstrap's archive phase: from `start` to just past the newest ingestion time the
+    pinned snapshot's files of it may hold, so that every archived row from `start` on is read whatever its
+    timestamp, and the epochs end with the archive."""
+    end = max((split.upper + 1 for split in splits), default=start + 1)
+    return Window(start, max(end, start + 1))
+
+
+def refuse_rows_past(catalog: CatalogConfig, handover: Handover, end: Micros = END_OF_TIME) -> None:
+    """Refuse a pinned snapshot holding rows of the hand-over's cluster stamped by Kafka at or after `end`,
+    where the archive phase's plan ends: below the hand-over, they would be read neither from the archive
+    nor from Kafka. A broker takes such timestamps when the topic's `message.timestamp.after.max.ms` allows
+    timestamps that far in the future."""
+    ref = table_ref(handover.table, catalog)
+    table = catalog.load().load_table(ref.pyiceberg_identifier)
+    row_filter = rows_read(table, end, 2**63 - 1, [handover.cluster])
+    past = table.scan(
+        row_filter=row_filter, snapshot_id=handover.snapshot_id, selected_fields=("__metadata__",)
+    )
+    rows = past.to_arrow().num_rows
+    if rows:
+        raise BackfillConfigError(
+            f"table {ref.identifier}: snapshot {handover.snapshot_id} holds {rows:,} row(s) of cluster "
+            f"{handover.cluster} below the hand-over stamped by Kafka at or after "
+            f"{format_instant(from_micros(end))}: a bootstrap reads the archive in ingestion order up to "
+            "then, so it would read them neither from the archive nor from Kafka. Run the application live "
+            "from Kafka, or backfill it up to a time before them"
+        )
 
 
 def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
-from bergstream.backfill.read.handover import Handover, pin_handover, refuse_lost_handover
+from bergstream.backfill.read.handover import (
+    END_OF_TIME,
+    Handover,
+    archive_window,
+    pin_handover,
+    refuse_lost_handover,
+    refuse_rows_past,
+)
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
 from bergstream.backfill.runtime.settings import AppSettings
@@ -50,8 +57,6 @@ HYBRID_FORMAT = "bergstream-hybrid"
 PLAN_DIR = "bergstream-backfill"
 # The archive row of a bootstrapped source's archive phase; null in its Kafka phase.
 ARCHIVE = "__archive__"
-# Planned up to here, then cut at the newest row of the pinned snapshots (parse.py's latest event time).
-_END_OF_TIME_US = 7_258_118_400 * 1_000_000
 
 
 class Sources:
@@ -204,7 +209,7 @@ class Sources:
         tables = [source.table_or_topic for source in settings.sources.values()]
         policy = ordering(backfill.max_misalignment, backfill.strict)
         if bootstrap:
-            window = Window(to_micros(backfill.start), _END_OF_TIME_US)
+            window = Window(to_micros(backfill.start), END_OF_TIME)
         else:
             assert backfill.end is not None, "validated by AppSettings"
             window = window_of(backfill.start, backfill.end)
@@ -239,6 +244,8 @@ class Sources:
                      settings.app, pinned_file)  # fmt: skip
         elif bootstrap:
             self._handovers = self._pin_handovers()
+            for handover in self._handovers.values():
+                refuse_rows_past(settings.catalog, handover)
             snapshots = {table: handover.snapshot_id for table, handover in self._handovers.items()}
         regions = request["regions"]
         backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
@@ -295,11 +302,9 @@ def _ending_at_the_archive(backfill_plan: BackfillPlan, pinned_file: Path, polic
     hand-over is read, whatever its timestamp, and the epochs end with the archive."""
     start = backfill_plan.window.start
     if pinned_file.exists():
-        end = int(json.loads(pinned_file.read_text())["window_end"])
+        window = Window(start, int(json.loads(pinned_file.read_text())["window_end"]))
     else:
-        end = max((split.upper + 1 for split in backfill_plan.splits), default=start + 1)
-        end = max(end, start + 1)
-    window = Window(start, end)
+        window = archive_window(start, backfill_plan.splits)
     return replace(backfill_plan, window=window, epochs=tuple(policy.epochs(window, backfill_plan.splits)))
 
 
