@@ -19,7 +19,7 @@ from bergstream.backfill.read.order import Window
 from bergstream.backfill.read.planner import TableRef, from_micros, rows_read, table_ref
 from bergstream.backfill.read.split import Micros, Split
 from bergstream.catalog import CatalogConfig
-from bergstream.schemas.positions import BatchRange, offsets_json, spark_offsets
+from bergstream.schemas.positions import BatchRange, offsets_json
 from bergstream.timeparse import format_instant
 
 # A bootstrap's archive phase is planned up to here (parse.py's latest event time), then cut at the newest
@@ -50,11 +50,6 @@ class Handover:
     def from_json(cls, table: str, data: Mapping[str, Any]) -> Handover:
         offsets = {int(partition): int(offset) for partition, offset in data["offsets"].items()}
         return cls(table, data["topic"], data["cluster"], int(data["snapshot_id"]), offsets)
-
-    @property
-    def starting_offsets(self) -> str:
-        """Spark's startingOffsets for the Kafka phase."""
-        return spark_offsets(self.topic, self.offsets)
 
     def describe(self) -> str:
         listed = ", ".join(f"p{partition}: {offset}" for partition, offset in sorted(self.offsets.items()))
