@@ -26,7 +26,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from bergstream.backfill.read.batches import window_of
+from bergstream.backfill.read.batches import read_batches, window_of
 from bergstream.backfill.read.order import BoundedOrder
 from bergstream.backfill.read.planner import to_micros
 from bergstream.backfill.replay import replay
@@ -317,6 +317,13 @@ def test_a_dead_letter_also_archived_by_a_killed_redrive_goes_out_once(
     assert set(seen) == archived(stack, lower, upper, dead_letters=True)
     (copy,) = [message for message in messages if source_of(message) == (dead["partition"], dead["offset"])]
     assert "bergstream.dead-letter.reason" not in dict(copy.headers())
+    # The strict reader merges rows of files written by the router and by another writer (string and
+    # large_string columns): every archived row of the window, in ingestion-time order.
+    strict = [batch for batch in read_batches(TOPIC, lower, upper, catalog=stack.catalog, strict=True)]
+    times = [
+        t for batch in strict for t in batch.column("__metadata__").field("kafka_ingestion_ts").to_pylist()
+    ]
+    assert len(times) == len(archive_rows(stack, lower, upper)) and times == sorted(times)
 
 
 def test_a_header_without_a_value_is_replayed_without_one(stack: Services, source: Source) -> None:

@@ -104,7 +104,8 @@ def _merged(readers: Sequence[TableReader], epoch: Epoch) -> Iterator[pa.RecordB
         batches = [batch for batch in reader.read(epoch) if batch.num_rows]
         if not batches:
             continue
-        rows = pa.Table.from_batches(batches)
+        # Files of other writers read as large_string where the router's read as string: one type each.
+        rows = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
         order = np.argsort(_ingestion_times(rows), kind="stable")
         rows = rows.take(order)
         sorted_tables.append((reader.scan.table.identifier, rows, _ingestion_times(rows)))
