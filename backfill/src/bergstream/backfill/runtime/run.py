@@ -5,7 +5,8 @@ Spark committed, how many rows each source read over every run of the same reque
 checkpoint, so that a resumed run counts the rows of the runs before it), and where in Kafka the archive
 it read ends (the hand-over positions its router recorded). The rows are counted twice, from the query's
 progress and from the archive itself. A window not covered, or rows that disagree with the archive, make
-the report incomplete, and the command exit non-zero.
+the report incomplete, and the command exit non-zero. A complete backfill releases the snapshots it held
+(runtime/pins.py); so does a bootstrap once it has switched to Kafka.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.handover import Handover, recorded_handover
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
 from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
+from bergstream.backfill.runtime.pins import release
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
 from bergstream.errors import first_line
@@ -262,6 +264,8 @@ def run_app(
         position=tracker.position, window=None, bound=None,
     )  # fmt: skip
     if plan is not None and settings.mode == "bootstrap":
+        if tracker.position.phase == "kafka":
+            query.switched()
         return replace(
             report,
             window=(from_micros(plan.window.start), from_micros(plan.window.end)),
@@ -333,6 +337,9 @@ def _backfill_report(
                 )
     for problem in problems:
         log.error("%s: %s", settings.app, problem)
+    if not problems:
+        tables = [scan.table.identifier for scan in plan.tables]
+        release(settings.catalog, tables, settings.checkpoint_location)
     return replace(
         report, window=window, bound=bound, rows_read=rows_read, rows_in_archive=rows_in_archive,
         handovers=handovers_read(settings, plan), problems=problems,
@@ -425,6 +432,15 @@ class _AppQuery:
         self.available_now = available_now
         self.sources = Sources(spark, settings, stopping)
         self.plan: BackfillPlan | None = None
+        self.released = False
+
+    def switched(self) -> None:
+        """A bootstrap's sources have switched to Kafka, in a batch Spark committed: the archive is not
+        read again, and its snapshots need not be held."""
+        if not self.released and self.plan is not None:
+            tables = [scan.table.identifier for scan in self.plan.tables]
+            release(self.settings.catalog, tables, self.settings.checkpoint_location)
+            self.released = True
 
     def start(self) -> StreamingQuery:
         query, _ = start_query(self.spark, self.settings, self.available_now, self.sources)
@@ -442,6 +458,8 @@ def _follow(runner: QueryRunner, tracker: _Progress, query: _AppQuery, show_prog
         def show(_: StreamingQuery) -> None:
             status, percent = _status(tracker, query.plan, time.monotonic() - started)
             lines.update(task, status, percent)
+            if tracker.position.phase == "kafka":
+                query.switched()
 
         try:
             runner.run(show)

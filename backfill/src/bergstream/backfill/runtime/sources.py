@@ -7,7 +7,8 @@ are left out of the live stream, as they are out of the archive table. A live so
 topic knows its subject's versions as runtime/subject.py says.
 
 All backfill sources of one application share one plan, so that they advance on one ingestion watermark.
-The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on.
+The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on,
+which a tag per table holds from expiry meanwhile (runtime/pins.py).
 
 Bootstrapped (`app run --from`), a source is both, in one query: the `bergstream-hybrid` source reads the
 archive from `--from` in the same aligned epochs, up to where the pinned snapshot records that the archive
@@ -30,6 +31,7 @@ from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.handover import Handover, pin_handover, refuse_lost_handover
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
+from bergstream.backfill.runtime.pins import pin, release, tag_of
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.subject import LiveSubject
 from bergstream.kafka_settings import librdkafka_settings
@@ -246,11 +248,21 @@ class Sources:
             backfill_plan = _ending_at_the_archive(backfill_plan, pinned_file, policy)
         if not pinned_file.exists():
             pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
-            document: dict[str, Any] = {"request": request, "snapshots": pinned_snapshots}
+            document: dict[str, Any] = {
+                "request": request,
+                "snapshots": pinned_snapshots,
+                "tag": tag_of(settings.checkpoint_location),
+            }
             if bootstrap:
                 document["handovers"] = {table: h.to_json() for table, h in self._handovers.items()}
                 document["window_end"] = backfill_plan.window.end
             pinned_file.write_text(json.dumps(document))
+        pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
+        if bootstrap and self._switched():
+            # Kafka took over: the archive is not read again.
+            release(settings.catalog, pinned_snapshots, settings.checkpoint_location)
+        else:
+            pin(settings.catalog, pinned_snapshots, settings.checkpoint_location, settings.app)
         if bootstrap and not self._switched():
             for handover in self._handovers.values():
                 source = next(s for s in settings.sources.values() if s.topic == handover.topic)
