@@ -80,7 +80,8 @@ def test_a_stopped_backfill_holds_its_snapshot_until_it_completes(
     archived = Archived(start, start + timedelta(hours=2), {"playback": topic_name}, {"playback": topic_name})
 
     def settings(name: str) -> Any:
-        return app_settings(stack, archived, tmp_path / name, "sessionizer", "backfill", f"{topic_name}_{name}",
+        output = f"{topic_name}_{name}"
+        return app_settings(stack, archived, tmp_path / name, "sessionizer", "backfill", output,
                             max_misalignment=timedelta(minutes=5))  # fmt: skip
 
     iceberg = stack.catalog.load()

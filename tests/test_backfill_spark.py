@@ -225,15 +225,57 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
 def test_strict_order_reads_each_source_in_exact_ingestion_order(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:
-    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused", strict=True)
+    start, end = archived.start + timedelta(minutes=30), archived.start + timedelta(minutes=60)
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused", strict=True,
+                            start=start, end=end)  # fmt: skip
     sources = Sources(spark, settings)
     seen = collect_batches(spark, sources, tmp_path)  # collect() keeps each partition's order
-    assert len(sources.plan().epochs) == HOURS, "strict epochs are an hour wide"
+    assert len(sources.plan().epochs) == 6, "strict epochs are 5 minutes wide"
     for kind in ("impression", "playback"):
         times = [r[4] for r in seen if r[1] == kind]
         assert times == sorted(times)
-        expected = archive_rows(stack, archived.tables[kind], archived.start, archived.end)
+        expected = archive_rows(stack, archived.tables[kind], start, end)
         assert len(times) == len(expected)
+
+
+def test_strict_order_sorts_an_epoch_read_from_a_single_file_of_unordered_rows(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    import json
+
+    import pyarrow.compute as pc
+
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import StrictOrder
+    from bergstream.backfill.read.planner import plan
+
+    iceberg = stack.catalog.load()
+    source = iceberg.load_table(f"{stack.catalog.namespace}.{archived.tables['playback']}")
+    rows = source.scan().to_arrow()
+    name = f"{stack.catalog.namespace}.bf_unordered_file"
+    if iceberg.table_exists(name):
+        iceberg.drop_table(name)
+    # One file, its rows newest first: every epoch reads a single split, in the file's order.
+    ts = pc.struct_field(rows.column("__metadata__"), "kafka_ingestion_ts")
+    iceberg.create_table(name, schema=source.schema()).append(
+        rows.take(pc.array_sort_indices(ts, order="descending"))
+    )
+    start, end = archived.start, archived.start + timedelta(minutes=20)
+    made = plan(stack.catalog, [name], window_of(start, end), StrictOrder(timedelta(minutes=5)))
+    assert len(made.epochs) == 4 and all(len(epoch.splits) == 1 for epoch in made.epochs)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(made.source_plan(made.tables[0].table.identifier, "playback")))
+    seen: list[tuple[int, datetime]] = []
+    query = (
+        spark.readStream.format("bergstream-backfill").option("plan", str(plan_file)).load()
+        .select("__metadata__.kafka_ingestion_ts").writeStream
+        .foreachBatch(lambda frame, batch: seen.extend((batch, row[0]) for row in frame.collect()))
+        .option("checkpointLocation", str(tmp_path / "query")).trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination()
+    times = [t for _, t in seen]
+    assert len(times) == len(archive_rows(stack, archived.tables["playback"], start, end)) > 10
+    assert times == sorted(times), "an epoch of one split came in the file's order"
 
 
 def test_a_table_empty_when_planned_yields_no_rows_even_when_rows_arrive_later(
