@@ -17,7 +17,7 @@ from bergstream.backfill.runtime.pins import tag_of
 from bergstream.backfill.runtime.run import run_app
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.app import archive_available_now
-from bergstream.router.config import RouterConfig
+from bergstream.router.config import MaintenanceSettings, RouterConfig
 from bergstream.router.maintain import maintain
 from tests.services import Services
 from tests.test_backfill_spark import Archived, app_settings, output_rows
@@ -74,7 +74,7 @@ def test_a_stopped_backfill_holds_its_snapshot_until_it_completes(
         topic=topic_name, schema="playback", encoding="json", table=topic_name, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "router"), catalog=stack.catalog,
-        maintenance={"snapshot_retention_hours": 1, "retain_last_snapshots": 1},
+        maintenance=MaintenanceSettings(snapshot_retention_hours=1, retain_last_snapshots=1),
     )  # fmt: skip
     archive(stack, spark, config, start, 600)
     archived = Archived(start, start + timedelta(hours=2), {"playback": topic_name}, {"playback": topic_name})
