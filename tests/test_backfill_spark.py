@@ -306,6 +306,30 @@ def test_a_table_empty_when_planned_yields_no_rows_even_when_rows_arrive_later(
     assert sum(read) == 0, "the backfill read the table as it is now, not as it was planned"
 
 
+@pytest.mark.parametrize("scheme", ["file", "viewfs"])
+def test_a_checkpoint_on_another_hadoop_file_system_keeps_the_plan_beside_it(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path, scheme: str
+) -> None:
+    """The plan, the rows read and the checkpoint's logs go through Hadoop's FileSystem: a checkpoint
+    Spark reaches only through Hadoop (here a viewfs mount of a local folder) works as a local one."""
+    target = tmp_path / "mounted"
+    if scheme == "viewfs":
+        mount = f"fs.viewfs.mounttable.{tmp_path.name}.link./checkpoints"
+        spark.sparkContext._jsc.hadoopConfiguration().set(mount, target.as_uri())  # type: ignore[union-attr]
+        location = f"viewfs://{tmp_path.name}/checkpoints/sessionizer"
+    else:
+        location = f"{target.as_uri()}/sessionizer"
+    settings = app_settings(stack, archived, tmp_path, "sessionizer", "backfill", f"on_{scheme}",
+                            end=archived.start + timedelta(minutes=30))  # fmt: skip
+    settings = settings.model_copy(update={"checkpoint_location": location})
+    report = run_app(spark, settings, show_progress=False)
+    assert report.complete, report.problems
+    assert report.rows_read["playback"] == report.rows_in_archive["playback"] > 0
+    kept = target / "sessionizer" / "bergstream-backfill"
+    assert {"plan.json", "playback.json", "rows.json"} <= {p.name for p in kept.iterdir()}
+    assert (target / "sessionizer" / "commits").is_dir()
+
+
 def test_backfill_and_live_sources_have_the_same_columns(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

@@ -24,13 +24,13 @@ import logging
 import threading
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.handover import Handover, pin_handover, refuse_lost_handover
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
+from bergstream.backfill.runtime.checkpoint import CheckpointFiles
 from bergstream.backfill.runtime.pins import pin, release, tag_of
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.subject import LiveSubject
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 BACKFILL_FORMAT = "bergstream-backfill"
 HYBRID_FORMAT = "bergstream-hybrid"
 PLAN_DIR = "bergstream-backfill"
+PLAN_FILE = f"{PLAN_DIR}/plan.json"
 # The archive row of a bootstrapped source's archive phase; null in its Kafka phase.
 ARCHIVE = "__archive__"
 # Planned up to here, then cut at the newest row of the pinned snapshots (parse.py's latest event time).
@@ -69,6 +70,7 @@ class Sources:
         self._plan: BackfillPlan | None = None
         self._handovers: dict[str, Handover] = {}
         self._subjects: dict[str, LiveSubject] = {}
+        self._files: CheckpointFiles | None = None
         # A bootstrap on a one-second trigger: its Kafka phase then waits for the trigger interval.
         self.paced = False
 
@@ -123,9 +125,9 @@ class Sources:
         backfill_plan = self.plan()
         table = table_ref(source.table_or_topic, settings.catalog).identifier
         handover = self._handovers[table]
-        path = self._plan_dir() / f"{name}.json"
-        path.write_text(
-            json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
+        path = f"{PLAN_DIR}/{name}.json"
+        self.files.write_text(
+            path, json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
         )
         options = {
             **SOURCE_DEFAULTS,
@@ -139,7 +141,10 @@ class Sources:
             interval = parse_duration(settings.trigger_interval, "trigger_interval")
             options["maxTriggerDelay"] = f"{interval // timedelta(milliseconds=1)}ms"
         records = (
-            self.spark.readStream.format(HYBRID_FORMAT).option("plan", str(path)).options(**options).load()
+            self.spark.readStream.format(HYBRID_FORMAT)
+            .option("plan", self.files.uri(path))
+            .options(**options)
+            .load()
         )
         layout, parser = self._parser(name)
         archived = records.schema[ARCHIVE].dataType
@@ -181,14 +186,16 @@ class Sources:
     def _backfill(self, name: str) -> DataFrame:
         backfill_plan = self.plan()
         table = table_ref(self.settings.sources[name].table_or_topic, self.settings.catalog).identifier
-        path = self._plan_dir() / f"{name}.json"
-        path.write_text(json.dumps(backfill_plan.source_plan(table, name)))
-        return self.spark.readStream.format(BACKFILL_FORMAT).option("plan", str(path)).load()
+        path = f"{PLAN_DIR}/{name}.json"
+        self.files.write_text(path, json.dumps(backfill_plan.source_plan(table, name)))
+        return self.spark.readStream.format(BACKFILL_FORMAT).option("plan", self.files.uri(path)).load()
 
-    def _plan_dir(self) -> Path:
-        directory = Path(self.settings.checkpoint_location) / PLAN_DIR
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
+    @property
+    def files(self) -> CheckpointFiles:
+        """The checkpoint's files, where the plans are kept beside it."""
+        if self._files is None:
+            self._files = CheckpointFiles(self.spark, self.settings.checkpoint_location)
+        return self._files
 
     def plan(self) -> BackfillPlan:
         """The plan every backfill source of this run reads: made once, then read from the checkpoint."""
@@ -210,7 +217,7 @@ class Sources:
         else:
             assert backfill.end is not None, "validated by AppSettings"
             window = window_of(backfill.start, backfill.end)
-        pinned_file = self._plan_dir() / "plan.json"
+        files = self.files
         # As the checkpoint's name has them: the same regions in another order are the same request.
         regions = sorted(backfill.regions) if backfill.regions is not None else None
         request: dict[str, Any] = {
@@ -224,8 +231,9 @@ class Sources:
             request["mode"] = "bootstrap"
             request["regions"] = sorted({source.cluster for source in settings.sources.values()})
         snapshots: dict[str, int | None] | None = None
-        if pinned_file.exists():
-            pinned: dict[str, Any] = json.loads(pinned_file.read_text())
+        pinned: dict[str, Any] | None = None
+        if files.exists(PLAN_FILE):
+            pinned = json.loads(files.read_text(PLAN_FILE))
             if pinned["request"] != request:
                 raise CheckpointMismatch(
                     f"checkpoint {settings.checkpoint_location} belongs to another backfill "
@@ -238,15 +246,15 @@ class Sources:
                 for table, handover in pinned.get("handovers", {}).items()
             }
             log.info("resuming %s %s from its plan in %s", "bootstrap" if bootstrap else "backfill",
-                     settings.app, pinned_file)  # fmt: skip
+                     settings.app, files.uri(PLAN_FILE))  # fmt: skip
         elif bootstrap:
             self._handovers = self._pin_handovers()
             snapshots = {table: handover.snapshot_id for table, handover in self._handovers.items()}
         regions = request["regions"]
         backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
         if bootstrap:
-            backfill_plan = _ending_at_the_archive(backfill_plan, pinned_file, policy)
-        if not pinned_file.exists():
+            backfill_plan = _ending_at_the_archive(backfill_plan, pinned, policy)
+        if pinned is None:
             pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
             document: dict[str, Any] = {
                 "request": request,
@@ -256,7 +264,7 @@ class Sources:
             if bootstrap:
                 document["handovers"] = {table: h.to_json() for table, h in self._handovers.items()}
                 document["window_end"] = backfill_plan.window.end
-            pinned_file.write_text(json.dumps(document))
+            files.write_text(PLAN_FILE, json.dumps(document))
         pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
         if bootstrap and self._switched():
             # Kafka took over: the archive is not read again.
@@ -293,21 +301,19 @@ class Sources:
 
     def _switched(self) -> bool:
         """Whether the query has logged its switch to Kafka: a hand-over offset may then be long read."""
-        offsets = Path(self.settings.checkpoint_location) / "offsets"
-        logged = (
-            sorted((int(p.name), p) for p in offsets.glob("*") if p.name.isdigit())
-            if offsets.is_dir()
-            else []
-        )
-        return bool(logged) and '"phase":"kafka"' in logged[-1][1].read_text()
+        logged = sorted(int(name) for name in self.files.names("offsets") if name.isdigit())
+        return bool(logged) and '"phase":"kafka"' in self.files.read_text(f"offsets/{logged[-1]}")
 
 
-def _ending_at_the_archive(backfill_plan: BackfillPlan, pinned_file: Path, policy: Any) -> BackfillPlan:
+def _ending_at_the_archive(
+    backfill_plan: BackfillPlan, pinned: dict[str, Any] | None, policy: Any
+) -> BackfillPlan:
     """The plan of a bootstrap cut at the newest row of its pinned snapshots: every archived row below the
-    hand-over is read, whatever its timestamp, and the epochs end with the archive."""
+    hand-over is read, whatever its timestamp, and the epochs end with the archive. `pinned`: the plan
+    kept beside the checkpoint, once there is one."""
     start = backfill_plan.window.start
-    if pinned_file.exists():
-        end = int(json.loads(pinned_file.read_text())["window_end"])
+    if pinned is not None:
+        end = int(pinned["window_end"])
     else:
         end = max((split.upper + 1 for split in backfill_plan.splits), default=start + 1)
         end = max(end, start + 1)

@@ -3,15 +3,17 @@ package io.bergstream.backfill;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.Serializable;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.time.Instant;
 import java.time.temporal.ChronoUnit;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.sql.SparkSession;
 
 /**
  * What one backfill source reads, as the Python planner wrote it: the table at its pinned snapshot,
@@ -122,14 +124,23 @@ final class Plan implements Serializable {
     return read(path, "bergstream-backfill");
   }
 
-  /** The plan file at `path`, for the source `format` (named in the message when the option is missing). */
+  /**
+   * The plan file at `path`, for the source `format` (named in the message when the option is missing).
+   * Read through Hadoop's FileSystem with the session's configuration, as the checkpoint it lies beside:
+   * a checkpoint on S3 or HDFS has its plan there.
+   */
   static Plan read(String path, String format) {
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException(
           "the " + format + " source needs option 'plan': the plan file bergstream writes");
     }
     try {
-      JsonNode node = new ObjectMapper().readTree(Files.readAllBytes(Path.of(path)));
+      Path file = new Path(path);
+      FileSystem fs = file.getFileSystem(SparkSession.active().sessionState().newHadoopConf());
+      JsonNode node;
+      try (InputStream in = fs.open(file)) {
+        node = new ObjectMapper().readTree(in);
+      }
       if (node.path("format").asInt() != FORMAT) {
         throw new IllegalArgumentException(
             "backfill plan " + path + " has format " + node.path("format") + ", not " + FORMAT);
