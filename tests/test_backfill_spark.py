@@ -222,6 +222,74 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
     assert tasks < all_tasks
 
 
+def test_row_groups_are_read_by_the_split_iceberg_gives_them_whatever_the_split_offsets_say(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    """A file whose manifest's split offsets are not its row groups' starts (a writer that counts a start
+    otherwise): the source reads each group in the split Iceberg's reader gives it, and a file whose
+    groups no split would read is refused, naming it."""
+    import json
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
+    from pyiceberg.manifest import DATA_FILE_TYPE
+
+    from bergstream.backfill.errors import PlanError
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.read.planner import plan
+
+    iceberg = stack.catalog.load()
+    source = iceberg.load_table(f"{stack.catalog.namespace}.{archived.tables['impression']}")
+    rows = source.scan().to_arrow()
+    ts = pc.struct_field(rows.column("__metadata__"), "kafka_ingestion_ts")
+    rows = rows.take(pc.array_sort_indices(ts)).cast(
+        schema_to_pyarrow(source.schema(), include_field_ids=False)
+    )
+    path = str(tmp_path / "four-groups.parquet")
+    pq.write_table(rows, path, row_group_size=len(rows) // 4 + 1)
+    footer = pq.ParquetFile(path).metadata
+    first = footer.row_group(0)
+    start = first.column(0).dictionary_page_offset if first.column(0).has_dictionary_page else 4
+    middle = start + sum(first.column(c).total_compressed_size for c in range(first.num_columns)) // 2
+    expected = archive_rows(stack, archived.tables["impression"], archived.start, archived.end)
+
+    def read_with(name: str, split_offsets: list[int]) -> list[tuple[int, int]]:
+        identifier = f"{stack.catalog.namespace}.{name}"
+        if iceberg.table_exists(identifier):
+            iceberg.drop_table(identifier)
+        # The file has no field ids, as a file added from outside Iceberg: its columns are mapped by name.
+        mapping = {"schema.name-mapping.default": source.schema().name_mapping.model_dump_json()}
+        table = iceberg.create_table(identifier, schema=source.schema(), properties=mapping)
+        data_file = parquet_file_to_data_file(table.io, table.metadata, path)
+        fields = [field.name for field in DATA_FILE_TYPE[table.format_version].fields]
+        data_file[fields.index("split_offsets")] = split_offsets
+        with table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
+            append.append_data_file(data_file)
+        made = plan(stack.catalog, [identifier], window_of(archived.start, archived.end), BoundedOrder(B))
+        plan_file = tmp_path / f"{name}.json"
+        plan_file.write_text(json.dumps(made.source_plan(made.tables[0].table.identifier, "impression")))
+        read: list[tuple[int, int]] = []
+        query = (
+            spark.readStream.format("bergstream-backfill").option("plan", str(plan_file)).load()
+            .select("__metadata__.partition", "__metadata__.offset").writeStream
+            .foreachBatch(lambda frame, batch: read.extend(tuple(row) for row in frame.collect()))
+            .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination()
+        return read
+
+    # Iceberg cuts the file at the second offset, past the first group's start and up to its midpoint: its
+    # reader gives the first group to the second split, which holds the starts of the other groups.
+    offsets = [4, *(footer.row_group(g).column(0).data_page_offset for g in range(1, 4))]
+    read = read_with("bf_split_offsets_moved", [4, middle, *offsets[2:]])
+    assert len(read) == len(set(read)) == len(expected) and set(read) == set(expected)
+    # A first offset past the first group's midpoint: no split would read that group.
+    with pytest.raises(PlanError, match=r"four-groups\.parquet: row group 0 lies at byte"):
+        read_with("bf_split_offsets_past", [middle + 1, *offsets[2:]])
+
+
 def test_strict_order_reads_each_source_in_exact_ingestion_order(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

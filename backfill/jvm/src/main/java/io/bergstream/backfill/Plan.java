@@ -37,8 +37,9 @@ final class Plan implements Serializable {
   final Map<String, String> readOptions;
   // Exact ingestion-time order: one reader merges each epoch instead of every split in parallel.
   final boolean singleReader;
-  // Per data file with several row groups: each group's starting offset and inclusive ingestion-time
-  // bounds, so that an epoch's splits holding only groups outside it are never scheduled.
+  // Per data file with several row groups: each group's position (the byte offset by which Iceberg's
+  // Parquet reader gives it to the split whose range holds it, its midpoint) and inclusive ingestion-time
+  // bounds, so that an epoch's splits reading only groups outside it are never scheduled.
   final Map<String, long[][]> rowGroups;
   // Per data file: its inclusive ingestion-time bounds, as the planner found them.
   final Map<String, long[]> files;
@@ -154,8 +155,8 @@ final class Plan implements Serializable {
   }
 
   /**
-   * Whether the bytes [start, start + length) of `file` may hold rows of [lower, upper): false only
-   * when the file's bounds, or those of every row group starting in that range, lie outside it.
+   * Whether the split [start, start + length) of `file` may read rows of [lower, upper): false only
+   * when the file's bounds, or those of every row group the reader gives that split, lie outside it.
    */
   boolean mayHold(String file, long start, long length, long lower, long upper) {
     long[] bounds = files.get(file);
