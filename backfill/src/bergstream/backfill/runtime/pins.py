@@ -22,7 +22,12 @@ from bergstream.catalog import CatalogConfig
 from bergstream.schemas.archive import BACKFILL_PROPERTY_PREFIX, BACKFILL_TAG_PREFIX
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyiceberg.table import Table
+
+    _Check = Callable[[Table], bool]
+    _Commit = Callable[[Table], None]
 
 log = logging.getLogger(__name__)
 # Commits that lose to a router's concurrent append are made again on the table as it is then.
@@ -65,7 +70,16 @@ def pin(catalog: CatalogConfig, snapshots: dict[str, int | None], checkpoint: st
             refs.create_tag(snapshot_id, tag).commit()
             transaction.commit_transaction()
 
-        if _update(catalog, identifier, held, commit):
+        try:
+            changed = _update(catalog, identifier, held, commit)
+        except Exception as error:
+            # Reading needs no pin: without one, the backfill runs while its snapshot lasts.
+            log.warning(
+                "%s: cannot hold snapshot %d for the backfill of %s (%s): maintenance may expire it before "
+                "the backfill completes", identifier, snapshot_id, checkpoint, error,
+            )  # fmt: skip
+            continue
+        if changed:
             log.info("%s: snapshot %d held for the backfill of %s (tag %s)", identifier, snapshot_id,
                      checkpoint, tag)  # fmt: skip
 
@@ -125,10 +139,3 @@ def _update(catalog: CatalogConfig, identifier: str, done: _Check, commit: _Comm
             if attempt == _ATTEMPTS - 1:
                 raise
     return False
-
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    _Check = Callable[[Table], bool]
-    _Commit = Callable[[Table], None]

@@ -333,12 +333,23 @@ def _backfill_report(
     for problem in problems:
         log.error("%s: %s", settings.app, problem)
     if not problems:
-        tables = [scan.table.identifier for scan in plan.tables]
-        release(settings.catalog, tables, settings.checkpoint_location)
+        _release(settings, plan)
     return replace(
         report, window=window, bound=bound, rows_read=rows_read, rows_in_archive=rows_in_archive,
         handovers=handovers_read(settings, plan), problems=problems,
     )  # fmt: skip
+
+
+def _release(settings: AppSettings, plan: BackfillPlan) -> None:
+    """Let expiry have the snapshots the run held: it reads them no more."""
+    tables = [scan.table.identifier for scan in plan.tables]
+    try:
+        release(settings.catalog, tables, settings.checkpoint_location)
+    except Exception as error:
+        log.warning(
+            "%s: the snapshots it read stay held (%s); `bergstream backfill release --checkpoint %s` lets "
+            "maintenance expire them", settings.app, error, settings.checkpoint_location,
+        )  # fmt: skip
 
 
 def handovers_read(settings: AppSettings, plan: BackfillPlan) -> dict[str, Handover]:
@@ -432,8 +443,7 @@ class _AppQuery:
         """A bootstrap's sources have switched to Kafka, in a batch Spark committed: the archive is not
         read again, and its snapshots need not be held."""
         if not self.released and self.plan is not None:
-            tables = [scan.table.identifier for scan in self.plan.tables]
-            release(self.settings.catalog, tables, self.settings.checkpoint_location)
+            _release(self.settings, self.plan)
             self.released = True
 
     def start(self) -> StreamingQuery:
