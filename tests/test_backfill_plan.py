@@ -30,7 +30,14 @@ from bergstream.backfill import read_batches
 from bergstream.backfill.errors import BackfillConfigError, PlanError
 from bergstream.backfill.read.handover import Handover, refuse_rows_past
 from bergstream.backfill.read.order import BoundedOrder, Unordered, Window
-from bergstream.backfill.read.planner import plan, split_bounds, table_ref, to_micros
+from bergstream.backfill.read.planner import (
+    check_split_offsets,
+    plan,
+    reader_position,
+    split_bounds,
+    table_ref,
+    to_micros,
+)
 from bergstream.backfill.read.split import HOUR
 from bergstream.catalog import CatalogConfig
 
@@ -274,3 +281,18 @@ def test_a_bootstrap_refuses_archived_rows_stamped_past_the_end_of_its_plan(cata
     refused = r"snapshot \d+ holds 1 row\(s\) of cluster us-east-1 below the hand-over stamped by Kafka "
     with pytest.raises(BackfillConfigError, match=refused + "at or after 2200-01-01T00:00:00"):
         refuse_rows_past(catalog, pinned())
+
+
+def test_a_row_group_is_placed_where_the_parquet_reader_places_it() -> None:
+    """parquet-java's range filter gives a group to the split holding its midpoint, counted from the
+    dictionary page whenever the footer sets one below the first data page, even at 0: the split offsets'
+    rule (a dictionary page at 0 is no start) would place such a group in another split."""
+    assert reader_position(1000, None, 400) == 1200
+    assert reader_position(1000, 600, 800) == 1000  # a dictionary page first: the chunk starts there
+    assert reader_position(1000, 0, 800) == 400  # the reader's own rule, not the split offsets'
+    assert reader_position(1000, 1500, 800) == 1400  # a dictionary page after the data page is not first
+    check_split_offsets("f.parquet", [400, 1200], [4, 1000], 2000)
+    with pytest.raises(PlanError, match=r"f\.parquet: row group 1 lies at byte 2400"):
+        check_split_offsets("f.parquet", [400, 2400], [4, 1000], 2000)
+    with pytest.raises(PlanError, match="row group 0 lies at byte 400, outside"):
+        check_split_offsets("f.parquet", [400, 1200], [600, 1000], 2000)

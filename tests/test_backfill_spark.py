@@ -222,18 +222,128 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
     assert tasks < all_tasks
 
 
+def test_row_groups_are_read_by_the_split_iceberg_gives_them_whatever_the_split_offsets_say(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    """A file whose manifest's split offsets are not its row groups' starts (a writer that counts a start
+    otherwise): the source reads each group in the split Iceberg's reader gives it, and a file whose
+    groups no split would read is refused, naming it."""
+    import json
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
+    from pyiceberg.manifest import DATA_FILE_TYPE
+
+    from bergstream.backfill.errors import PlanError
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import BoundedOrder
+    from bergstream.backfill.read.planner import plan
+
+    iceberg = stack.catalog.load()
+    source = iceberg.load_table(f"{stack.catalog.namespace}.{archived.tables['impression']}")
+    rows = source.scan().to_arrow()
+    ts = pc.struct_field(rows.column("__metadata__"), "kafka_ingestion_ts")
+    rows = rows.take(pc.array_sort_indices(ts)).cast(
+        schema_to_pyarrow(source.schema(), include_field_ids=False)
+    )
+    path = str(tmp_path / "four-groups.parquet")
+    pq.write_table(rows, path, row_group_size=len(rows) // 4 + 1)
+    footer = pq.ParquetFile(path).metadata
+    first = footer.row_group(0)
+    start = first.column(0).dictionary_page_offset if first.column(0).has_dictionary_page else 4
+    middle = start + sum(first.column(c).total_compressed_size for c in range(first.num_columns)) // 2
+    expected = archive_rows(stack, archived.tables["impression"], archived.start, archived.end)
+
+    def read_with(name: str, split_offsets: list[int]) -> list[tuple[int, int]]:
+        identifier = f"{stack.catalog.namespace}.{name}"
+        if iceberg.table_exists(identifier):
+            iceberg.drop_table(identifier)
+        # The file has no field ids, as a file added from outside Iceberg: its columns are mapped by name.
+        mapping = {"schema.name-mapping.default": source.schema().name_mapping.model_dump_json()}
+        table = iceberg.create_table(identifier, schema=source.schema(), properties=mapping)
+        data_file = parquet_file_to_data_file(table.io, table.metadata, path)
+        fields = [field.name for field in DATA_FILE_TYPE[table.format_version].fields]
+        data_file[fields.index("split_offsets")] = split_offsets
+        with table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
+            append.append_data_file(data_file)
+        made = plan(stack.catalog, [identifier], window_of(archived.start, archived.end), BoundedOrder(B))
+        plan_file = tmp_path / f"{name}.json"
+        plan_file.write_text(json.dumps(made.source_plan(made.tables[0].table.identifier, "impression")))
+        read: list[tuple[int, int]] = []
+        query = (
+            spark.readStream.format("bergstream-backfill").option("plan", str(plan_file)).load()
+            .select("__metadata__.partition", "__metadata__.offset").writeStream
+            .foreachBatch(lambda frame, batch: read.extend(tuple(row) for row in frame.collect()))
+            .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination()
+        return read
+
+    # Iceberg cuts the file at the second offset, past the first group's start and up to its midpoint: its
+    # reader gives the first group to the second split, which holds the starts of the other groups.
+    offsets = [4, *(footer.row_group(g).column(0).data_page_offset for g in range(1, 4))]
+    read = read_with("bf_split_offsets_moved", [4, middle, *offsets[2:]])
+    assert len(read) == len(set(read)) == len(expected) and set(read) == set(expected)
+    # A first offset past the first group's midpoint: no split would read that group.
+    with pytest.raises(PlanError, match=r"four-groups\.parquet: row group 0 lies at byte"):
+        read_with("bf_split_offsets_past", [middle + 1, *offsets[2:]])
+
+
 def test_strict_order_reads_each_source_in_exact_ingestion_order(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:
-    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused", strict=True)
+    start, end = archived.start + timedelta(minutes=30), archived.start + timedelta(minutes=60)
+    settings = app_settings(stack, archived, tmp_path, "probe", "backfill", "apps.unused", strict=True,
+                            start=start, end=end)  # fmt: skip
     sources = Sources(spark, settings)
     seen = collect_batches(spark, sources, tmp_path)  # collect() keeps each partition's order
-    assert len(sources.plan().epochs) == HOURS, "strict epochs are an hour wide"
+    assert len(sources.plan().epochs) == 6, "strict epochs are 5 minutes wide"
     for kind in ("impression", "playback"):
         times = [r[4] for r in seen if r[1] == kind]
         assert times == sorted(times)
-        expected = archive_rows(stack, archived.tables[kind], archived.start, archived.end)
+        expected = archive_rows(stack, archived.tables[kind], start, end)
         assert len(times) == len(expected)
+
+
+def test_strict_order_sorts_an_epoch_read_from_a_single_file_of_unordered_rows(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
+) -> None:
+    import json
+
+    import pyarrow.compute as pc
+
+    from bergstream.backfill.read.batches import window_of
+    from bergstream.backfill.read.order import StrictOrder
+    from bergstream.backfill.read.planner import plan
+
+    iceberg = stack.catalog.load()
+    source = iceberg.load_table(f"{stack.catalog.namespace}.{archived.tables['playback']}")
+    rows = source.scan().to_arrow()
+    name = f"{stack.catalog.namespace}.bf_unordered_file"
+    if iceberg.table_exists(name):
+        iceberg.drop_table(name)
+    # One file, its rows newest first: every epoch reads a single split, in the file's order.
+    ts = pc.struct_field(rows.column("__metadata__"), "kafka_ingestion_ts")
+    iceberg.create_table(name, schema=source.schema()).append(
+        rows.take(pc.array_sort_indices(ts, order="descending"))
+    )
+    start, end = archived.start, archived.start + timedelta(minutes=20)
+    made = plan(stack.catalog, [name], window_of(start, end), StrictOrder(timedelta(minutes=5)))
+    assert len(made.epochs) == 4 and all(len(epoch.splits) == 1 for epoch in made.epochs)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(made.source_plan(made.tables[0].table.identifier, "playback")))
+    seen: list[tuple[int, datetime]] = []
+    query = (
+        spark.readStream.format("bergstream-backfill").option("plan", str(plan_file)).load()
+        .select("__metadata__.kafka_ingestion_ts").writeStream
+        .foreachBatch(lambda frame, batch: seen.extend((batch, row[0]) for row in frame.collect()))
+        .option("checkpointLocation", str(tmp_path / "query")).trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination()
+    times = [t for _, t in seen]
+    assert len(times) == len(archive_rows(stack, archived.tables["playback"], start, end)) > 10
+    assert times == sorted(times), "an epoch of one split came in the file's order"
 
 
 def test_a_table_empty_when_planned_yields_no_rows_even_when_rows_arrive_later(
@@ -262,6 +372,30 @@ def test_a_table_empty_when_planned_yields_no_rows_even_when_rows_arrive_later(
     query.awaitTermination()
     assert spark.table(empty).count() > 0, "rows arrived after the plan"
     assert sum(read) == 0, "the backfill read the table as it is now, not as it was planned"
+
+
+@pytest.mark.parametrize("scheme", ["file", "viewfs"])
+def test_a_checkpoint_on_another_hadoop_file_system_keeps_the_plan_beside_it(
+    stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path, scheme: str
+) -> None:
+    """The plan, the rows read and the checkpoint's logs go through Hadoop's FileSystem: a checkpoint
+    Spark reaches only through Hadoop (here a viewfs mount of a local folder) works as a local one."""
+    target = tmp_path / "mounted"
+    if scheme == "viewfs":
+        mount = f"fs.viewfs.mounttable.{tmp_path.name}.link./checkpoints"
+        spark.sparkContext._jsc.hadoopConfiguration().set(mount, target.as_uri())  # type: ignore[union-attr]
+        location = f"viewfs://{tmp_path.name}/checkpoints/sessionizer"
+    else:
+        location = f"{target.as_uri()}/sessionizer"
+    settings = app_settings(stack, archived, tmp_path, "sessionizer", "backfill", f"on_{scheme}",
+                            end=archived.start + timedelta(minutes=30))  # fmt: skip
+    settings = settings.model_copy(update={"checkpoint_location": location})
+    report = run_app(spark, settings, show_progress=False)
+    assert report.complete, report.problems
+    assert report.rows_read["playback"] == report.rows_in_archive["playback"] > 0
+    kept = target / "sessionizer" / "bergstream-backfill"
+    assert {"plan.json", "playback.json", "rows.json"} <= {p.name for p in kept.iterdir()}
+    assert (target / "sessionizer" / "commits").is_dir()
 
 
 def test_backfill_and_live_sources_have_the_same_columns(
@@ -328,6 +462,8 @@ def test_a_checkpoint_is_refused_to_another_backfill(
         changed["epochs"] = changed["epochs"][1:]
         changed["window"][0] = changed["epochs"][0][0]
         path.write_text(json.dumps(changed))
+        # Changed where no checksum says so (Hadoop's local file system keeps one beside each file).
+        (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
     frames = [
         spark.readStream.format("bergstream-backfill")
         .option("plan", str(tmp_path / "bergstream-backfill" / f"{name}.json"))

@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
+from bergstream.backfill.runtime.pins import pin
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.app import archive_available_now
@@ -145,6 +146,18 @@ def test_maintain_every_runs_inside_the_running_router(
         metrics = exported()
         assert metric(metrics, 'bergstream_router_maintenance_runs_total{outcome="done"') >= 1
         assert metric(metrics, "bergstream_router_maintenance_last_success_timestamp_seconds") > 0
+        # A backfill stopped on a snapshot holds it: once the snapshot is past the retention, the router's
+        # maintenance keeps it and says whose.
+        held = stack.catalog.load().load_table(table_name).metadata.current_snapshot_id
+        assert held is not None
+        backfill = str(tmp_path / "backfill-checkpoint")
+        pin(stack.catalog, {stack.catalog.table_identifier(topic_name): held}, backfill, "sessionizer")
+        eventually(
+            lambda: metric(exported(), "bergstream_router_maintenance_backfill_held_snapshots{") == 1,
+            "the router's maintenance to report the snapshot a backfill holds", timeout=120,
+        )  # fmt: skip
+        assert f"is held by the backfill of sessionizer at checkpoint {backfill}" in log.read_text()
+        assert stack.catalog.load().load_table(table_name).snapshot_by_id(held) is not None
         stop.set()
         producing.join()
         # The router goes on to archive all that was produced, its snapshots expiring meanwhile.

@@ -128,6 +128,31 @@ def backfill_run(
     run_application(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
 
 
+@backfill.command("release")
+@click.option("--checkpoint", required=True, help="The checkpoint of the backfill given up.")
+@click.option("--table", "tables", multiple=True,
+              help="Release only this table (default: every table of the namespace it holds).")  # fmt: skip
+@CATALOG_CONFIG
+@DATA_DIR
+def backfill_release(
+    checkpoint: str, tables: tuple[str, ...], config_file: Path | None, data_dir: Path | None
+) -> None:
+    """Let maintenance expire the snapshots a backfill that will not be resumed still holds."""
+    from bergstream.backfill.read.planner import table_ref
+    from bergstream.backfill.runtime.pins import held_by, release, tag_of
+    from bergstream.cli.endpoints import Endpoints
+
+    configure_logging()
+    catalog = Endpoints.resolve(data_dir).catalog(config_file)
+    names = [table_ref(t, catalog).identifier for t in tables] if tables else held_by(catalog, checkpoint)
+    released = release(catalog, names, checkpoint)
+    if released:
+        click.echo(f"released {tag_of(checkpoint)} of {', '.join(released)}: the next maintenance may expire "
+                   "its snapshots; the backfill of that checkpoint can no longer resume")  # fmt: skip
+    else:
+        click.echo(f"no table holds a snapshot for the backfill of {checkpoint}")
+
+
 @backfill.command("replay")
 @click.option("--table", required=True, help="Archive table: T, archive.T or catalog.archive.T.")
 @with_options(WINDOW)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,8 +148,11 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
     configure_logging()
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, {"table": table})(topic)
     with spark_session(config.catalog, config.spark, f"bergstream-maintain-{topic}") as spark:
-        for result in maintain(spark, config):
+        now = datetime.now(UTC)
+        for result in maintain(spark, config, now):
             click.echo(result.summary())
+            for pin in result.held:
+                click.echo(f"  {pin.describe(result.table, now)}")
 
 
 @router.command("redrive")

@@ -10,10 +10,15 @@ among the table's snapshots (router/write.py). However long it stayed down, expi
 snapshot: before expiring, the newest snapshot the router appended is tagged (NEWEST_APPEND_TAG), and
 Iceberg keeps tagged snapshots. Only the newest matters: batches run in order, and a query that appends
 after another has replaced its checkpoint.
+
+Expiry keeps, too, the snapshots that backfills hold with their own tags until they complete (a backfill
+stopped days ago resumes on the snapshot it planned). Those older than the retention are reported, each
+with the application and checkpoint of its backfill: one given up holds its snapshot until released.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,7 +29,12 @@ from pyspark.sql import Row, SparkSession
 
 from bergstream.router.config import RouterConfig
 from bergstream.router.write import QUERY_ID
-from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, INGESTION_TS_COLUMN
+from bergstream.schemas.archive import (
+    BACKFILL_PROPERTY_PREFIX,
+    BACKFILL_TAG_PREFIX,
+    DEAD_LETTER_SUFFIX,
+    INGESTION_TS_COLUMN,
+)
 
 log = logging.getLogger(__name__)
 # Rewrites of the closed hours in one maintenance run, while some files are left by lost commits.
@@ -41,13 +51,65 @@ class MaintenanceResult:
     expired_snapshots: int
     orphan_files: int
     seconds: float
+    # Snapshots older than the retention that backfills still hold.
+    held: tuple[BackfillPin, ...] = ()
 
     def summary(self) -> str:
+        held = f", kept {len(self.held)} held by backfills" if self.held else ""
         return (
             f"{self.table}: compacted {self.rewritten_files} files into {self.added_files} "
-            f"({self.rewritten_bytes / 1e6:.1f} MB), expired {self.expired_snapshots} snapshots, "
+            f"({self.rewritten_bytes / 1e6:.1f} MB), expired {self.expired_snapshots} snapshots{held}, "
             f"removed {self.orphan_files} orphan files in {self.seconds:.1f}s"
         )
+
+
+@dataclass(frozen=True)
+class BackfillPin:
+    """A snapshot a backfill holds with its tag, and whose backfill it is (the table property of its id)."""
+
+    tag: str
+    snapshot_id: int
+    committed_at: datetime
+    app: str | None
+    checkpoint: str | None
+
+    def describe(self, table: str, now: datetime) -> str:
+        age = (now - self.committed_at).total_seconds() / 3600
+        owner = (
+            f"the backfill of {self.app} at checkpoint {self.checkpoint}"
+            if self.checkpoint
+            else "a backfill whose checkpoint is not recorded"
+        )
+        release = (
+            f"--checkpoint {self.checkpoint}" if self.checkpoint else f"(or ALTER TABLE {table} DROP TAG)"
+        )
+        return (
+            f"{table}: snapshot {self.snapshot_id} ({age:.1f}h old) is held by {owner} (tag {self.tag}) "
+            f"until it completes; if it was given up: bergstream backfill release {release}"
+        )
+
+
+def backfill_pins(spark: SparkSession, identifier: str) -> list[BackfillPin]:
+    """The snapshots of `identifier` that backfills hold, oldest first."""
+    tags = spark.sql(
+        f"SELECT r.name, r.snapshot_id, unix_micros(s.committed_at) AS committed_us "
+        f"FROM {identifier}.refs r JOIN {identifier}.snapshots s ON r.snapshot_id = s.snapshot_id "
+        f"WHERE r.type = 'TAG' AND startswith(r.name, '{BACKFILL_TAG_PREFIX}')"
+    ).collect()
+    if not tags:
+        return []
+    properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+    pins = []
+    for tag in tags:
+        owner = properties.get(BACKFILL_PROPERTY_PREFIX + tag.name.removeprefix(BACKFILL_TAG_PREFIX))
+        try:
+            described = json.loads(owner) if owner else {}
+        except ValueError:
+            described = {}
+        committed_at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(tag.committed_us))
+        pins.append(BackfillPin(tag.name, int(tag.snapshot_id), committed_at, described.get("app"),
+                                described.get("checkpoint")))  # fmt: skip
+    return sorted(pins, key=lambda pin: pin.committed_at)
 
 
 def closed_before(now: datetime, grace: timedelta) -> datetime:
@@ -70,6 +132,9 @@ def maintain(
         compacted = _compact(spark, config, identifier, closed)
         keep_newest_append(spark, identifier)
         older_than = now - timedelta(hours=config.snapshot_retention_hours)
+        held = tuple(pin for pin in backfill_pins(spark, identifier) if pin.committed_at < older_than)
+        for pin in held:
+            log.warning(pin.describe(identifier, now))
         expired = spark.sql(
             f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
             f"older_than => TIMESTAMP '{older_than:%Y-%m-%d %H:%M:%S}+00:00', "
@@ -90,6 +155,7 @@ def maintain(
             expired_snapshots=int(expired.deleted_manifest_lists_count) if expired else 0,
             orphan_files=orphans,
             seconds=time.monotonic() - started,
+            held=held,
         )
         log.info(result.summary())
         results.append(result)

@@ -120,6 +120,13 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.maintenance_backfill_held_snapshots = Gauge(
+            "bergstream_router_maintenance_backfill_held_snapshots",
+            "Snapshots past the retention that expiry kept because backfills hold them (the log names them)",
+            ["topic", "table"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str) -> int:
         """Serve /metrics; returns the port (useful when 0 asked for any free one)."""
         try:

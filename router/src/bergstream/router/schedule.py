@@ -82,6 +82,7 @@ class MaintenanceSchedule:
         metrics.maintenance_last_success.labels(topic).set(time.time())
         for result in results:  # each table's summary is logged by maintain
             metrics.maintenance_expired_snapshots.labels(topic, result.table).inc(result.expired_snapshots)
+            metrics.maintenance_backfill_held_snapshots.labels(topic, result.table).set(len(result.held))
         log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, self.config.maintenance.every)
 
 

@@ -153,15 +153,20 @@ class Unordered(OrderingPolicy):
         return [(window.start, window.end)]
 
 
-class StrictOrder(BoundedOrder):
-    """Exact ingestion-time order: one reader merges each epoch's rows by ingestion time (B = 0).
+# A strict epoch: one task sorts each table's rows of it in memory, so its width bounds that memory (about
+# 1/12 of an hour's rows of the table), at a micro-batch per epoch.
+STRICT_EPOCH = timedelta(minutes=5)
 
-    The epoch width here only sizes the unit of work; the order inside an epoch is exact."""
+
+class StrictOrder(BoundedOrder):
+    """Exact ingestion-time order: one reader sorts each epoch's rows by ingestion time (B = 0).
+
+    The epoch width here only sizes the unit of work and the rows held to sort; the order is exact."""
 
     name = "strict"
     single_reader = True
 
-    def __init__(self, epoch_width: timedelta = timedelta(hours=1)) -> None:
+    def __init__(self, epoch_width: timedelta = STRICT_EPOCH) -> None:
         super().__init__(epoch_width)
 
     @property

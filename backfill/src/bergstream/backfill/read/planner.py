@@ -261,7 +261,7 @@ def plan_table(
         # Of a file with several row groups, each group's bounds (one footer read, also the fallback's).
         groups: tuple[RowGroup, ...] = ()
         if len(data_file.split_offsets or ()) > 1:
-            groups = tuple(_row_groups(table.io, data_file.file_path, INGESTION_TS_COLUMN) or ())
+            groups = tuple(_row_groups(table.io, data_file, INGESTION_TS_COLUMN) or ())
 
         def footer(path: str, groups: tuple[RowGroup, ...] = groups) -> tuple[Micros, Micros] | None:
             return _span(groups) or _footer_bounds(table.io, path, INGESTION_TS_COLUMN)
@@ -331,11 +331,13 @@ def _span(groups: Sequence[RowGroup] | None) -> tuple[Micros, Micros] | None:
     return min(lower for _, lower, _ in groups), max(upper for _, _, upper in groups)
 
 
-def _row_groups(io: FileIO, path: str, column: str) -> list[RowGroup] | None:
-    """Each row group's starting offset and the column's bounds in it, from the Parquet footer; None
-    when a group has no statistics on the column."""
+def _row_groups(io: FileIO, file: str | DataFile, column: str) -> list[RowGroup] | None:
+    """Each row group's position (where Iceberg's reader places it) and the column's bounds in it, from the
+    Parquet footer; None when a group has no statistics on the column. Of a data file, the positions are
+    checked against the manifest's split offsets."""
     import pyarrow.parquet as pq
 
+    path = file if isinstance(file, str) else file.file_path
     with io.new_input(path).open() as stream:
         metadata = pq.ParquetFile(stream).metadata
     index = next((i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column), None)
@@ -352,7 +354,43 @@ def _row_groups(io: FileIO, path: str, column: str) -> list[RowGroup] | None:
         if statistics is None or not statistics.has_min_max:
             return None
         first = row_group.column(0)
-        # Where the group starts, as Iceberg's split offsets count it: its first column chunk.
-        start = first.dictionary_page_offset if first.has_dictionary_page else first.data_page_offset
-        groups.append((int(start), int(statistics.min_raw * scale), int(statistics.max_raw * scale)))
+        position = reader_position(
+            first.data_page_offset,
+            first.dictionary_page_offset if first.has_dictionary_page else None,
+            sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns)),
+        )
+        groups.append((position, int(statistics.min_raw * scale), int(statistics.max_raw * scale)))
+    if not isinstance(file, str):
+        check_split_offsets(path, [group[0] for group in groups], file.split_offsets, file.file_size_in_bytes)
     return groups
+
+
+def reader_position(data_page_offset: int, dictionary_page_offset: int | None, compressed_size: int) -> int:
+    """The byte offset by which Iceberg's Parquet reader (parquet-java's range filter) gives a row group to
+    the split whose byte range holds it: the group's midpoint, from its first column chunk's first page (the
+    dictionary page when the footer sets one below the first data page, even at 0) and its compressed
+    size. Iceberg cuts files at the manifest's split offsets, which count a start otherwise (a dictionary
+    page at 0 is no start there): the midpoint, not a start, says which split reads the group."""
+    start = data_page_offset
+    if dictionary_page_offset is not None and dictionary_page_offset < start:
+        start = dictionary_page_offset
+    return int(start + compressed_size // 2)
+
+
+def check_split_offsets(
+    path: str, positions: Sequence[int], split_offsets: Sequence[int] | None, file_size: int
+) -> None:
+    """Refuse a file whose row groups Iceberg's reader would leave out: a group's position outside the
+    bytes its split offsets cut into splits (from the first offset to the end of the file) is read by
+    no split, and its rows would be lost without a word."""
+    if not split_offsets:
+        return
+    first = split_offsets[0]
+    outside = [(index, at) for index, at in enumerate(positions) if not first <= at < file_size]
+    if outside:
+        index, at = outside[0]
+        raise PlanError(
+            f"{path}: row group {index} lies at byte {at}, outside the splits its manifest's split offsets "
+            f"{list(split_offsets)} make of its {file_size} bytes: Iceberg's reader would read it in no "
+            "split. Rewrite the file (rewrite_data_files) so that its split offsets match its row groups"
+        )

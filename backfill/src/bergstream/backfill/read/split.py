@@ -16,8 +16,8 @@ HOUR: Micros = 3_600_000_000
 # records them), the Parquet footer's statistics, or the hour partition the file belongs to.
 BoundsSource = Literal["manifest", "footer", "partition"]
 
-# A Parquet row group of a file: the byte offset where it starts (as Iceberg's split offsets count) and
-# the inclusive ingestion-time bounds of its rows.
+# A Parquet row group of a file: the byte offset by which Iceberg's Parquet reader gives it to a split (the
+# split whose byte range holds its midpoint), and its inclusive ingestion-time bounds.
 RowGroup = tuple[int, "Micros", "Micros"]
 
 

@@ -5,7 +5,8 @@ Spark committed, how many rows each source read over every run of the same reque
 checkpoint, so that a resumed run counts the rows of the runs before it), and where in Kafka the archive
 it read ends (the hand-over positions its router recorded). The rows are counted twice, from the query's
 progress and from the archive itself. A window not covered, or rows that disagree with the archive, make
-the report incomplete, and the command exit non-zero.
+the report incomplete, and the command exit non-zero. A complete backfill releases the snapshots it held
+(runtime/pins.py); so does a bootstrap once it has switched to Kafka.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.handover import Handover, recorded_handover
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
 from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
+from bergstream.backfill.runtime.checkpoint import CheckpointFiles
+from bergstream.backfill.runtime.pins import release
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
 from bergstream.errors import first_line
@@ -131,20 +133,18 @@ class RowLedger:
     """The rows each committed micro-batch of a backfill read, per source, in a file beside its checkpoint:
     a resumed run counts the rows of the runs before it, and a replayed batch once."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, files: CheckpointFiles, path: str) -> None:
+        self.files = files
         self.path = path
         self.batches: dict[int, dict[str, int]] = {}
-        if path.exists():
-            loaded = json.loads(path.read_text())
+        if files.exists(path):
+            loaded = json.loads(files.read_text(path))
             self.batches = {int(batch): dict(rows) for batch, rows in loaded.items()}
 
     def record(self, batch_id: int, rows: dict[str, int]) -> None:
         self.batches[batch_id] = rows
-        written = self.path.with_suffix(".tmp")
-        written.write_text(
-            json.dumps({str(batch): counted for batch, counted in sorted(self.batches.items())})
-        )
-        written.replace(self.path)
+        counted = {str(batch): counted for batch, counted in sorted(self.batches.items())}
+        self.files.write_text(self.path, json.dumps(counted))
 
     def totals(self, sources: list[str]) -> dict[str, int]:
         return {source: sum(rows.get(source, 0) for rows in self.batches.values()) for source in sources}
@@ -220,10 +220,9 @@ def run_app(
 
     started = time.monotonic()
     ledger = None
+    files = CheckpointFiles(spark, settings.checkpoint_location)
     if settings.mode == "backfill":
-        plans = Path(settings.checkpoint_location) / PLAN_DIR
-        plans.mkdir(parents=True, exist_ok=True)
-        ledger = RowLedger(plans / "rows.json")
+        ledger = RowLedger(files, f"{PLAN_DIR}/rows.json")
     tracker = _Progress(settings, ledger)
 
     class Listener(StreamingQueryListener):
@@ -262,6 +261,8 @@ def run_app(
         position=tracker.position, window=None, bound=None,
     )  # fmt: skip
     if plan is not None and settings.mode == "bootstrap":
+        if tracker.position.phase == "kafka":
+            query.switched()
         return replace(
             report,
             window=(from_micros(plan.window.start), from_micros(plan.window.end)),
@@ -270,7 +271,7 @@ def run_app(
         )
     if plan is None or ledger is None:
         return report
-    return _backfill_report(spark, settings, plan, ledger, report)
+    return _backfill_report(spark, settings, plan, ledger, report, files)
 
 
 def _drain_listener_bus(spark: SparkSession) -> None:
@@ -284,13 +285,14 @@ def _backfill_report(
     plan: BackfillPlan,
     ledger: RowLedger,
     report: RunReport,
+    files: CheckpointFiles,
 ) -> RunReport:
     """What a backfill delivered over all its runs: the window covered by committed batches, the rows read
     against the archive's, and where the archive it read ends in Kafka."""
     window = (from_micros(plan.window.start), from_micros(plan.window.end))
     bound = format_duration(plan.policy.bound) if plan.policy.bound is not None else None
     position = report.position
-    committed = committed_epoch(settings.checkpoint_location)
+    committed = committed_epoch(files)
     if committed is not None:
         position.epoch = max(position.epoch, committed)
     done = position.epoch >= len(plan.epochs)
@@ -303,16 +305,13 @@ def _backfill_report(
     rows_in_archive = count_in_archive(spark, settings, plan, [(plan.window.start, plan.window.end)])
     sources = list(settings.sources)
     rows_read = ledger.totals(sources)
-    unreported = [
-        batch for batch in committed_batches(settings.checkpoint_location) if batch not in ledger.batches
-    ]
+    unreported = [batch for batch in committed_batches(files) if batch not in ledger.batches]
     if unreported:
         # A run killed after Spark committed a batch and before its progress reached bergstream.
         ranges = [
             (plan.epochs[epoch].lower, plan.epochs[epoch].upper)
             for batch in unreported
-            for epoch in range(logged_epoch(settings.checkpoint_location, batch - 1) or 0,
-                               logged_epoch(settings.checkpoint_location, batch) or 0)
+            for epoch in range(logged_epoch(files, batch - 1) or 0, logged_epoch(files, batch) or 0)
         ]  # fmt: skip
         log.warning("%s: batches %s of an earlier run stopped before their progress was recorded: their "
                     "rows are counted from the archive", settings.app, unreported)  # fmt: skip
@@ -333,10 +332,24 @@ def _backfill_report(
                 )
     for problem in problems:
         log.error("%s: %s", settings.app, problem)
+    if not problems:
+        _release(settings, plan)
     return replace(
         report, window=window, bound=bound, rows_read=rows_read, rows_in_archive=rows_in_archive,
         handovers=handovers_read(settings, plan), problems=problems,
     )  # fmt: skip
+
+
+def _release(settings: AppSettings, plan: BackfillPlan) -> None:
+    """Let expiry have the snapshots the run held: it reads them no more."""
+    tables = [scan.table.identifier for scan in plan.tables]
+    try:
+        release(settings.catalog, tables, settings.checkpoint_location)
+    except Exception as error:
+        log.warning(
+            "%s: the snapshots it read stay held (%s); `bergstream backfill release --checkpoint %s` lets "
+            "maintenance expire them", settings.app, error, settings.checkpoint_location,
+        )  # fmt: skip
 
 
 def handovers_read(settings: AppSettings, plan: BackfillPlan) -> dict[str, Handover]:
@@ -388,30 +401,29 @@ def count_in_archive(
     return rows
 
 
-def committed_batches(checkpoint: str) -> list[int]:
+def committed_batches(files: CheckpointFiles) -> list[int]:
     """The micro-batches Spark committed: delivered whole."""
-    commits = Path(checkpoint) / "commits"
-    return sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit()) if commits.is_dir() else []
+    return sorted(int(name) for name in files.names("commits") if name.isdigit())
 
 
-def logged_epoch(checkpoint: str, batch: int) -> int | None:
+def logged_epoch(files: CheckpointFiles, batch: int) -> int | None:
     """The epochs done once `batch` is, from the query's offset log; None for no such batch."""
-    logged = Path(checkpoint) / "offsets" / str(batch)
-    if batch < 0 or not logged.exists():
+    logged = f"offsets/{batch}"
+    if batch < 0 or not files.exists(logged):
         return None
     epochs = []
-    for line in logged.read_text().splitlines()[2:]:
+    for line in files.read_text(logged).splitlines()[2:]:
         offset = _offset_json(line)
         if isinstance(offset, dict) and "epoch" in offset:
             epochs.append(int(offset["epoch"]))
     return min(epochs) if epochs else None
 
 
-def committed_epoch(checkpoint: str) -> int | None:
+def committed_epoch(files: CheckpointFiles) -> int | None:
     """The epochs done by the newest micro-batch Spark committed; None before the first commit. A batch
     in the offset log but not in the commit log has not been delivered."""
-    committed = committed_batches(checkpoint)
-    return logged_epoch(checkpoint, committed[-1]) if committed else None
+    committed = committed_batches(files)
+    return logged_epoch(files, committed[-1]) if committed else None
 
 
 class _AppQuery:
@@ -425,6 +437,14 @@ class _AppQuery:
         self.available_now = available_now
         self.sources = Sources(spark, settings, stopping)
         self.plan: BackfillPlan | None = None
+        self.released = False
+
+    def switched(self) -> None:
+        """A bootstrap's sources have switched to Kafka, in a batch Spark committed: the archive is not
+        read again, and its snapshots need not be held."""
+        if not self.released and self.plan is not None:
+            _release(self.settings, self.plan)
+            self.released = True
 
     def start(self) -> StreamingQuery:
         query, _ = start_query(self.spark, self.settings, self.available_now, self.sources)
@@ -442,6 +462,8 @@ def _follow(runner: QueryRunner, tracker: _Progress, query: _AppQuery, show_prog
         def show(_: StreamingQuery) -> None:
             status, percent = _status(tracker, query.plan, time.monotonic() - started)
             lines.update(task, status, percent)
+            if tracker.position.phase == "kafka":
+                query.switched()
 
         try:
             runner.run(show)

@@ -7,7 +7,8 @@ are left out of the live stream, as they are out of the archive table. A live so
 topic knows its subject's versions as runtime/subject.py says.
 
 All backfill sources of one application share one plan, so that they advance on one ingestion watermark.
-The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on.
+The plan is kept beside the query's checkpoint: a restarted backfill reads the snapshots it started on,
+which a tag per table holds from expiry meanwhile (runtime/pins.py).
 
 Bootstrapped (`app run --from`), a source is both, in one query: the `bergstream-hybrid` source reads the
 archive from `--from` in the same aligned epochs, up to where the pinned snapshot records that the archive
@@ -23,7 +24,6 @@ import logging
 import threading
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
@@ -37,6 +37,8 @@ from bergstream.backfill.read.handover import (
 )
 from bergstream.backfill.read.order import Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
+from bergstream.backfill.runtime.checkpoint import CheckpointFiles
+from bergstream.backfill.runtime.pins import pin, release, tag_of
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.subject import LiveSubject
 from bergstream.kafka_settings import librdkafka_settings
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 BACKFILL_FORMAT = "bergstream-backfill"
 HYBRID_FORMAT = "bergstream-hybrid"
 PLAN_DIR = "bergstream-backfill"
+PLAN_FILE = f"{PLAN_DIR}/plan.json"
 # The archive row of a bootstrapped source's archive phase; null in its Kafka phase.
 ARCHIVE = "__archive__"
 
@@ -72,6 +75,7 @@ class Sources:
         self._plan: BackfillPlan | None = None
         self._handovers: dict[str, Handover] = {}
         self._subjects: dict[str, LiveSubject] = {}
+        self._files: CheckpointFiles | None = None
         # A bootstrap on a one-second trigger: its Kafka phase then waits for the trigger interval.
         self.paced = False
 
@@ -126,9 +130,9 @@ class Sources:
         backfill_plan = self.plan()
         table = table_ref(source.table_or_topic, settings.catalog).identifier
         handover = self._handovers[table]
-        path = self._plan_dir() / f"{name}.json"
-        path.write_text(
-            json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
+        path = f"{PLAN_DIR}/{name}.json"
+        self.files.write_text(
+            path, json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
         )
         options = {
             **SOURCE_DEFAULTS,
@@ -142,7 +146,10 @@ class Sources:
             interval = parse_duration(settings.trigger_interval, "trigger_interval")
             options["maxTriggerDelay"] = f"{interval // timedelta(milliseconds=1)}ms"
         records = (
-            self.spark.readStream.format(HYBRID_FORMAT).option("plan", str(path)).options(**options).load()
+            self.spark.readStream.format(HYBRID_FORMAT)
+            .option("plan", self.files.uri(path))
+            .options(**options)
+            .load()
         )
         layout, parser = self._parser(name)
         archived = records.schema[ARCHIVE].dataType
@@ -184,14 +191,16 @@ class Sources:
     def _backfill(self, name: str) -> DataFrame:
         backfill_plan = self.plan()
         table = table_ref(self.settings.sources[name].table_or_topic, self.settings.catalog).identifier
-        path = self._plan_dir() / f"{name}.json"
-        path.write_text(json.dumps(backfill_plan.source_plan(table, name)))
-        return self.spark.readStream.format(BACKFILL_FORMAT).option("plan", str(path)).load()
+        path = f"{PLAN_DIR}/{name}.json"
+        self.files.write_text(path, json.dumps(backfill_plan.source_plan(table, name)))
+        return self.spark.readStream.format(BACKFILL_FORMAT).option("plan", self.files.uri(path)).load()
 
-    def _plan_dir(self) -> Path:
-        directory = Path(self.settings.checkpoint_location) / PLAN_DIR
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
+    @property
+    def files(self) -> CheckpointFiles:
+        """The checkpoint's files, where the plans are kept beside it."""
+        if self._files is None:
+            self._files = CheckpointFiles(self.spark, self.settings.checkpoint_location)
+        return self._files
 
     def plan(self) -> BackfillPlan:
         """The plan every backfill source of this run reads: made once, then read from the checkpoint."""
@@ -213,7 +222,7 @@ class Sources:
         else:
             assert backfill.end is not None, "validated by AppSettings"
             window = window_of(backfill.start, backfill.end)
-        pinned_file = self._plan_dir() / "plan.json"
+        files = self.files
         # As the checkpoint's name has them: the same regions in another order are the same request.
         regions = sorted(backfill.regions) if backfill.regions is not None else None
         request: dict[str, Any] = {
@@ -227,8 +236,9 @@ class Sources:
             request["mode"] = "bootstrap"
             request["regions"] = sorted({source.cluster for source in settings.sources.values()})
         snapshots: dict[str, int | None] | None = None
-        if pinned_file.exists():
-            pinned: dict[str, Any] = json.loads(pinned_file.read_text())
+        pinned: dict[str, Any] | None = None
+        if files.exists(PLAN_FILE):
+            pinned = json.loads(files.read_text(PLAN_FILE))
             if pinned["request"] != request:
                 raise CheckpointMismatch(
                     f"checkpoint {settings.checkpoint_location} belongs to another backfill "
@@ -241,7 +251,7 @@ class Sources:
                 for table, handover in pinned.get("handovers", {}).items()
             }
             log.info("resuming %s %s from its plan in %s", "bootstrap" if bootstrap else "backfill",
-                     settings.app, pinned_file)  # fmt: skip
+                     settings.app, files.uri(PLAN_FILE))  # fmt: skip
         elif bootstrap:
             self._handovers = self._pin_handovers()
             for handover in self._handovers.values():
@@ -250,14 +260,24 @@ class Sources:
         regions = request["regions"]
         backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
         if bootstrap:
-            backfill_plan = _ending_at_the_archive(backfill_plan, pinned_file, policy)
-        if not pinned_file.exists():
+            backfill_plan = _ending_at_the_archive(backfill_plan, pinned, policy)
+        if pinned is None:
             pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
-            document: dict[str, Any] = {"request": request, "snapshots": pinned_snapshots}
+            document: dict[str, Any] = {
+                "request": request,
+                "snapshots": pinned_snapshots,
+                "tag": tag_of(settings.checkpoint_location),
+            }
             if bootstrap:
                 document["handovers"] = {table: h.to_json() for table, h in self._handovers.items()}
                 document["window_end"] = backfill_plan.window.end
-            pinned_file.write_text(json.dumps(document))
+            files.write_text(PLAN_FILE, json.dumps(document))
+        pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
+        if bootstrap and self._switched():
+            # Kafka took over: the archive is not read again.
+            release(settings.catalog, pinned_snapshots, settings.checkpoint_location)
+        else:
+            pin(settings.catalog, pinned_snapshots, settings.checkpoint_location, settings.app)
         if bootstrap and not self._switched():
             for handover in self._handovers.values():
                 source = next(s for s in settings.sources.values() if s.topic == handover.topic)
@@ -288,21 +308,19 @@ class Sources:
 
     def _switched(self) -> bool:
         """Whether the query has logged its switch to Kafka: a hand-over offset may then be long read."""
-        offsets = Path(self.settings.checkpoint_location) / "offsets"
-        logged = (
-            sorted((int(p.name), p) for p in offsets.glob("*") if p.name.isdigit())
-            if offsets.is_dir()
-            else []
-        )
-        return bool(logged) and '"phase":"kafka"' in logged[-1][1].read_text()
+        logged = sorted(int(name) for name in self.files.names("offsets") if name.isdigit())
+        return bool(logged) and '"phase":"kafka"' in self.files.read_text(f"offsets/{logged[-1]}")
 
 
-def _ending_at_the_archive(backfill_plan: BackfillPlan, pinned_file: Path, policy: Any) -> BackfillPlan:
+def _ending_at_the_archive(
+    backfill_plan: BackfillPlan, pinned: dict[str, Any] | None, policy: Any
+) -> BackfillPlan:
     """The plan of a bootstrap cut at the newest row of its pinned snapshots: every archived row below the
-    hand-over is read, whatever its timestamp, and the epochs end with the archive."""
+    hand-over is read, whatever its timestamp, and the epochs end with the archive. `pinned`: the plan
+    kept beside the checkpoint, once there is one."""
     start = backfill_plan.window.start
-    if pinned_file.exists():
-        window = Window(start, int(json.loads(pinned_file.read_text())["window_end"]))
+    if pinned is not None:
+        window = Window(start, int(pinned["window_end"]))
     else:
         window = archive_window(start, backfill_plan.splits)
     return replace(backfill_plan, window=window, epochs=tuple(policy.epochs(window, backfill_plan.splits)))

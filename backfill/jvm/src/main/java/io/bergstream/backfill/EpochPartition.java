@@ -15,15 +15,14 @@ final class EpochPartition implements InputPartition {
   final InputPartition[] iceberg;
   final long lower;
   final long upper;
+  // Sorted by ingestion time, also when the epoch has one split: rows are in no order inside a file.
+  final boolean merged;
 
-  EpochPartition(InputPartition[] iceberg, long lower, long upper) {
+  EpochPartition(InputPartition[] iceberg, long lower, long upper, boolean merged) {
     this.iceberg = iceberg;
     this.lower = lower;
     this.upper = upper;
-  }
-
-  boolean merged() {
-    return iceberg.length != 1;
+    this.merged = merged;
   }
 
   @Override

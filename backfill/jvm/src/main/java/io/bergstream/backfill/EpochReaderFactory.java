@@ -31,13 +31,16 @@ final class EpochReaderFactory implements PartitionReaderFactory {
   @Override
   public PartitionReader<InternalRow> createReader(InputPartition partition) {
     EpochPartition epoch = (EpochPartition) partition;
-    if (!epoch.merged()) {
+    if (!epoch.merged) {
       return new EpochReader(iceberg.createReader(epoch.iceberg[0]), rows, epoch.lower, epoch.upper, regions);
     }
     return new MergedReader(epoch);
   }
 
-  /** All of an epoch's rows, sorted by ingestion time: an epoch is at most B (an hour for strict) wide. */
+  /**
+   * All of an epoch's rows of one table, sorted by ingestion time, in the task's memory: what bounds it
+   * is the width of a strict epoch (order.py's STRICT_EPOCH).
+   */
   private final class MergedReader implements PartitionReader<InternalRow> {
     private final Iterator<InternalRow> sorted;
     private InternalRow current;

@@ -105,10 +105,10 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
       long upper = plan.epochs[epoch][1];
       InputPartition[] splits = Splits.inEpoch(icebergSplits(lower, upper), plan, lower, upper);
       if (plan.singleReader) {
-        partitions.add(new EpochPartition(splits, lower, upper));
+        partitions.add(new EpochPartition(splits, lower, upper, true));
       } else {
         for (InputPartition split : splits) {
-          partitions.add(new EpochPartition(new InputPartition[] {split}, lower, upper));
+          partitions.add(new EpochPartition(new InputPartition[] {split}, lower, upper, false));
         }
       }
     }

@@ -3,15 +3,17 @@ package io.bergstream.backfill;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.Serializable;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.time.Instant;
 import java.time.temporal.ChronoUnit;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.sql.SparkSession;
 
 /**
  * What one backfill source reads, as the Python planner wrote it: the table at its pinned snapshot,
@@ -35,8 +37,9 @@ final class Plan implements Serializable {
   final Map<String, String> readOptions;
   // Exact ingestion-time order: one reader merges each epoch instead of every split in parallel.
   final boolean singleReader;
-  // Per data file with several row groups: each group's starting offset and inclusive ingestion-time
-  // bounds, so that an epoch's splits holding only groups outside it are never scheduled.
+  // Per data file with several row groups: each group's position (the byte offset by which Iceberg's
+  // Parquet reader gives it to the split whose range holds it, its midpoint) and inclusive ingestion-time
+  // bounds, so that an epoch's splits reading only groups outside it are never scheduled.
   final Map<String, long[][]> rowGroups;
   // Per data file: its inclusive ingestion-time bounds, as the planner found them.
   final Map<String, long[]> files;
@@ -122,14 +125,23 @@ final class Plan implements Serializable {
     return read(path, "bergstream-backfill");
   }
 
-  /** The plan file at `path`, for the source `format` (named in the message when the option is missing). */
+  /**
+   * The plan file at `path`, for the source `format` (named in the message when the option is missing).
+   * Read through Hadoop's FileSystem with the session's configuration, as the checkpoint it lies beside:
+   * a checkpoint on S3 or HDFS has its plan there.
+   */
   static Plan read(String path, String format) {
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException(
           "the " + format + " source needs option 'plan': the plan file bergstream writes");
     }
     try {
-      JsonNode node = new ObjectMapper().readTree(Files.readAllBytes(Path.of(path)));
+      Path file = new Path(path);
+      FileSystem fs = file.getFileSystem(SparkSession.active().sessionState().newHadoopConf());
+      JsonNode node;
+      try (InputStream in = fs.open(file)) {
+        node = new ObjectMapper().readTree(in);
+      }
       if (node.path("format").asInt() != FORMAT) {
         throw new IllegalArgumentException(
             "backfill plan " + path + " has format " + node.path("format") + ", not " + FORMAT);
@@ -143,8 +155,8 @@ final class Plan implements Serializable {
   }
 
   /**
-   * Whether the bytes [start, start + length) of `file` may hold rows of [lower, upper): false only
-   * when the file's bounds, or those of every row group starting in that range, lie outside it.
+   * Whether the split [start, start + length) of `file` may read rows of [lower, upper): false only
+   * when the file's bounds, or those of every row group the reader gives that split, lie outside it.
    */
   boolean mayHold(String file, long start, long length, long lower, long upper) {
     long[] bounds = files.get(file);
