@@ -34,6 +34,7 @@ JITTER = timedelta(minutes=10)
 class Topics:
     start: datetime
     names: dict[str, str]  # kind -> topic and table
+    routers: dict[str, RouterConfig]  # kind -> the router that archived it, to archive more with
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
     never before the start: many records sit exactly at it, where the bootstrap starts."""
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
     directory = tmp_path_factory.mktemp("bootstrap")
-    names = {}
+    names, routers = {}, {}
     for kind, (encoding, count) in KINDS.items():
         topic = f"boot_{kind}"
         archived = ProduceRequest(topic=topic, schema=kind, count=count, encoding=encoding, partitions=3,
@@ -66,7 +67,8 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
                                ingestion_span=timedelta(minutes=30), timestamp_jitter=JITTER)  # fmt: skip
         produce(later, stack.bootstrap_servers, show_progress=False)
         names[kind] = topic
-    return Topics(start, names)
+        routers[kind] = config
+    return Topics(start, names, routers)
 
 
 def archived_times(spark: SparkSession, table: str, start: datetime) -> tuple[int, int]:
@@ -128,6 +130,42 @@ def test_a_bootstrap_from_the_archive_writes_what_a_live_run_writes(
     rows = output_rows(spark, f"{app}_plain")
     assert len(rows) > 10
     assert output_rows(spark, f"{app}_bootstrapped") == rows
+
+
+def test_a_bootstrap_restarts_in_its_kafka_phase_once_its_snapshot_has_expired(
+    stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
+) -> None:
+    """Switched to Kafka, a bootstrap no longer holds its snapshot, and maintenance expires it; the same
+    command, run again on its checkpoint, reads on from Kafka alone, to what a plain live run writes."""
+    backfill = {"start": topics.start, "max_misalignment": "15m"}
+    bootstrap = settings(stack, topics, "sessionizer", tmp_path / "bootstrap", "expired_bootstrap",
+                         mode="bootstrap", backfill=backfill)  # fmt: skip
+    first = run_app(spark, bootstrap, available_now=True, show_progress=False)
+    assert first.position.phase == "kafka"
+    pinned = first.handovers["playback"].snapshot_id
+    topic = topics.names["playback"]
+    more = ProduceRequest(topic=topic, schema="playback", count=700, partitions=4, seed=10,
+                          late_fraction=0.05, bad_fraction=0.02,
+                          ingestion_start=topics.start + timedelta(hours=2, minutes=30),
+                          ingestion_span=timedelta(minutes=20), timestamp_jitter=JITTER)  # fmt: skip
+    produce(more, stack.bootstrap_servers, show_progress=False)
+    # The router archives them, and expiry takes every snapshot but the newest: the pinned one with them.
+    archive_available_now(spark, topics.routers["playback"])
+    identifier = stack.catalog.table_identifier(topic)
+    spark.sql(
+        f"CALL {stack.catalog.name}.system.expire_snapshots(table => '{identifier}', "
+        f"older_than => TIMESTAMP '{datetime.now(UTC) + timedelta(minutes=1):%Y-%m-%d %H:%M:%S}+00:00', "
+        "retain_last => 1)"
+    ).collect()
+    table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{topic}")
+    assert table.snapshot_by_id(pinned) is None, "the pinned snapshot expired"
+
+    resumed = run_app(spark, bootstrap, available_now=True, show_progress=False)
+    assert resumed.position.phase == "kafka"
+    assert resumed.position.rows == {"playback": more.count}, "only the new records, from Kafka"
+    plain = settings(stack, topics, "sessionizer", tmp_path / "plain", "expired_plain", mode="live")
+    run_app(spark, plain, available_now=True, show_progress=False)
+    assert output_rows(spark, "expired_bootstrap") == output_rows(spark, "expired_plain")
 
 
 def _logged(folder: Path) -> list[int]:

@@ -14,7 +14,9 @@ Bootstrapped (`app run --from`), a source is both, in one query: the `bergstream
 archive from `--from` in the same aligned epochs, up to where the pinned snapshot records that the archive
 ends in Kafka (read/handover.py), then Spark's own Kafka reader from exactly there. Its rows carry Kafka's
 columns, or the archive row in `__archive__`; one projection parses the Kafka rows as the router does and
-yields the same columns for both.
+yields the same columns for both. Once the query has switched to Kafka, the archive is read no more and its
+snapshot is released, for maintenance to expire: a restart then needs only what the first run kept beside the
+checkpoint (the epochs, and the archive row's type), never the snapshot.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from bergstream.backfill.read.handover import (
     refuse_lost_handover,
     refuse_rows_past,
 )
-from bergstream.backfill.read.order import Window, ordering
-from bergstream.backfill.read.planner import BackfillPlan, plan, table_ref, to_micros
+from bergstream.backfill.read.order import Epoch, OrderingPolicy, Window, ordering
+from bergstream.backfill.read.planner import BackfillPlan, TableScan, plan, table_ref, to_micros
 from bergstream.backfill.runtime.checkpoint import CheckpointFiles
 from bergstream.backfill.runtime.pins import pin, release, tag_of
 from bergstream.backfill.runtime.settings import AppSettings
@@ -131,9 +133,14 @@ class Sources:
         table = table_ref(source.table_or_topic, settings.catalog).identifier
         handover = self._handovers[table]
         path = f"{PLAN_DIR}/{name}.json"
-        self.files.write_text(
-            path, json.dumps({**backfill_plan.source_plan(table, name), "handover": handover.to_json()})
-        )
+        # The archive row's type, as the source found it at the pinned snapshot on its first run.
+        archive_type = f"{PLAN_DIR}/{name}.archive-type.json"
+        source_plan = {**backfill_plan.source_plan(table, name), "handover": handover.to_json()}
+        kafka_alone = self._switched() and self.files.exists(archive_type)
+        if kafka_alone:
+            # The source reads the archive no more: it takes the row type kept, not the snapshot's.
+            source_plan["archive_schema"] = json.loads(self.files.read_text(archive_type))
+        self.files.write_text(path, json.dumps(source_plan))
         options = {
             **SOURCE_DEFAULTS,
             **{k: v for k, v in settings.kafka_options(name).items() if k != "startingOffsets"},
@@ -151,6 +158,10 @@ class Sources:
             .options(**options)
             .load()
         )
+        if not kafka_alone and not self.files.exists(archive_type):
+            # Spark's own JSON of the type: read back, the query has exactly the schema it has now.
+            jvm_schema: Any = records._jdf.schema()
+            self.files.write_text(archive_type, str(jvm_schema.apply(ARCHIVE).dataType().json()))
         layout, parser = self._parser(name)
         archived = records.schema[ARCHIVE].dataType
         assert hasattr(archived, "fieldNames"), "the archive row is a struct"
@@ -258,19 +269,24 @@ class Sources:
                 refuse_rows_past(settings.catalog, handover)
             snapshots = {table: handover.snapshot_id for table, handover in self._handovers.items()}
         regions = request["regions"]
-        backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
-        if bootstrap:
-            backfill_plan = _ending_at_the_archive(backfill_plan, pinned, policy)
-        if pinned is None:
-            pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
-            document: dict[str, Any] = {
-                "request": request,
-                "snapshots": pinned_snapshots,
-                "tag": tag_of(settings.checkpoint_location),
-            }
+        if bootstrap and pinned is not None and "epochs" in pinned and self._switched():
+            backfill_plan = _kafka_phase_plan(settings, pinned, policy)
+        else:
+            backfill_plan = plan(settings.catalog, tables, window, policy, regions, snapshots)
             if bootstrap:
-                document["handovers"] = {table: h.to_json() for table, h in self._handovers.items()}
-                document["window_end"] = backfill_plan.window.end
+                backfill_plan = _ending_at_the_archive(backfill_plan, pinned, policy)
+        document: dict[str, Any] = dict(pinned) if pinned is not None else {
+            "request": request,
+            "snapshots": {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables},
+            "tag": tag_of(settings.checkpoint_location),
+        }  # fmt: skip
+        if bootstrap:
+            document.setdefault("handovers", {table: h.to_json() for table, h in self._handovers.items()})
+            document.setdefault("window_end", backfill_plan.window.end)
+            # What the Kafka phase reads of the plan, for restarts once the snapshots may have expired (a
+            # checkpoint planned without them gets them at its next start, while its snapshots last).
+            document.setdefault("epochs", [[epoch.lower, epoch.upper] for epoch in backfill_plan.epochs])
+        if document != pinned:
             files.write_text(PLAN_FILE, json.dumps(document))
         pinned_snapshots = {scan.table.identifier: scan.snapshot_id for scan in backfill_plan.tables}
         if bootstrap and self._switched():
@@ -324,6 +340,20 @@ def _ending_at_the_archive(
     else:
         window = archive_window(start, backfill_plan.splits)
     return replace(backfill_plan, window=window, epochs=tuple(policy.epochs(window, backfill_plan.splits)))
+
+
+def _kafka_phase_plan(settings: AppSettings, pinned: dict[str, Any], policy: OrderingPolicy) -> BackfillPlan:
+    """The plan of a bootstrap that has switched to Kafka, from the one kept beside its checkpoint: the same
+    tables, snapshots, window and epochs, without the splits. The archive is read no more, so its snapshots
+    are not looked at: released at the switch, they may have expired since."""
+    start, _ = pinned["request"]["window"]
+    scans = []
+    for source in settings.sources.values():
+        ref = table_ref(source.table_or_topic, settings.catalog)
+        scans.append(TableScan(ref, pinned["snapshots"][ref.identifier], ()))
+    epochs = tuple(Epoch(index, lower, upper, ()) for index, (lower, upper) in enumerate(pinned["epochs"]))
+    regions = tuple(pinned["request"]["regions"])
+    return BackfillPlan(Window(start, int(pinned["window_end"])), policy, regions, tuple(scans), epochs)
 
 
 def _describe(request: dict[str, Any]) -> str:

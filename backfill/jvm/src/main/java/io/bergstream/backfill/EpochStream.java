@@ -135,6 +135,11 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   }
 
   private Batch icebergBatch(long lower, long upper) {
+    if (iceberg == null) {
+      throw new IllegalStateException(
+          "backfill plan " + plan.path + " is for the Kafka phase alone, after the switch: the archive of "
+              + plan.table + " is not read again, but the checkpoint asks for an archive epoch");
+    }
     Map<String, String> options = new HashMap<>(READ_OPTIONS);
     options.putAll(plan.readOptions);
     ScanBuilder builder = iceberg.newScanBuilder(new CaseInsensitiveStringMap(options));

@@ -30,6 +30,10 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * holding the archive table's row at the pinned snapshot. An archive row has null Kafka columns and its
  * row in {@code __archive__}; a Kafka row has a null {@code __archive__}.
  *
+ * <p>Once the source has switched to Kafka, its plan gives the archive row's type as the first run found
+ * it ({@code archive_schema}): the table is then not loaded at all, since its snapshot, no longer held,
+ * may have expired. The schema stays the same, and so does the state of the query that reads it.
+ *
  * <p>Every option but {@code plan} goes to Spark's Kafka source ({@code kafka.bootstrap.servers},
  * {@code kafka.security.*}, {@code failOnDataLoss}, {@code maxOffsetsPerTrigger}, ...). The source sets
  * {@code subscribe} to the hand-over's topic, {@code includeHeaders} and {@code startingOffsets} itself,
@@ -53,14 +57,17 @@ public final class HybridSource implements TableProvider, DataSourceRegister {
   public StructType inferSchema(CaseInsensitiveStringMap options) {
     Plan plan = plan(options);
     SupportsRead kafka = kafkaTable(kafkaOptions(options.asCaseSensitiveMap(), plan));
-    return kafka.schema().add(ARCHIVE_COLUMN, BackfillSource.icebergTable(plan).schema(), true);
+    StructType archived =
+        plan.archiveSchema != null ? plan.archiveSchema : BackfillSource.icebergTable(plan).schema();
+    return kafka.schema().add(ARCHIVE_COLUMN, archived, true);
   }
 
   @Override
   public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
     Plan plan = plan(new CaseInsensitiveStringMap(properties));
     CaseInsensitiveStringMap kafkaOptions = kafkaOptions(properties, plan);
-    SupportsRead iceberg = BackfillSource.icebergTable(plan);
+    // Null in the Kafka phase: the archive is read no more.
+    SupportsRead iceberg = plan.archiveSchema != null ? null : BackfillSource.icebergTable(plan);
     return new HybridTable(plan, iceberg, kafkaTable(kafkaOptions), kafkaOptions, schema);
   }
 

@@ -14,6 +14,8 @@ import java.util.Map;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructType;
 
 /**
  * What one backfill source reads, as the Python planner wrote it: the table at its pinned snapshot,
@@ -45,6 +47,9 @@ final class Plan implements Serializable {
   final Map<String, long[]> files;
   // Where Kafka takes over from the archive; null in a plan for bergstream-backfill alone.
   final Handover handover;
+  // The archive row's type as the first run found it at the snapshot, given once the source has switched to
+  // Kafka: the archive is read no more, and its snapshot, released, may have expired. Null before.
+  final StructType archiveSchema;
 
   private Plan(String path, JsonNode node) {
     this.path = path;
@@ -77,6 +82,19 @@ final class Plan implements Serializable {
       }
     }
     this.regions = wanted;
+    if (node.hasNonNull("archive_schema")) {
+      if (handover == null) {
+        throw new IllegalArgumentException(
+            "archive_schema is kept for the Kafka phase of a plan with a hand-over, and this one has none");
+      }
+      DataType archived = DataType.fromJson(node.get("archive_schema").toString());
+      if (!(archived instanceof StructType struct)) {
+        throw new IllegalArgumentException("archive_schema is not a struct: " + archived.simpleString());
+      }
+      this.archiveSchema = struct;
+    } else {
+      this.archiveSchema = null;
+    }
     Map<String, String> options = new HashMap<>();
     node.path("read_options").fields().forEachRemaining(e -> options.put(e.getKey(), e.getValue().asText()));
     this.readOptions = options;
