@@ -455,6 +455,18 @@ def test_a_checkpoint_is_refused_to_another_backfill(
     again = app_settings(stack, archived, tmp_path / "regions", "probe", "backfill", "apps.unused",
                          regions=regions[::-1])  # fmt: skip
     assert Sources(spark, again).plan().regions == Sources(spark, first).plan().regions
+    # A strict checkpoint whose request does not say its epochs' width (they were an hour wide then).
+    strict = app_settings(
+        stack, archived, tmp_path / "strict", "probe", "backfill", "apps.unused", strict=True
+    )
+    Sources(spark, strict).plan()
+    plan_file = tmp_path / "strict" / "bergstream-backfill" / "plan.json"
+    planned = json.loads(plan_file.read_text())
+    del planned["request"]["epoch_us"]
+    plan_file.write_text(json.dumps(planned))
+    (plan_file.parent / f".{plan_file.name}.crc").unlink(missing_ok=True)
+    with pytest.raises(CheckpointMismatch, match="give this backfill a checkpoint of its own"):
+        Sources(spark, strict).plan()
     # A plan file changed under the checkpoint: the source itself refuses the checkpointed offsets.
     for name in ("impression", "playback"):
         path = tmp_path / "bergstream-backfill" / f"{name}.json"

@@ -37,7 +37,7 @@ from bergstream.backfill.read.handover import (
     refuse_lost_handover,
     refuse_rows_past,
 )
-from bergstream.backfill.read.order import Epoch, OrderingPolicy, Window, ordering
+from bergstream.backfill.read.order import Epoch, OrderingPolicy, StrictOrder, Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, TableScan, plan, table_ref, to_micros
 from bergstream.backfill.runtime.checkpoint import CheckpointFiles
 from bergstream.backfill.runtime.pins import pin, release, tag_of
@@ -243,6 +243,9 @@ class Sources:
             "bound_us": None if policy.bound is None else policy.bound // timedelta(microseconds=1),
             "regions": regions,
         }
+        if isinstance(policy, StrictOrder):
+            # Its epochs' width: a strict checkpoint of another width counts its epochs on another grid.
+            request["epoch_us"] = policy.max_misalignment // timedelta(microseconds=1)
         if bootstrap:
             request["mode"] = "bootstrap"
             request["regions"] = sorted({source.cluster for source in settings.sources.values()})
