@@ -359,3 +359,40 @@ def test_a_strict_replay_sends_in_ingestion_time_then_partition_and_offset_order
     ]
     assert sent == sorted(sent) and len(sent) == len(archived(stack, lower, upper))
     assert any(a[1:] > b[1:] for a, b in itertools.pairwise(sent)), "the window has offsets against time"
+
+
+def test_a_replay_failed_reading_the_archive_resumes_exactly_once(stack: Services, source: Source) -> None:
+    """The data files of the window gone from the warehouse after epoch 1 (as an object store refusing
+    reads would leave it): the replay stops naming the epoch; with the files back, the same call goes on
+    from epoch 2, and every record is delivered once."""
+    from urllib.parse import urlparse
+
+    from bergstream.backfill.errors import BackfillError
+
+    lower, upper = source.start, source.start + timedelta(hours=1)
+    target = "rx_unreadable"
+    table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{TOPIC}")
+    paths = sorted({Path(urlparse(task.file.file_path).path) for task in table.scan().plan_files()})
+    moved: list[Path] = []
+
+    def hide(report: Any) -> None:
+        if report.epochs_done == 2:
+            for path in paths:
+                moved.append(path.rename(path.with_name(f"{path.name}.away")))
+
+    window, client = window_of(lower, upper), {"bootstrap.servers": stack.bootstrap_servers}
+    with pytest.raises(BackfillError) as failed:
+        replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client, on_epoch=hide)
+    assert moved, "the window's files were never hidden"
+    assert (
+        f"replay of bergstream.archive.{TOPIC} into {target} stopped in epoch 2 " in str(failed.value)
+        and "reading the archive failed" in str(failed.value)
+        and "Epochs 0 to 1 were delivered whole; the same command goes on from there" in str(failed.value)
+    ), failed.value
+    for path in moved:
+        path.rename(path.with_name(path.name.removesuffix(".away")))
+    report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
+    assert report.resumed_at == (2, 0) and report.epochs_done == report.epochs == 4
+    seen = [source_of(message) for message in read_committed(stack.bootstrap_servers, target)]
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
+    assert set(seen) == archived(stack, lower, upper)
