@@ -19,6 +19,7 @@ from bergstream.backfill.runtime.pins import pin, tag_of
 from bergstream.backfill.runtime.run import run_app
 from bergstream.cli import cli
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.query import progress_events
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import MaintenanceSettings, RouterConfig
 from bergstream.router.maintain import maintain
@@ -42,31 +43,15 @@ def archive(stack: Services, spark: SparkSession, config: RouterConfig, start: d
 
 def stopped_at_its_first_batch(spark: SparkSession, settings: Any) -> Any:
     """run_app stopped as Ctrl-C stops it, once its first micro-batch is committed."""
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
     sent = threading.Event()
 
-    class StopAtFirstBatch(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
+    def stop_at_the_first(progress: Any) -> None:
+        if not sent.is_set():
+            sent.set()
+            os.kill(os.getpid(), signal.SIGTERM)
 
-        def onQueryProgress(self, event: Any) -> None:
-            if not sent.is_set():
-                sent.set()
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = StopAtFirstBatch()
-    spark.streams.addListener(listener)
-    try:
+    with progress_events(spark, stop_at_the_first):
         return run_app(spark, settings, show_progress=False)
-    finally:
-        spark.streams.removeListener(listener)
 
 
 def test_a_stopped_backfill_holds_its_snapshot_until_it_completes(

@@ -35,6 +35,7 @@ from bergstream.backfill.runtime.app import output_identifier
 from bergstream.backfill.runtime.run import RunReport, run_app
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.query import progress_events
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.handover")
@@ -117,34 +118,13 @@ def live_tail(archive: BenchArchive, count: int) -> None:
 
 
 def measured_run(spark: Any, app: AppSettings) -> tuple[float, RunReport, list[Batch]]:
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
     shutil.rmtree(app.checkpoint_location, ignore_errors=True)
     spark.sql(f"DROP TABLE IF EXISTS {output_identifier(app)} PURGE")
     batches = Batches()
-
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            batches.add(event.progress)
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = Listener()
-    spark.streams.addListener(listener)
-    try:
+    with progress_events(spark, batches.add):
         began = time.monotonic()
         report = run_app(spark, app, available_now=True, show_progress=False)
         seconds = time.monotonic() - began
-    finally:
-        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
-        spark.streams.removeListener(listener)
     return seconds, report, sorted(batches.batches, key=lambda b: b.batch_id)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
 
 from bergstream.errors import first_line
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("bergstream.query")
@@ -100,3 +102,34 @@ class QueryRunner:
     def running(self) -> bool:
         """Whether a query has started and not ended."""
         return self._running
+
+
+@contextmanager
+def progress_events(spark: SparkSession, on_progress: Callable[[Any], None]) -> Iterator[None]:
+    """`on_progress` called with the progress of each micro-batch of the session's queries, in the block.
+
+    Progress events come through Spark's listener bus after their batch; the block's end waits for the
+    bus to deliver those already posted."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class Listener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            on_progress(event.progress)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    listener = Listener()
+    spark.streams.addListener(listener)
+    try:
+        yield
+    finally:
+        with suppress(Exception):
+            spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+        spark.streams.removeListener(listener)

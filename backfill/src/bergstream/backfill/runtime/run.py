@@ -15,7 +15,6 @@ import json
 import logging
 import threading
 import time
-from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
 from bergstream.errors import first_line
 from bergstream.progress import ProgressLines
-from bergstream.query import QueryRunner
+from bergstream.query import QueryRunner, progress_events
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.signals import on_stop_signals
 from bergstream.timeparse import format_duration, format_instant
@@ -216,7 +215,6 @@ def run_app(
 ) -> RunReport:
     """Run the application until its backfill window ends (or, live, until stopped), then report."""
     from pyspark.errors import StreamingQueryException
-    from pyspark.sql.streaming.listener import StreamingQueryListener
 
     started = time.monotonic()
     ledger = None
@@ -224,34 +222,14 @@ def run_app(
     if settings.mode == "backfill":
         ledger = RowLedger(files, f"{PLAN_DIR}/rows.json")
     tracker = _Progress(settings, ledger)
-
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            tracker.on_progress(event.progress)
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = Listener()
-    spark.streams.addListener(listener)
     stopping = threading.Event()
     query = _AppQuery(spark, settings, available_now, stopping)
     runner = QueryRunner(query_name(settings), query.start, stopping, query.sources.recover)
     try:
-        with on_stop_signals(runner.stopping.set):
+        with progress_events(spark, tracker.on_progress), on_stop_signals(runner.stopping.set):
             _follow(runner, tracker, query, show_progress)
     except StreamingQueryException as error:
         raise BackfillError(f"{settings.app}: the query stopped: {first_line(error)}") from error
-    finally:
-        # Progress events come through Spark's listener bus after the batch; let the last ones arrive.
-        _drain_listener_bus(spark)
-        spark.streams.removeListener(listener)
     if runner.stopping.is_set():
         log.warning("%s: stopped; run the same command again to resume from the checkpoint", settings.app)
     plan = query.plan
@@ -272,11 +250,6 @@ def run_app(
     if plan is None or ledger is None:
         return report
     return _backfill_report(spark, settings, plan, ledger, report, files)
-
-
-def _drain_listener_bus(spark: SparkSession) -> None:
-    with suppress(Exception):
-        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
 
 
 def _backfill_report(
