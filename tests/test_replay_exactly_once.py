@@ -120,7 +120,7 @@ def progress_of(bootstrap: str, target: str) -> dict[str, Any] | None:
     """The newest progress the replays into `target` committed, where there is one."""
     from confluent_kafka.admin import AdminClient
 
-    state = f"{target}.bergstream-replay"
+    state = f"bergstream-replay.{target}"
     if state not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics:
         return None
     committed = read_committed(bootstrap, state)

@@ -218,7 +218,7 @@ def main() -> None:
             {"bootstrap.servers": archive.bootstrap_servers},
             schema="playback", encoding="json"))  # fmt: skip
         AdminClient({"bootstrap.servers": archive.bootstrap_servers}).delete_topics(
-            [target, f"{target}.bergstream-replay"]
+            [target, f"bergstream-replay.{target}"]
         )
         results["replay"] = {
             "seconds": seconds,

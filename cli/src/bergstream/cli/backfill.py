@@ -195,7 +195,7 @@ def backfill_replay(
     """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark.
 
     Exactly once for consumers that read with isolation.level=read_committed: records go out in Kafka
-    transactions, with the replay's progress in the compacted topic TO_TOPIC.bergstream-replay. The same
+    transactions, with the replay's progress in the compacted topic bergstream-replay.TO_TOPIC. The same
     command resumes a replay that stopped (a Kafka or Iceberg error, Ctrl-C, a killed process) at the
     snapshots its first run read, and sends nothing again once it is complete. Delete that topic to start
     the replays into TO_TOPIC over. Records of one source partition go out in offset order within each

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bergstream.backfill.replay.progress import STATE_TOPIC_PREFIX, TRANSACTIONAL_ID_PREFIX
 from bergstream.errors import StackError
 from bergstream.kafka_settings import (
     ClientErrors,
@@ -219,11 +220,17 @@ def _password() -> str:
 
 
 def producer_acls(user: str) -> list[Any]:
-    """Describe, create and write every topic: `produce` and replay make the topics they write."""
+    """Describe, create and write every topic: `produce` and replay make the topics they write. A replay
+    sends in transactions of its own transactional id, and reads its progress back from its topic."""
     from confluent_kafka.admin import AclOperation  # type: ignore[attr-defined]
 
-    return [_allow(user, "TOPIC", "*", op) for op in (AclOperation.DESCRIBE, AclOperation.CREATE,
-                                                       AclOperation.WRITE)]  # fmt: skip
+    return [
+        *(_allow(user, "TOPIC", "*", op) for op in (AclOperation.DESCRIBE, AclOperation.CREATE,
+                                                     AclOperation.WRITE)),
+        _allow(user, "TOPIC", STATE_TOPIC_PREFIX, AclOperation.READ, prefixed=True),
+        *(_allow(user, "TRANSACTIONAL_ID", TRANSACTIONAL_ID_PREFIX, op, prefixed=True)
+          for op in (AclOperation.DESCRIBE, AclOperation.WRITE)),
+    ]  # fmt: skip
 
 
 def router_acls(user: str, topic: str) -> list[Any]:
@@ -236,7 +243,7 @@ def router_acls(user: str, topic: str) -> list[Any]:
                                                                    AclOperation.READ)]  # fmt: skip
 
 
-def _allow(user: str, resource: str, name: str, operation: Any) -> Any:
+def _allow(user: str, resource: str, name: str, operation: Any, prefixed: bool = False) -> Any:
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         AclBinding,
         AclPermissionType,
@@ -244,7 +251,7 @@ def _allow(user: str, resource: str, name: str, operation: Any) -> Any:
         ResourceType,
     )
 
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
     return AclBinding(
-        ResourceType[resource], name, ResourcePatternType.LITERAL, f"User:{user}", "*", operation,
-        AclPermissionType.ALLOW,
-    )  # fmt: skip
+        ResourceType[resource], name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW
+    )

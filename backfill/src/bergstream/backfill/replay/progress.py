@@ -4,7 +4,7 @@ A replay is known by its identity: a digest of its tables, window, ordering poli
 topic. Its producer's `transactional.id` is `bergstream-replay-<identity>`, so that a new run fences any
 earlier one still alive (a process killed with SIGKILL) and aborts its open transaction. Its progress (the
 snapshot of every table, the epochs delivered whole, the records delivered of the next one) is a record
-keyed by the identity in the compacted topic `<target>.bergstream-replay`, written in the same transaction
+keyed by the identity in the compacted topic `bergstream-replay.<target>`, written in the same transaction
 as the records it counts: a read_committed reader sees both or neither.
 """
 
@@ -22,7 +22,9 @@ from bergstream.kafka_topics import ensure_topic, last_committed_value
 from bergstream.timeparse import format_instant
 
 PROGRESS_FORMAT = 1
-STATE_TOPIC_SUFFIX = ".bergstream-replay"
+# One prefix for every replay's progress topic: one prefixed ACL grants them all.
+STATE_TOPIC_PREFIX = "bergstream-replay."
+TRANSACTIONAL_ID_PREFIX = "bergstream-replay-"
 # A compacted topic keeps the newest progress of every replay for good; offsets of a consumer group
 # would be deleted after `offsets.retention.minutes` without a member.
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
@@ -58,11 +60,11 @@ class ReplayIdentity:
 
     @property
     def transactional_id(self) -> str:
-        return f"bergstream-replay-{self.digest}"
+        return f"{TRANSACTIONAL_ID_PREFIX}{self.digest}"
 
     @property
     def state_topic(self) -> str:
-        return f"{self.to_topic}{STATE_TOPIC_SUFFIX}"
+        return f"{STATE_TOPIC_PREFIX}{self.to_topic}"
 
 
 @dataclass(frozen=True)
