@@ -116,3 +116,26 @@ def test_properties_as_java_writes_them(tmp_path: Path) -> None:
         'password="p";',
         "client.id=x": "value",
     }
+
+
+class _Polled:
+    """A client whose poll serves nothing: what librdkafka said came before."""
+
+    def poll(self, timeout: float) -> None:
+        pass
+
+
+def test_records_purged_after_a_fatal_error_only_logged_are_explained_by_it() -> None:
+    from confluent_kafka import KafkaError
+
+    from bergstream.kafka_settings import ClientErrors
+
+    errors = ClientErrors()
+    purged = KafkaError(KafkaError._PURGE_QUEUE)
+    assert errors.explain(_Polled(), purged) == purged.str()
+    reason = "Fatal error: Broker: Cluster authorization failed: Failed to acquire idempotence PID"
+    errors.log(0, "%s [%s] %s", "FATAL", "rdkafka#producer-2", f"[thrd:main]: {reason}")
+    assert errors.explain(_Polled(), purged) == f"not authorized: {reason}"
+    # A broker's own refusal still says more.
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    assert errors.explain(_Polled(), refused) == refused.str()

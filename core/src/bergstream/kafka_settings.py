@@ -233,8 +233,9 @@ _AUTHORIZATION = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHOR
 # Errors that retrying does not mend: a refused login, a certificate that is not trusted.
 _FATAL = (KafkaError._AUTHENTICATION, KafkaError._SSL)
 # Errors of a request that say only that it did not get through; the connection's own error says why.
+# Records purged from the queue failed because something else did (a fatal error, an aborted transaction).
 _VAGUE = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError._WAIT_COORD,
-          KafkaError._ALL_BROKERS_DOWN)  # fmt: skip
+          KafkaError._ALL_BROKERS_DOWN, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)  # fmt: skip
 
 
 class KafkaUnreachable(BergstreamError):
@@ -253,12 +254,14 @@ class ClientErrors:
         self.fatal: KafkaError | None = None
         self.last: KafkaError | None = None
         self.dropped: str | None = None
+        self.fatal_reason: str | None = None
 
     def settings(self) -> dict[str, Any]:
         return {"error_cb": self._on_error, "logger": self}
 
     def _on_error(self, error: KafkaError) -> None:
-        if error.code() in _FATAL:
+        # A producer's fatal error comes with its cause's code (a refused write, say) and says why it failed.
+        if error.code() in _FATAL or error.fatal():
             self.fatal = error
         # "1/1 brokers are down" says less than the error that took them down.
         elif error.code() != KafkaError._ALL_BROKERS_DOWN:
@@ -269,6 +272,10 @@ class ClientErrors:
         log.debug(message, *args)
         if len(args) == 3 and args[0] == "FAIL":
             self.dropped = str(args[2]).split("]: ", 1)[-1]
+        # A producer's fatal error (its idempotence refused, say) may reach only the log: the records queued
+        # then fail as purged, and flush() raises nothing.
+        if len(args) == 3 and args[0] == "FATAL":
+            self.fatal_reason = str(args[2]).split("]: ", 1)[-1]
 
     def explain(self, client: Any, fallback: KafkaError | str) -> str:
         """Why a request of `client` failed: its connection's own error when it had one, else `fallback`."""
@@ -277,6 +284,9 @@ class ClientErrors:
             return failure(self.fatal)
         if isinstance(fallback, KafkaError) and fallback.code() not in _VAGUE:
             return failure(fallback)
+        if self.fatal_reason is not None:
+            refused = "authorization failed" in self.fatal_reason.lower()
+            return f"not authorized: {self.fatal_reason}" if refused else self.fatal_reason
         if self.last is not None:
             return failure(self.last)
         if self.dropped is not None:
