@@ -34,6 +34,7 @@ from bergstream.local import LocalStack, certificates, kafka_security
 from bergstream.local.kafka_security import ADMIN, PRODUCER, BrokerSecurity, jaas_login
 from bergstream.local.processes import free_ports
 from bergstream.spark import LOCAL_LOG_CONFIG
+from tests.kafka_reads import read_committed
 from tests.routers import ROOT, archived_offsets, eventually, run_router, start_router, write_config
 from tests.services import Services
 
@@ -264,36 +265,9 @@ def test_the_router_commits_its_group_and_measures_lag(secured: Secured, archive
     assert len(lags) == 4 and set(lags) == {0.0}
 
 
-def committed_records(secured: Secured, topic: str) -> int:
-    """The records of `topic` a read_committed consumer sees (its end offsets also count the transactions'
-    commit markers)."""
-    ends = end_offsets(secured, topic)
-    consumer = Consumer({**secured.client(ADMIN), "group.id": "bergstream-tests", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
-    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-    records, reached = 0, set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(reached) < len(ends):
-            assert time.monotonic() < deadline, f"{topic}: not read to its end in 60s"
-            message = consumer.poll(1)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                if (message.offset() or 0) >= ends[message.partition()]:
-                    reached.add(message.partition())
-                continue
-            assert error is None, error
-            records += 1
-    finally:
-        consumer.close()
-    return records
-
-
 def test_replay_republishes_through_sasl_ssl(secured: Secured, archived: Archived) -> None:
     assert f"into {TOPIC}_replay" in archived.outputs["replay"]
-    assert committed_records(secured, f"{TOPIC}_replay") == COUNT
+    assert len(read_committed(secured.client(ADMIN), f"{TOPIC}_replay", "bergstream-tests")) == COUNT
 
 
 def test_passwords_appear_in_no_output(secured: Secured, archived: Archived) -> None:

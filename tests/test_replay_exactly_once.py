@@ -34,6 +34,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
 from bergstream.schemas.event_schema import load_event_schema
+from tests.kafka_reads import read_committed
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -90,32 +91,6 @@ def source(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
     return Source(start, 2)
 
 
-def read_committed(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of `topic` a read_committed consumer sees, partition by partition in offset order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    messages: list[Any] = []
-    reached: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(reached) < len(ends):
-        assert time.monotonic() < deadline, f"{topic}: not read to its end in 60s"
-        message = consumer.poll(1)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None and error.code() == KafkaError._PARTITION_EOF:
-            if (message.offset() or 0) >= ends[message.partition()]:
-                reached.add(message.partition())
-            continue
-        assert error is None, error
-        messages.append(message)
-    consumer.close()
-    return messages
-
-
 def progress_of(bootstrap: str, target: str) -> dict[str, Any] | None:
     """The newest progress the replays into `target` committed, where there is one."""
     from confluent_kafka.admin import AdminClient
@@ -123,7 +98,7 @@ def progress_of(bootstrap: str, target: str) -> dict[str, Any] | None:
     state = f"bergstream-replay.{target}"
     if state not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics:
         return None
-    committed = read_committed(bootstrap, state)
+    committed = read_committed({"bootstrap.servers": bootstrap}, state)
     return json.loads(committed[-1].value()) if committed else None
 
 
@@ -212,7 +187,7 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
         rf"4 of 4 epochs, .* at snapshot {snapshot}, resumed at epoch [123]\b", resumed.stdout
     ), resumed.stdout
 
-    messages = read_committed(stack.bootstrap_servers, target)
+    messages = read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)
     seen = [source_of(message) for message in messages]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == expected
@@ -286,7 +261,7 @@ def test_a_replay_failed_on_a_kafka_error_or_interrupted_resumes_exactly_once(
         replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client, on_epoch=interrupt)
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
     assert report.resumed_at == (3, 0) and report.epochs_done == report.epochs == 4
-    seen = [source_of(message) for message in read_committed(stack.bootstrap_servers, target)]
+    seen = [source_of(message) for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == archived(stack, lower, upper)
 
@@ -311,7 +286,7 @@ def test_a_dead_letter_also_archived_by_a_killed_redrive_goes_out_once(
         stack.catalog, TOPIC, window_of(lower, upper), BoundedOrder(B), "rx_redriven",
         {"bootstrap.servers": stack.bootstrap_servers}, include_dead_letters=True,
     )  # fmt: skip
-    messages = read_committed(stack.bootstrap_servers, "rx_redriven")
+    messages = read_committed({"bootstrap.servers": stack.bootstrap_servers}, "rx_redriven")
     seen = [source_of(message) for message in messages]
     assert len(seen) == len(set(seen)) == report.records + report.dead_letters
     assert set(seen) == archived(stack, lower, upper, dead_letters=True)
@@ -332,7 +307,7 @@ def test_a_header_without_a_value_is_replayed_without_one(stack: Services, sourc
         stack.catalog, TOPIC, window_of(at, at + timedelta(minutes=1)), BoundedOrder(B), "rx_headers",
         {"bootstrap.servers": stack.bootstrap_servers},
     )  # fmt: skip
-    headers = [message.headers() for message in read_committed(stack.bootstrap_servers, "rx_headers")]
+    headers = [message.headers() for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, "rx_headers")]
     nameless = [found for found in headers if ("kind", b"test") in found]
     assert len(nameless) == source.nameless
     assert all(("trace", None) in found for found in nameless), nameless
@@ -355,7 +330,7 @@ def test_a_strict_replay_sends_in_ingestion_time_then_partition_and_offset_order
     )  # fmt: skip
     sent = [
         (message.timestamp()[1], *source_of(message))
-        for message in read_committed(stack.bootstrap_servers, target)
+        for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)
     ]
     assert sent == sorted(sent) and len(sent) == len(archived(stack, lower, upper))
     assert any(a[1:] > b[1:] for a, b in itertools.pairwise(sent)), "the window has offsets against time"
@@ -393,6 +368,6 @@ def test_a_replay_failed_reading_the_archive_resumes_exactly_once(stack: Service
         path.rename(path.with_name(path.name.removesuffix(".away")))
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
     assert report.resumed_at == (2, 0) and report.epochs_done == report.epochs == 4
-    seen = [source_of(message) for message in read_committed(stack.bootstrap_servers, target)]
+    seen = [source_of(message) for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == archived(stack, lower, upper)

@@ -1,9 +1,18 @@
-"""The archive every backfill figure is measured on: both topics over 24 ingestion hours, made by the router.
+"""The archives the backfill figures are measured on, both topics made by the router, in three shapes.
 
-Impressions and playbacks are produced into a local broker with ingestion times spread over a past day
+Impressions and playbacks are produced into a local broker with ingestion times spread over past hours
 (impressions at ten times the playbacks, as in the talk's attribution application), archived by the
-router with an availableNow trigger, then compacted by `router maintain`, as a day-old archive is. The
-stack is kept in `bench/out/backfill/stack` and reused while it holds the same request.
+router with an availableNow trigger, then compacted by `router maintain`, as a day-old archive is. Kafka
+keeps every record too, so that the same window can be replayed from Kafka. Each shape's stack is kept in
+`bench/out/backfill/<shape>/stack` and reused while it holds the same request:
+
+- `sparse`: 5,000,000 impressions and 500,000 playbacks over 24 hours (57,000 rows per 15 minutes);
+- `4h`: 4,000,000 impressions and 400,000 playbacks over 4 hours (275,000 rows per 15 minutes);
+- `dense`: 24,000,000 impressions and 2,400,000 playbacks over 6 hours (1,100,000 rows per 15 minutes),
+  production density.
+
+The tables have the router's own properties; `row_group_bytes` sets `write.parquet.row-group-size-bytes`
+before compaction where a bench measures another row-group size.
 """
 
 from __future__ import annotations
@@ -40,9 +49,8 @@ class ArchiveRequest:
     hours: int = 24
     compact: bool = True
     late_fraction: float = 0.05
-    # Row groups of about 4 minutes of ingestion time in the compacted hour files (14 per impression hour):
-    # an epoch reads only the row groups it overlaps, as parallel tasks. See bench/README.md.
-    row_group_bytes: int = 4 * 1024 * 1024
+    # None: the router's own row-group size.
+    row_group_bytes: int | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -77,13 +85,32 @@ class BenchArchive:
         )
 
 
+SHAPES: dict[str, tuple[int, int, int]] = {
+    # name: impressions, playbacks, hours
+    "sparse": (5_000_000, 500_000, 24),
+    "4h": (4_000_000, 400_000, 4),
+    "dense": (24_000_000, 2_400_000, 6),
+}
+
+
+def shape_request(shape: str, row_group_bytes: int | None = None) -> ArchiveRequest:
+    impressions, playbacks, hours = SHAPES[shape]
+    return ArchiveRequest(
+        impressions, playbacks, default_start(hours), hours, row_group_bytes=row_group_bytes
+    )
+
+
+def shape_home(shape: str) -> Path:
+    return OUT / shape / "stack"
+
+
 def default_start(hours: int) -> str:
     """The day that ended at the last whole hour: recent enough for Kafka's retention to keep it."""
     end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     return format_instant(end - timedelta(hours=hours))
 
 
-def build(request: ArchiveRequest, home: Path = OUT / "stack") -> BenchArchive:
+def build(request: ArchiveRequest, home: Path) -> BenchArchive:
     """The archive of `request`, built once: a later call with the same request reuses it."""
     recipe = home / "archive.json"
     if recipe.exists():
@@ -114,7 +141,7 @@ def build(request: ArchiveRequest, home: Path = OUT / "stack") -> BenchArchive:
                 seed=3, ingestion_start=start, ingestion_span=timedelta(hours=request.hours),
             ),
             status.bootstrap_servers,
-            show_progress=False,
+            show_progress=count >= 1_000_000,
         )  # fmt: skip
         print(f"produced {report.sent:,} {topic} events in {time.monotonic() - began:.0f}s")
     spark = build_spark_session(stack.config.catalog, app_name="bench-backfill-archive")
@@ -125,7 +152,7 @@ def build(request: ArchiveRequest, home: Path = OUT / "stack") -> BenchArchive:
             print(f"archived {totals.archived:,} {topic} rows in {totals.files} files, "
                   f"{time.monotonic() - began:.0f}s")  # fmt: skip
             if request.compact:
-                for table in (topic, f"{topic}{DEAD_LETTER_SUFFIX}"):
+                for table in (topic, f"{topic}{DEAD_LETTER_SUFFIX}") if request.row_group_bytes else ():
                     spark.sql(f"ALTER TABLE {stack.config.catalog.table_identifier(table)} SET TBLPROPERTIES "
                               f"('{ROW_GROUP_BYTES}' = '{request.row_group_bytes}')")  # fmt: skip
                 for result in maintain(spark, archive.config(topic, home / "checkpoints" / topic)):
@@ -139,17 +166,11 @@ def build(request: ArchiveRequest, home: Path = OUT / "stack") -> BenchArchive:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--impressions", type=int, default=5_000_000)
-    parser.add_argument("--playbacks", type=int, default=500_000)
-    parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--start", default=None, help="first ingestion hour, ISO (default: a day ago)")
-    parser.add_argument("--no-compact", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", choices=list(SHAPES), default="sparse")
+    parser.add_argument("--row-group-bytes", type=int, default=None, help="default: the router's own")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    build(
-        ArchiveRequest(
-            args.impressions, args.playbacks, args.start or default_start(args.hours), args.hours,
-            compact=not args.no_compact,
-        )
-    )  # fmt: skip
+    build(shape_request(args.shape, args.row_group_bytes), shape_home(args.shape))

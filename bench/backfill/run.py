@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from bench.backfill.archive import OUT, ArchiveRequest, BenchArchive, build, default_start
+from bench.backfill.archive import OUT, SHAPES, BenchArchive, build, shape_home, shape_request
 from bench.stack import bench_parser
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
@@ -166,12 +166,11 @@ def match_rates(spark: Any, archive: BenchArchive, work: Path) -> dict[str, Any]
 
 def main() -> None:
     parser = bench_parser(__doc__)
-    parser.add_argument("--impressions", type=int, default=5_000_000)
-    parser.add_argument("--playbacks", type=int, default=500_000)
+    parser.add_argument("--shape", choices=list(SHAPES), default="sparse", help="the archive (archive.py)")
     parser.add_argument("--skip-apps", action="store_true", help="measure the sources only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    archive = build(ArchiveRequest(args.impressions, args.playbacks, default_start(24)))
+    archive = build(shape_request(args.shape), shape_home(args.shape))
     work = OUT / "work"
     shutil.rmtree(work, ignore_errors=True)
     results: dict[str, Any] = {"machine": machine(), "date": datetime.now(UTC).isoformat(),
