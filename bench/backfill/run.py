@@ -1,13 +1,23 @@
-"""Backfill throughput on one archive: both topics over 24 ingestion hours (bench/backfill/archive.py).
+"""Backfill throughput on one archive (bench/backfill/archive.py: `--shape sparse`, `4h` or `dense`).
 
-Measured, each warm (run once beforehand) and in one Spark session (`local[2]`):
-- (n) a native Spark batch scan of the window into noop: the upper bound;
+Measured, each warm (run once beforehand) and in one Spark session (`local[2]`), over a window of the
+archive (all of it by default):
+- (n) a native Spark batch scan of the window into noop: the yardstick;
+- (nf) the same scan of the event's flat columns alone, as Iceberg's vectorized Parquet reader reads
+  them, and (nr) of the same columns by its row reader: what the nested `__metadata__` struct costs the
+  read, which keeps the vectorized reader off;
+- (p) Spark's own Parquet reader over the window's data files, every column, nested ones too (Spark
+  reads nested columns vectorized);
+- (f) Spark's floor: a `rate-micro-batch` source into noop, as many micro-batches as the source at
+  B = 15 minutes runs: what any micro-batch costs in this session;
 - (u) the backfill source reading the window as one epoch (unordered) into noop;
-- (b) the backfill source at B = 5, 15 and 60 minutes into noop;
-- (s) a strictly ordered single reader: read_batches with exact ingestion order, in Python;
-- the sessionizer live (from Kafka, availableNow), as a backfill at B = 15 minutes, and unordered;
-- replay of an hour of playbacks into Kafka.
-Both tables are read together, aligned, as an application reading both would read them.
+- (b) the backfill source at each bound B into noop; its fixed cost per epoch is what an epoch costs
+  beyond reading its rows at the unordered rate, ((b) - (u)) / (epochs - 1), set beside the floor;
+- (s) with --strict, the strictly ordered single reader (read_batches, in Python);
+- with --match, the sessionizer live and as a backfill, for the share of sessions both produce.
+Both tables are read together, aligned, as an application reading both would read them. With
+--windows, the source at B = 15 minutes again over windows of those many hours: the growth with the
+window. The applications against replaying Kafka are bench/apps.
 """
 
 from __future__ import annotations
@@ -16,8 +26,11 @@ import json
 import logging
 import platform
 import shutil
+import statistics
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +46,8 @@ from bergstream.backfill.runtime.app import output_identifier
 from bergstream.backfill.runtime.run import run_app
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import Sources
+from bergstream.query import progress_events
+from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.backfill")
@@ -45,6 +60,24 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.start) / timedelta(hours=1)
+
+    def where(self) -> str:
+        return (f"{INGESTION_TS_COLUMN} >= '{self.start.isoformat()}' "
+                f"AND {INGESTION_TS_COLUMN} < '{self.end.isoformat()}'")  # fmt: skip
+
+
+def whole(archive: BenchArchive) -> Window:
+    return Window(archive.start, archive.end)
+
+
 def settings(
     archive: BenchArchive,
     app: str,
@@ -53,10 +86,12 @@ def settings(
     bound: str | None,
     options: dict[str, str] | None = None,
     max_offsets: int = 500_000,
+    window: Window | None = None,
 ) -> AppSettings:
     encodings = {"impression": "avro", "playback": "json"}
     suffix = "".join(f"_{value}" for value in (options or {}).values())
     sources = ["playback"] if app == "sessionizer" else list(TABLES)
+    window = window or whole(archive)
     return AppSettings.model_validate(
         {
             "app": app,
@@ -69,11 +104,7 @@ def settings(
             "catalog": archive.stack.config.catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(checkpoint),
             "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}{suffix}".replace(" ", ""),
-            "backfill": {
-                "start": archive.start,
-                "end": archive.end,
-                "max_misalignment": bound or "unordered",
-            },
+            "backfill": {"start": window.start, "end": window.end, "max_misalignment": bound or "unordered"},
         }
     )
 
@@ -84,52 +115,120 @@ def timed(function: Any) -> tuple[float, Any]:
     return time.monotonic() - started, result
 
 
-def native_scan(spark: Any, archive: BenchArchive) -> tuple[float, int]:
+def window_rows(spark: Any, archive: BenchArchive, window: Window) -> int:
     catalog = archive.stack.config.catalog
-    start, end = archive.start.isoformat(), archive.end.isoformat()
-    rows = 0
+    return sum(spark.table(catalog.table_identifier(t)).where(window.where()).count() for t in TABLES)
+
+
+def native_scan(spark: Any, archive: BenchArchive, window: Window) -> float:
+    """Seconds to read every column of the window's rows of both tables into noop."""
+    catalog = archive.stack.config.catalog
     began = time.monotonic()
     for table in TABLES:
-        frame = spark.table(catalog.table_identifier(table)).where(
-            f"__metadata__.kafka_ingestion_ts >= '{start}' AND __metadata__.kafka_ingestion_ts < '{end}'"
-        )
+        frame = spark.table(catalog.table_identifier(table)).where(window.where())
         frame.write.format("noop").mode("overwrite").save()
-        rows += archive.request.counts[table]
-    return time.monotonic() - began, rows
+    return time.monotonic() - began
 
 
-def source_scan(spark: Any, archive: BenchArchive, bound: str | None, work: Path) -> dict[str, Any]:
-    """Both tables through the backfill source, aligned, into noop; seconds, rows, micro-batches."""
+def flat_scan(spark: Any, archive: BenchArchive, vectorized: bool) -> float:
+    """Seconds to read the event's own (flat) columns of both tables, whole, into noop: with Iceberg's
+    vectorized Parquet reader, or its row reader."""
+    catalog = archive.stack.config.catalog
+    began = time.monotonic()
+    for table in TABLES:
+        frame = spark.read.option("vectorization-enabled", str(vectorized).lower()).table(
+            catalog.table_identifier(table)
+        )
+        flat = [field.name for field in frame.schema.fields if field.name != METADATA]
+        frame.select(*flat).write.format("noop").mode("overwrite").save()
+    return time.monotonic() - began
+
+
+def parquet_scan(spark: Any, archive: BenchArchive) -> float:
+    """Seconds to read the tables' current data files, every column, with Spark's own Parquet reader."""
+    catalog = archive.stack.config.catalog
+    files = [
+        row.file_path
+        for table in TABLES
+        for row in spark.sql(f"SELECT file_path FROM {catalog.table_identifier(table)}.files").collect()
+    ]
+    began = time.monotonic()
+    for table in TABLES:
+        paths = [path for path in files if f"/{table}/" in path]
+        spark.read.parquet(*paths).write.format("noop").mode("overwrite").save()
+    return time.monotonic() - began
+
+
+@dataclass
+class Batches:
+    """The micro-batches of the queries of a block, from Spark's progress events."""
+
+    durations: list[dict[str, float]] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+    def add(self, progress: Any) -> None:
+        self.durations.append({k: float(v) for k, v in progress.durationMs.items()})
+        self.rows.append(int(progress.numInputRows))
+
+    def median(self, phase: str) -> float:
+        values = [d.get(phase, 0.0) for d in self.durations]
+        return statistics.median(values) if values else 0.0
+
+    def phases(self) -> dict[str, float]:
+        names = sorted({name for d in self.durations for name in d})
+        return {name: self.median(name) for name in names}
+
+
+def spark_floor(spark: Any, batches: int, work: Path) -> dict[str, Any]:
+    """Spark's own cost of a micro-batch in this session: a rate-micro-batch source of 1,000 rows a
+    batch into noop, `batches` micro-batches on the same checkpoint manager as the backfill's."""
+    checkpoint = work / f"floor-{time.monotonic_ns()}"
+    seen = Batches()
+    with progress_events(spark, seen.add):
+        query = (
+            spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1000).load()
+            .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="0 seconds").start()
+        )  # fmt: skip
+        try:
+            while len(seen.durations) < batches:
+                if query.exception() is not None:
+                    raise RuntimeError(f"the rate source into noop failed: {query.exception()}")
+                query.awaitTermination(0.5)
+        finally:
+            query.stop()
+    return {"batches": len(seen.durations), "per_batch_ms": seen.phases()}
+
+
+def source_scan(
+    spark: Any, archive: BenchArchive, bound: str | None, work: Path, window: Window
+) -> dict[str, Any]:
+    """Both tables through the backfill source, aligned, into noop; seconds, micro-batches, phases."""
     checkpoint = work / f"source-{bound or 'unordered'}-{time.monotonic_ns()}"
-    sources = Sources(spark, settings(archive, "scan", "backfill", checkpoint, bound))
+    sources = Sources(spark, settings(archive, "scan", "backfill", checkpoint, bound, window=window))
     impressions, playbacks = (sources.stream(name) for name in TABLES)
     frame = impressions.unionByName(playbacks, allowMissingColumns=True)
     query = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint / "query"))
-    began = time.monotonic()
-    running = query.trigger(availableNow=True).start()
-    while not running.awaitTermination(1):
-        pass
-    seconds = time.monotonic() - began
+    seen = Batches()
+    with progress_events(spark, seen.add):
+        began = time.monotonic()
+        running = query.trigger(availableNow=True).start()
+        while not running.awaitTermination(1):
+            pass
+        seconds = time.monotonic() - began
     if running.exception() is not None:
         raise RuntimeError(str(running.exception()))
-    # The per-batch phases of the last (up to 100) batches Spark keeps.
-    durations = [progress.durationMs for progress in running.recentProgress]
-    epochs = len(sources.plan().epochs)
-    phases: dict[str, float] = {}
-    for duration in durations:
-        for phase, ms in duration.items():
-            phases[phase] = phases.get(phase, 0.0) + ms / len(durations)
-    return {"seconds": seconds, "epochs": epochs, "per_batch_ms": phases,
-            "rows": sum(archive.request.counts.values())}  # fmt: skip
+    return {"seconds": seconds, "epochs": len(sources.plan().epochs), "batches": len(seen.durations),
+            "rows": sum(seen.rows), "per_batch_ms": seen.phases()}  # fmt: skip
 
 
-def strict_reader(archive: BenchArchive) -> tuple[float, int]:
+def strict_reader(archive: BenchArchive, window: Window) -> tuple[float, int]:
     from bergstream.backfill.read.batches import plan_batches
     from bergstream.backfill.read.order import StrictOrder
     from bergstream.backfill.read.planner import plan
 
     catalog = archive.stack.config.catalog
-    made = plan(catalog, list(TABLES), window_of(archive.start, archive.end), StrictOrder())
+    made = plan(catalog, list(TABLES), window_of(window.start, window.end), StrictOrder())
     began = time.monotonic()
     rows = sum(batch.num_rows for batch in plan_batches(made, catalog))
     return time.monotonic() - began, rows
@@ -164,72 +263,136 @@ def match_rates(spark: Any, archive: BenchArchive, work: Path) -> dict[str, Any]
     return rates
 
 
+def best(repeat: int, measure: Any) -> Any:
+    """The fastest of `repeat` measurements (dicts by their seconds)."""
+    runs = [measure() for _ in range(repeat)]
+    return min(runs, key=lambda run: run["seconds"] if isinstance(run, dict) else run)
+
+
+def measure_sources(
+    spark: Any, archive: BenchArchive, window: Window, bounds: list[str], work: Path, repeat: int
+) -> dict[str, Any]:
+    """Native scan, the source unordered and at each bound, over `window`: rows/s and ratios."""
+    rows = window_rows(spark, archive, window)
+    native = best(repeat, lambda: native_scan(spark, archive, window))
+    results: dict[str, Any] = {"hours": window.hours, "rows": rows,
+                               "native": {"seconds": native, "rows_per_s": rows / native}}  # fmt: skip
+    print(f"  (n) native scan: {rows:,} rows in {native:.2f}s, {rows / native:,.0f} rows/s")
+    for bound in [None, *bounds]:
+        measured = best(repeat, lambda bound=bound: source_scan(spark, archive, bound, work, window))
+        if measured["rows"] != rows:
+            raise RuntimeError(
+                f"the source at {bound or 'unordered'} read {measured['rows']:,} rows of {rows:,}"
+            )
+        measured["rows_per_s"] = rows / measured["seconds"]
+        measured["ratio"] = native / measured["seconds"]
+        measured["rows_per_epoch"] = rows / measured["epochs"]
+        results[f"source_{bound or 'unordered'}"] = measured
+    unordered = results["source_unordered"]
+    for bound in bounds:
+        measured = results[f"source_{bound}"]
+        extra = (measured["seconds"] - unordered["seconds"]) / max(measured["epochs"] - 1, 1)
+        measured["fixed_ms_per_epoch"] = extra * 1000
+    for bound in [None, *bounds]:
+        measured = results[f"source_{bound or 'unordered'}"]
+        trigger, job = (measured["per_batch_ms"].get(k, 0.0) for k in ("triggerExecution", "addBatch"))
+        fixed = f", fixed cost {measured['fixed_ms_per_epoch']:.0f} ms an epoch" if bound else ""
+        print(f"  backfill source, {bound or 'unordered'}: {measured['epochs']} epochs of "
+              f"{measured['rows_per_epoch']:,.0f} rows, {measured['seconds']:.2f}s, "
+              f"{measured['rows_per_s']:,.0f} rows/s, {measured['ratio']:.2f} x native{fixed}; per batch ms: "
+              f"trigger {trigger:.0f}, job {job:.0f}")  # fmt: skip
+    return results
+
+
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--shape", choices=list(SHAPES), default="sparse", help="the archive (archive.py)")
-    parser.add_argument("--skip-apps", action="store_true", help="measure the sources only")
+    parser.add_argument("--bounds", default="60m,15m,5m", help="bounds B of the source, comma-separated")
+    parser.add_argument("--windows", default="", help="hours: the source at B = 15m over shorter windows too")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="measure each read this many times, keep the best"
+    )
+    parser.add_argument("--strict", action="store_true", help="the strict single reader (Python) too")
+    parser.add_argument("--match", action="store_true", help="the sessionizer's live/backfill match rates")
+    parser.add_argument("--replay", action="store_true", help="a replay of an hour of playbacks into Kafka")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     archive = build(shape_request(args.shape), shape_home(args.shape))
+    bounds = [bound for bound in args.bounds.split(",") if bound]
     work = OUT / "work"
     shutil.rmtree(work, ignore_errors=True)
     results: dict[str, Any] = {"machine": machine(), "date": datetime.now(UTC).isoformat(),
-                               "rows": archive.request.counts}  # fmt: skip
+                               "shape": args.shape, "archive": asdict(archive.request)}  # fmt: skip
     catalog = archive.stack.config.catalog
     spark = build_spark_session(catalog, master="local[2]", app_name="bench-backfill",
                                 conf={"spark.ui.enabled": "false"})  # fmt: skip
+    window = whole(archive)
     try:
-        native_scan(spark, archive)  # warm-up
-        seconds, rows = native_scan(spark, archive)
-        results["native"] = {"seconds": seconds, "rows_per_s": rows / seconds}
-        print(f"(n) native scan into noop: {rows:,} rows in {seconds:.1f}s, {rows / seconds:,.0f} rows/s")
-        source_scan(spark, archive, None, work)  # warm-up
-        for bound in (None, "60m", "15m", "5m"):
-            measured = source_scan(spark, archive, bound, work)
-            measured["rows_per_s"] = measured["rows"] / measured["seconds"]
-            measured["ratio"] = results["native"]["seconds"] / measured["seconds"]
-            results[f"source_{bound or 'unordered'}"] = measured
-            phases = ", ".join(f"{k} {v:.0f}" for k, v in measured["per_batch_ms"].items())
-            print(f"backfill source, {bound or 'unordered'}: {measured['epochs']} epochs, "
-                  f"{measured['seconds']:.1f}s, {measured['rows_per_s']:,.0f} rows/s, "
-                  f"{measured['ratio']:.2f} x native; per batch ms: {phases}")  # fmt: skip
-        seconds, rows = strict_reader(archive)
-        results["strict_reader"] = {"seconds": seconds, "rows_per_s": rows / seconds,
-                                    "ratio": results["native"]["seconds"] / seconds}  # fmt: skip
-        print(f"(s) strict single reader (read_batches): {rows:,} rows in {seconds:.1f}s")
-        if not args.skip_apps:
-            for mode, bound in (("live", "15m"), ("backfill", "15m"), ("backfill", None)):
-                name = f"sessionizer_{mode}_{bound or 'unordered'}"
-                app = settings(archive, "sessionizer", mode, work / name, bound)
-                fresh_output(spark, app)
-                seconds, report = timed(lambda app=app, mode=mode: run_app(
-                    spark, app, available_now=mode == "live", show_progress=False))  # fmt: skip
-                rows = report.position.total_rows
-                results[name] = {"seconds": seconds, "rows": rows, "rows_per_s": rows / seconds}
-                print(f"sessionizer {mode} {bound or 'unordered'}: {rows:,} rows in {seconds:.1f}s, "
-                      f"{rows / seconds:,.0f} rows/s")  # fmt: skip
+        print(f"warming up on the {args.shape} archive ({window.hours:.0f} hours)")
+        native_scan(spark, archive, window)
+        source_scan(spark, archive, "15m", work, window)
+        spark_floor(spark, 20, work)
+        print(f"the {args.shape} archive, {window.hours:.0f} hours, {machine()}")
+        results.update(measure_sources(spark, archive, window, bounds, work, args.repeat))
+        rows = results["rows"]
+        scans: list[tuple[str, Callable[[], float]]] = [
+            ("flat_vectorized", lambda: flat_scan(spark, archive, vectorized=True)),
+            ("flat_rows", lambda: flat_scan(spark, archive, vectorized=False)),
+            ("parquet", lambda: parquet_scan(spark, archive)),
+        ]
+        for name, measure in scans:
+            measure()  # warm-up
+            seconds = best(args.repeat, measure)
+            results[name] = {"seconds": seconds, "rows_per_s": rows / seconds,
+                             "ratio": results["native"]["seconds"] / seconds}  # fmt: skip
+        print(f"  (nf) flat columns, vectorized: {results['flat_vectorized']['ratio']:.2f} x native; "
+              f"(nr) flat columns, row reader: {results['flat_rows']['ratio']:.2f} x; "
+              f"(p) Spark's Parquet reader, every column: {results['parquet']['ratio']:.2f} x")  # fmt: skip
+        epochs = results.get("source_15m", {}).get("epochs", 24)
+        floor = spark_floor(spark, epochs, work)
+        results["floor"] = floor
+        floor_ms = floor["per_batch_ms"]["triggerExecution"]
+        print(f"  (f) Spark's floor (rate-micro-batch into noop): {floor_ms:.0f} ms a micro-batch "
+              f"(median of {floor['batches']})")  # fmt: skip
+        for bound in bounds:
+            measured = results[f"source_{bound}"]
+            measured["fixed_over_floor"] = measured["fixed_ms_per_epoch"] / floor_ms
+            print(f"  B = {bound}: fixed cost {measured['fixed_ms_per_epoch']:.0f} ms an epoch, "
+                  f"{measured['fixed_over_floor']:.2f} x the floor")  # fmt: skip
+        growth = {}
+        for hours in (float(h) for h in args.windows.split(",") if h):
+            print(f"window of {hours:g} hours")
+            part = Window(archive.start, archive.start + timedelta(hours=hours))
+            growth[f"{hours:g}h"] = measure_sources(spark, archive, part, ["15m"], work, args.repeat)
+        results["windows"] = growth
+        if args.strict:
+            seconds, read = strict_reader(archive, window)
+            results["strict_reader"] = {"seconds": seconds, "rows_per_s": read / seconds,
+                                        "ratio": results["native"]["seconds"] / seconds}  # fmt: skip
+            print(f"  (s) strict single reader (read_batches): {read:,} rows in {seconds:.1f}s")
+        if args.match:
             results["match"] = match_rates(spark, archive, work)
-        hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
-        # A topic of its own: a replay run again into the same topic finds itself complete and sends nothing.
-        target = f"bench-replay-{uuid.uuid4().hex[:8]}"
-        seconds, report = timed(lambda: replay(
-            catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), target,
-            {"bootstrap.servers": archive.bootstrap_servers},
-            schema="playback", encoding="json"))  # fmt: skip
-        AdminClient({"bootstrap.servers": archive.bootstrap_servers}).delete_topics(
-            [target, f"bergstream-replay.{target}"]
-        )
-        results["replay"] = {
-            "seconds": seconds,
-            "records": report.records,
-            "rows_per_s": report.records / seconds,
-        }
-        print(f"replay of an hour of playbacks: {report.records:,} records in {seconds:.1f}s")
+        if args.replay:
+            results["replay"] = replay_hour(archive)
     finally:
         spark.stop()
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        (OUT / f"results-{args.shape}.json").write_text(json.dumps(results, indent=2, default=str))
         plot(results)
+
+
+def replay_hour(archive: BenchArchive) -> dict[str, Any]:
+    hour = window_of(archive.start + timedelta(hours=1), archive.start + timedelta(hours=2))
+    # A topic of its own: a replay run again into the same topic finds itself complete and sends nothing.
+    target = f"bench-replay-{uuid.uuid4().hex[:8]}"
+    seconds, report = timed(lambda: replay(
+        archive.stack.config.catalog, "playback", hour, BoundedOrder(timedelta(minutes=15)), target,
+        {"bootstrap.servers": archive.bootstrap_servers}, schema="playback", encoding="json"))  # fmt: skip
+    AdminClient({"bootstrap.servers": archive.bootstrap_servers}).delete_topics(
+        [target, f"bergstream-replay.{target}"]
+    )
+    print(f"replay of an hour of playbacks: {report.records:,} records in {seconds:.1f}s")
+    return {"seconds": seconds, "records": report.records, "rows_per_s": report.records / seconds}
 
 
 def plot(results: dict[str, Any]) -> None:
@@ -239,18 +402,33 @@ def plot(results: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     labels, rates = [], []
-    for key, label in (("native", "native scan"), ("source_unordered", "source, unordered"),
+    for key, label in (("native", "native scan"), ("flat_vectorized", "flat, vectorized"),
+                       ("parquet", "Spark Parquet"), ("source_unordered", "source, unordered"),
                        ("source_60m", "B = 60m"), ("source_15m", "B = 15m"), ("source_5m", "B = 5m"),
                        ("strict_reader", "strict, 1 reader")):  # fmt: skip
         if key in results:
             labels.append(label)
             rates.append(results[key]["rows_per_s"] / 1000)
-    figure, axis = plt.subplots(figsize=(8, 4))
-    axis.bar(labels, rates, color=["#555"] + ["#3b7dd8"] * (len(labels) - 1))
-    axis.set_ylabel("thousand rows/s")
-    axis.set_title(f"Backfill read throughput, {sum(results['rows'].values()):,} rows ({results['machine']})")
+    if not labels:
+        return
+    figure, (bars, growth) = plt.subplots(1, 2, figsize=(13, 4))
+    bars.bar(labels, rates, color=["#555"] * 3 + ["#3b7dd8"] * (len(labels) - 3))
+    bars.set_ylabel("thousand rows/s")
+    bars.tick_params(axis="x", labelrotation=30)
+    bars.set_title(f"{results['shape']} archive, {results.get('rows', 0):,} rows ({results['machine']})")
+    points = sorted(
+        (value["rows_per_epoch"], value["ratio"])
+        for key, value in results.items()
+        if key.startswith("source_") and key != "source_unordered"
+    )
+    if points:
+        growth.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+        growth.set_xscale("log")
+        growth.set_xlabel("rows per epoch")
+        growth.set_ylabel("source / native scan")
+        growth.set_title("the bounded source against the native scan")
     figure.tight_layout()
-    figure.savefig(OUT / "throughput.png", dpi=120)
+    figure.savefig(OUT / f"throughput-{results['shape']}.png", dpi=120)
     print(f"results and plot in {OUT}")
 
 

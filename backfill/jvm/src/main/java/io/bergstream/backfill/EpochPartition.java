@@ -17,9 +17,13 @@ final class EpochPartition implements InputPartition {
   final long upper;
   // Sorted by ingestion time, also when the epoch has one split: rows are in no order inside a file.
   final boolean merged;
+  // Per split of `iceberg`: its file slices where Spark's Parquet reader reads them, else null.
+  final ParquetFiles.Slice[][] slices;
 
-  EpochPartition(InputPartition[] iceberg, long lower, long upper, boolean merged) {
+  EpochPartition(
+      InputPartition[] iceberg, ParquetFiles.Slice[][] slices, long lower, long upper, boolean merged) {
     this.iceberg = iceberg;
+    this.slices = slices;
     this.lower = lower;
     this.upper = upper;
     this.merged = merged;

@@ -8,10 +8,12 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Set;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.connector.metric.CustomTaskMetric;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 
 /** Iceberg's readers, keeping only the rows of each partition's epoch (and regions). */
@@ -19,11 +21,16 @@ final class EpochReaderFactory implements PartitionReaderFactory {
   private static final long serialVersionUID = 1L;
 
   private final PartitionReaderFactory iceberg;
+  private final ParquetFiles parquet;
+  private final StructType schema;
   private final Rows rows;
   private final Set<UTF8String> regions;
 
-  EpochReaderFactory(PartitionReaderFactory iceberg, Rows rows, Set<UTF8String> regions) {
+  EpochReaderFactory(
+      PartitionReaderFactory iceberg, ParquetFiles parquet, StructType schema, Rows rows, Set<UTF8String> regions) {
     this.iceberg = iceberg;
+    this.parquet = parquet;
+    this.schema = schema;
     this.rows = rows;
     this.regions = regions;
   }
@@ -32,9 +39,15 @@ final class EpochReaderFactory implements PartitionReaderFactory {
   public PartitionReader<InternalRow> createReader(InputPartition partition) {
     EpochPartition epoch = (EpochPartition) partition;
     if (!epoch.merged) {
-      return new EpochReader(iceberg.createReader(epoch.iceberg[0]), rows, epoch.lower, epoch.upper, regions);
+      return new EpochReader(split(epoch, 0), rows, epoch.lower, epoch.upper, regions);
     }
     return new MergedReader(epoch);
+  }
+
+  /** Split `i` of the epoch, by Spark's Parquet reader where it reads it, else by Iceberg's. */
+  private PartitionReader<InternalRow> split(EpochPartition epoch, int i) {
+    ParquetFiles.Slice[] slices = epoch.slices == null ? null : epoch.slices[i];
+    return parquet != null && slices != null ? parquet.open(slices) : iceberg.createReader(epoch.iceberg[i]);
   }
 
   /**
@@ -47,11 +60,12 @@ final class EpochReaderFactory implements PartitionReaderFactory {
 
     MergedReader(EpochPartition epoch) {
       List<InternalRow> all = new ArrayList<>();
-      for (InputPartition split : epoch.iceberg) {
+      UnsafeProjection copy = UnsafeProjection.create(schema);
+      for (int i = 0; i < epoch.iceberg.length; i++) {
         try (PartitionReader<InternalRow> reader =
-            new EpochReader(iceberg.createReader(split), rows, epoch.lower, epoch.upper, regions)) {
+            new EpochReader(split(epoch, i), rows, epoch.lower, epoch.upper, regions)) {
           while (reader.next()) {
-            all.add(reader.get().copy());  // readers reuse their row
+            all.add(copy.apply(reader.get()).copy());  // readers reuse their row
           }
         } catch (IOException e) {
           throw new UncheckedIOException(e);

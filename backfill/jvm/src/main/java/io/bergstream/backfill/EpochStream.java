@@ -5,6 +5,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import org.apache.iceberg.FileScanTask;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.expressions.Expression;
 import org.apache.spark.sql.connector.expressions.Expressions;
@@ -43,11 +44,15 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   private int target;
   private PartitionReaderFactory icebergFactory;
   private InputPartition[] windowSplits;
+  private final StructType schema;
+  private ParquetFiles parquet;
+  private boolean parquetChecked;
 
   EpochStream(Plan plan, SupportsRead iceberg, StructType schema) {
     this.plan = plan;
     this.iceberg = iceberg;
     this.rows = Rows.locate(schema, plan);
+    this.schema = schema;
     this.target = plan.size();
   }
 
@@ -104,11 +109,19 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
       long lower = plan.epochs[epoch][0];
       long upper = plan.epochs[epoch][1];
       InputPartition[] splits = Splits.inEpoch(icebergSplits(lower, upper), plan, lower, upper);
+      ParquetFiles.Slice[][] slices = new ParquetFiles.Slice[splits.length][];
+      if (parquet() != null) {
+        for (int i = 0; i < splits.length; i++) {
+          List<FileScanTask> tasks = Splits.fileTasks(splits[i]);
+          slices[i] = tasks == null ? null : ParquetFiles.slices(tasks);
+        }
+      }
       if (plan.singleReader) {
-        partitions.add(new EpochPartition(splits, lower, upper, true));
+        partitions.add(new EpochPartition(splits, slices, lower, upper, true));
       } else {
-        for (InputPartition split : splits) {
-          partitions.add(new EpochPartition(new InputPartition[] {split}, lower, upper, false));
+        for (int i = 0; i < splits.length; i++) {
+          partitions.add(new EpochPartition(
+              new InputPartition[] {splits[i]}, new ParquetFiles.Slice[][] {slices[i]}, lower, upper, false));
         }
       }
     }
@@ -165,12 +178,21 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     return predicates.toArray(new Predicate[0]);
   }
 
+  /** Spark's Parquet reader of the table's files, where it reads them as Iceberg would; else null. */
+  private ParquetFiles parquet() {
+    if (!parquetChecked && iceberg != null) {
+      parquet = ParquetFiles.of(iceberg, schema, plan);
+      parquetChecked = true;
+    }
+    return parquet;
+  }
+
   @Override
   public PartitionReaderFactory createReaderFactory() {
     if (icebergFactory == null) {  // a batch with no epoch: Iceberg's factory of any scan serves
       icebergFactory = icebergBatch(plan.windowStart, plan.windowStart + 1).createReaderFactory();
     }
-    return new EpochReaderFactory(icebergFactory, rows, Rows.regions(plan));
+    return new EpochReaderFactory(icebergFactory, parquet(), schema, rows, Rows.regions(plan));
   }
 
   @Override
@@ -181,6 +203,8 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     metrics.put("epochs", Integer.toString(plan.size()));
     metrics.put("watermark", Plan.instant(plan.watermark(epoch)));
     metrics.put("table", plan.table);
+    // Which reader decodes the archive's files: Spark's vectorized Parquet reader, or Iceberg's row reader.
+    metrics.put("reader", iceberg == null ? "none" : parquet() != null ? "spark-parquet" : "iceberg");
     return metrics;
   }
 

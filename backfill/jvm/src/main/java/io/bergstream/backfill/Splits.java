@@ -53,6 +53,27 @@ final class Splits {
     return kept.toArray(new InputPartition[0]);
   }
 
+  /** The file tasks of an Iceberg split, or null when it holds other tasks or cannot be looked into. */
+  static List<FileScanTask> fileTasks(InputPartition split) {
+    if (TASK_GROUP == null) {
+      return null;
+    }
+    ScanTaskGroup<?> group;
+    try {
+      group = (ScanTaskGroup<?>) TASK_GROUP.invoke(split);
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      return null;
+    }
+    List<FileScanTask> files = new ArrayList<>();
+    for (ScanTask task : group.tasks()) {
+      if (!(task instanceof FileScanTask file)) {
+        return null;
+      }
+      files.add(file);
+    }
+    return files;
+  }
+
   private static boolean mayHold(InputPartition split, Plan plan, long lower, long upper) {
     ScanTaskGroup<?> group;
     try {
