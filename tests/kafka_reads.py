@@ -16,7 +16,9 @@ def read_committed(client: dict[str, Any], topic: str, group: str | None = None)
                          "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
+        }
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         messages: list[Any] = []
         reached: set[int] = set()

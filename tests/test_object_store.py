@@ -157,6 +157,9 @@ def backfill_offsets(
     )
     query.awaitTermination()
     assert query.exception() is None
+    # Iceberg's S3FileIO reaches the store, Hadoop's FileSystem does not: Iceberg's reader reads the files.
+    progress = query.lastProgress
+    assert progress is not None and progress.sources[0].metrics["reader"] == "iceberg"
     return seen
 
 

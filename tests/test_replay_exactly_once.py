@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from bergstream.backfill.read.batches import read_batches, window_of
 from bergstream.backfill.read.order import BoundedOrder
@@ -261,7 +261,10 @@ def test_a_replay_failed_on_a_kafka_error_or_interrupted_resumes_exactly_once(
         replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client, on_epoch=interrupt)
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
     assert report.resumed_at == (3, 0) and report.epochs_done == report.epochs == 4
-    seen = [source_of(message) for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)]
+    seen = [
+        source_of(message)
+        for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)
+    ]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == archived(stack, lower, upper)
 
@@ -307,7 +310,10 @@ def test_a_header_without_a_value_is_replayed_without_one(stack: Services, sourc
         stack.catalog, TOPIC, window_of(at, at + timedelta(minutes=1)), BoundedOrder(B), "rx_headers",
         {"bootstrap.servers": stack.bootstrap_servers},
     )  # fmt: skip
-    headers = [message.headers() for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, "rx_headers")]
+    headers = [
+        message.headers()
+        for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, "rx_headers")
+    ]
     nameless = [found for found in headers if ("kind", b"test") in found]
     assert len(nameless) == source.nameless
     assert all(("trace", None) in found for found in nameless), nameless
@@ -368,6 +374,9 @@ def test_a_replay_failed_reading_the_archive_resumes_exactly_once(stack: Service
         path.rename(path.with_name(path.name.removesuffix(".away")))
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
     assert report.resumed_at == (2, 0) and report.epochs_done == report.epochs == 4
-    seen = [source_of(message) for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)]
+    seen = [
+        source_of(message)
+        for message in read_committed({"bootstrap.servers": stack.bootstrap_servers}, target)
+    ]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records delivered twice"
     assert set(seen) == archived(stack, lower, upper)
