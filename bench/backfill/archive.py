@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -161,6 +162,25 @@ def build(request: ArchiveRequest, home: Path) -> BenchArchive:
         spark.stop()
     recipe.write_text(json.dumps(asdict(request)))
     return archive
+
+
+def relayout(spark: Any, archive: BenchArchive, row_group_bytes: int) -> None:
+    """Rewrite both tables' files, sorted as compaction sorts them, into row groups of `row_group_bytes`
+    (`write.parquet.row-group-size-bytes`); a no-op when they already have that size."""
+    catalog = archive.stack.config.catalog
+    for table in archive.request.counts:
+        identifier = catalog.table_identifier(table)
+        properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+        if properties.get(ROW_GROUP_BYTES) == str(row_group_bytes):
+            continue
+        began = time.monotonic()
+        spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ('{ROW_GROUP_BYTES}' = '{row_group_bytes}')")
+        spark.sql(
+            f"CALL {catalog.name}.system.rewrite_data_files(table => '{identifier}', strategy => 'sort', "
+            f"options => map('rewrite-all', 'true', 'target-file-size-bytes', '{512 * 1024 * 1024}'))"
+        )
+        print(f"{identifier}: rewritten into row groups of {row_group_bytes:,} bytes in "
+              f"{time.monotonic() - began:.0f}s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from bench.backfill.archive import OUT, SHAPES, BenchArchive, build, shape_home, shape_request
+from bench.backfill.archive import OUT, SHAPES, BenchArchive, build, relayout, shape_home, shape_request
 from bench.stack import bench_parser
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
@@ -113,6 +113,23 @@ def timed(function: Any) -> tuple[float, Any]:
     started = time.monotonic()
     result = function()
     return time.monotonic() - started, result
+
+
+def row_groups(spark: Any, archive: BenchArchive) -> dict[str, Any]:
+    """Per table: its files, their row groups (split offsets) and the row-group size property."""
+    catalog = archive.stack.config.catalog
+    found = {}
+    for table in TABLES:
+        identifier = catalog.table_identifier(table)
+        files = spark.sql(f"SELECT file_size_in_bytes, split_offsets FROM {identifier}.files").collect()
+        properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+        found[table] = {
+            "files": len(files),
+            "row_groups": sum(len(row.split_offsets or [0]) for row in files),
+            "mb": sum(row.file_size_in_bytes for row in files) / 1e6,
+            "row_group_bytes": properties.get("write.parquet.row-group-size-bytes", "default (128 MiB)"),
+        }
+    return found
 
 
 def window_rows(spark: Any, archive: BenchArchive, window: Window) -> int:
@@ -312,6 +329,12 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="measure each read this many times, keep the best"
     )
+    parser.add_argument(
+        "--row-group-bytes",
+        type=int,
+        default=None,
+        help="rewrite the archive's files into row groups of this size first",
+    )
     parser.add_argument("--strict", action="store_true", help="the strict single reader (Python) too")
     parser.add_argument("--match", action="store_true", help="the sessionizer's live/backfill match rates")
     parser.add_argument("--replay", action="store_true", help="a replay of an hour of playbacks into Kafka")
@@ -328,6 +351,10 @@ def main() -> None:
                                 conf={"spark.ui.enabled": "false"})  # fmt: skip
     window = whole(archive)
     try:
+        if args.row_group_bytes:
+            relayout(spark, archive, args.row_group_bytes)
+        results["row_groups"] = row_groups(spark, archive)
+        print(f"row groups: {results['row_groups']}")
         print(f"warming up on the {args.shape} archive ({window.hours:.0f} hours)")
         native_scan(spark, archive, window)
         source_scan(spark, archive, "15m", work, window)
