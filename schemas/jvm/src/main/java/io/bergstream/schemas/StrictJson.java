@@ -11,6 +11,8 @@ import java.io.IOException;
 import java.io.Serializable;
 import java.time.Instant;
 import java.time.LocalDate;
+import java.time.Month;
+import java.time.Year;
 import java.time.ZoneId;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -43,8 +45,9 @@ import scala.Option;
  * kept as its JSON text (as Jackson writes it again); a JSON integer for a timestamp is epoch seconds; a
  * timestamp or date string is read by Spark's own parser; fields the event does not have are skipped.
  *
- * <p>The result is a struct of the event and a status, first that applies: {@link #UNDECODABLE} (the
- * event null), {@link #LONE_SURROGATE} for a value that escapes half of a UTF-16 surrogate pair ({@code
+ * <p>The result is a struct of the event and a status, first that applies: {@link #INVALID_UTF8} (the
+ * event null) for a value that is not valid UTF-8 as Spark's {@code is_valid_utf8} judges it, {@link
+ * #UNDECODABLE} (the event null), {@link #LONE_SURROGATE} for a value that escapes half of a UTF-16 surrogate pair ({@code
  * "\\ud83d"} alone, which Java would turn into "?"; a literal backslash before "ud800" in a string counts
  * too, so that such a value goes to the dead-letter table whole, never altered), the position (from 1,
  * in the order given) of the first top-level timestamp field sent as an integer outside {@code
@@ -61,6 +64,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
   public static final int VALID = 0;
   public static final int UNDECODABLE = -1;
   public static final int LONE_SURROGATE = -2;
+  public static final int INVALID_UTF8 = -3;
 
   private final Struct event;
   private final Map<String, Integer> timestampFields = new HashMap<>();
@@ -126,6 +130,9 @@ public final class StrictJson implements UDF1<byte[], Row> {
               .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(maxDepth).build())
               .build();
     }
+    if (!validUtf8(value)) {
+      return RowFactory.create(null, INVALID_UTF8);
+    }
     if (!plainUtf8(value)) {
       return RowFactory.create(null, UNDECODABLE);
     }
@@ -145,6 +152,18 @@ public final class StrictJson implements UDF1<byte[], Row> {
       status = LONE_SURROGATE;
     }
     return RowFactory.create(RowFactory.create(fields), status);
+  }
+
+  /**
+   * Whether the value is valid UTF-8, as Spark's {@code UTF8String.isValid} says: a value of ASCII bytes
+   * only (most are) is, which one pass finds without decoding anything.
+   */
+  static boolean validUtf8(byte[] value) {
+    int bytes = 0;
+    for (byte b : value) {
+      bytes |= b;
+    }
+    return bytes >= 0 || UTF8String.fromBytes(value).isValid();
   }
 
   /**
@@ -376,23 +395,82 @@ public final class StrictJson implements UDF1<byte[], Row> {
       if (token == JsonToken.VALUE_NUMBER_INT) {
         micros = parser.getLongValue() * 1_000_000L;
       } else if (token == JsonToken.VALUE_STRING && parser.getTextLength() >= 1) {
-        if (zone == null) {
-          zone = ZoneId.of(zoneId);
+        micros = utcMicros(parser.getTextCharacters(), parser.getTextOffset(), parser.getTextLength());
+        if (micros == NOT_UTC) {
+          micros = sparkMicros(parser, token);
         }
-        UTF8String text = UTF8String.fromString(parser.getText());
-        Option<Object> parsed = DateTimeUtils.stringToTimestamp(text, zone);
-        if (parsed.isEmpty()) {
-          parsed = DateTimeUtils.stringToTimestamp(DateTimeUtils.cleanLegacyTimestampStr(text), zone);
-        }
-        if (parsed.isEmpty()) {
-          throw new NotConvertible(token, DataTypes.TimestampType);
-        }
-        micros = (Long) parsed.get();
       } else {
         throw new NotConvertible(token, DataTypes.TimestampType);
       }
       return Instant.ofEpochSecond(Math.floorDiv(micros, 1_000_000L), Math.floorMod(micros, 1_000_000L) * 1_000L);
     }
+
+    private long sparkMicros(JsonParser parser, JsonToken token) throws IOException {
+      if (zone == null) {
+        zone = ZoneId.of(zoneId);
+      }
+      UTF8String text = UTF8String.fromString(parser.getText());
+      Option<Object> parsed = DateTimeUtils.stringToTimestamp(text, zone);
+      if (parsed.isEmpty()) {
+        parsed = DateTimeUtils.stringToTimestamp(DateTimeUtils.cleanLegacyTimestampStr(text), zone);
+      }
+      if (parsed.isEmpty()) {
+        throw new NotConvertible(token, DataTypes.TimestampType);
+      }
+      return (Long) parsed.get();
+    }
+  }
+
+  /** What {@link #utcMicros} returns for any text it does not read. */
+  static final long NOT_UTC = Long.MIN_VALUE;
+
+  /**
+   * The microseconds of {@code yyyy-MM-ddTHH:mm:ssZ}, with 1 to 6 digits of a second's fraction or none,
+   * a valid date and time in UTC: the form producers send, read without Spark's general parser (which
+   * splits the text into segments, builds a {@code ZonedDateTime} and looks its zone up by regular
+   * expressions), to the value Spark's parser gives it. {@link #NOT_UTC} for any other text, which
+   * Spark's parser then reads.
+   */
+  static long utcMicros(char[] text, int offset, int length) {
+    if (length < 20 || length == 21 || length > 27 || text[offset + length - 1] != 'Z') {
+      return NOT_UTC;
+    }
+    if (text[offset + 4] != '-' || text[offset + 7] != '-' || text[offset + 10] != 'T'
+        || text[offset + 13] != ':' || text[offset + 16] != ':'
+        || (length > 20 && text[offset + 19] != '.')) {
+      return NOT_UTC;
+    }
+    int year = digits(text, offset, 4);
+    int month = digits(text, offset + 5, 2);
+    int day = digits(text, offset + 8, 2);
+    int hour = digits(text, offset + 11, 2);
+    int minute = digits(text, offset + 14, 2);
+    int second = digits(text, offset + 17, 2);
+    int fractionDigits = length > 20 ? length - 21 : 0;
+    int fraction = fractionDigits > 0 ? digits(text, offset + 20, fractionDigits) : 0;
+    if (year < 0 || month < 1 || month > 12 || day < 1 || hour < 0 || hour > 23 || minute < 0
+        || minute > 59 || second < 0 || second > 59 || fraction < 0
+        || day > Month.of(month).length(Year.isLeap(year))) {
+      return NOT_UTC;
+    }
+    for (int scale = fractionDigits; scale < 6; scale++) {
+      fraction *= 10;
+    }
+    long seconds = LocalDate.of(year, month, day).toEpochDay() * 86_400L + hour * 3_600L + minute * 60L + second;
+    return seconds * 1_000_000L + fraction;
+  }
+
+  /** The number that {@code count} ASCII digits write, or -1 if any is not a digit. */
+  private static int digits(char[] text, int at, int count) {
+    int number = 0;
+    for (int end = at + count; at < end; at++) {
+      char digit = text[at];
+      if (digit < '0' || digit > '9') {
+        return -1;
+      }
+      number = number * 10 + (digit - '0');
+    }
+    return number;
   }
 
   /**
