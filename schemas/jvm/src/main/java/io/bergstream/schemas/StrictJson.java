@@ -9,6 +9,9 @@ import com.fasterxml.jackson.core.StreamReadFeature;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.Serializable;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
 import java.time.Instant;
 import java.time.LocalDate;
 import java.time.Month;
@@ -58,6 +61,10 @@ public final class StrictJson implements UDF1<byte[], Row> {
   private static final long serialVersionUID = 2L;
   // Writes a value that is not a string again as JSON text; thread-safe, as Jackson's factories are.
   private static final JsonFactory WRITER = new JsonFactory();
+  // Eight bytes of a value at a time, and the bit that only a byte outside ASCII has set, in each.
+  private static final VarHandle EIGHT_BYTES =
+      MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+  private static final long HIGH_BITS = 0x8080808080808080L;
 
   public static final String EVENT = "event";
   public static final String STATUS = "status";
@@ -156,14 +163,18 @@ public final class StrictJson implements UDF1<byte[], Row> {
 
   /**
    * Whether the value is valid UTF-8, as Spark's {@code UTF8String.isValid} says: a value of ASCII bytes
-   * only (most are) is, which one pass finds without decoding anything.
+   * only (most are) is, which one pass, eight bytes at a time, finds without decoding anything.
    */
   static boolean validUtf8(byte[] value) {
-    int bytes = 0;
-    for (byte b : value) {
-      bytes |= b;
+    long bytes = 0;
+    int at = 0;
+    for (; at + Long.BYTES <= value.length; at += Long.BYTES) {
+      bytes |= (long) EIGHT_BYTES.get(value, at);
     }
-    return bytes >= 0 || UTF8String.fromBytes(value).isValid();
+    for (; at < value.length; at++) {
+      bytes |= value[at];
+    }
+    return (bytes & HIGH_BITS) == 0 || UTF8String.fromBytes(value).isValid();
   }
 
   /**
