@@ -61,10 +61,14 @@ public final class StrictJson implements UDF1<byte[], Row> {
   private static final long serialVersionUID = 2L;
   // Writes a value that is not a string again as JSON text; thread-safe, as Jackson's factories are.
   private static final JsonFactory WRITER = new JsonFactory();
-  // Eight bytes of a value at a time, and the bit that only a byte outside ASCII has set, in each.
+  // Eight bytes of a value at a time; the bit that only a byte outside ASCII has set, in each.
   private static final VarHandle EIGHT_BYTES =
       MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
   private static final long HIGH_BITS = 0x8080808080808080L;
+  private static final long EIGHT_ONES = 0x0101010101010101L;
+  private static final long EIGHT_BACKSLASHES = 0x5C5C5C5C5C5C5C5CL;
+  static final int NON_ASCII = 1;
+  static final int BACKSLASH = 2;
 
   public static final String EVENT = "event";
   public static final String STATUS = "status";
@@ -137,7 +141,8 @@ public final class StrictJson implements UDF1<byte[], Row> {
               .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(maxDepth).build())
               .build();
     }
-    if (!validUtf8(value)) {
+    int found = scan(value);
+    if ((found & NON_ASCII) != 0 && !UTF8String.fromBytes(value).isValid()) {
       return RowFactory.create(null, INVALID_UTF8);
     }
     if (!plainUtf8(value)) {
@@ -155,26 +160,34 @@ public final class StrictJson implements UDF1<byte[], Row> {
     if (status == UNDECODABLE) {
       return RowFactory.create(null, UNDECODABLE);
     }
-    if (hasLoneSurrogate(value)) {
+    if ((found & BACKSLASH) != 0 && hasLoneSurrogate(value)) {
       status = LONE_SURROGATE;
     }
     return RowFactory.create(RowFactory.create(fields), status);
   }
 
   /**
-   * Whether the value is valid UTF-8, as Spark's {@code UTF8String.isValid} says: a value of ASCII bytes
-   * only (most are) is, which one pass, eight bytes at a time, finds without decoding anything.
+   * What one pass over a value's bytes, eight at a time, finds: {@link #NON_ASCII} if a byte is outside
+   * ASCII (only then is the value's UTF-8 decoded, by Spark's {@code UTF8String.isValid}), {@link
+   * #BACKSLASH} if a byte is a backslash (only then can a string escape half of a surrogate pair).
    */
-  static boolean validUtf8(byte[] value) {
+  static int scan(byte[] value) {
     long bytes = 0;
+    long backslashes = 0;
     int at = 0;
     for (; at + Long.BYTES <= value.length; at += Long.BYTES) {
-      bytes |= (long) EIGHT_BYTES.get(value, at);
+      long word = (long) EIGHT_BYTES.get(value, at);
+      bytes |= word;
+      // A byte of the word is a backslash if and only if the word XOR eight backslashes has a zero byte.
+      long zeroes = word ^ EIGHT_BACKSLASHES;
+      backslashes |= (zeroes - EIGHT_ONES) & ~zeroes;
     }
+    boolean backslash = (backslashes & HIGH_BITS) != 0;
     for (; at < value.length; at++) {
       bytes |= value[at];
+      backslash |= value[at] == '\\';
     }
-    return (bytes & HIGH_BITS) == 0 || UTF8String.fromBytes(value).isValid();
+    return ((bytes & HIGH_BITS) != 0 ? NON_ASCII : 0) | (backslash ? BACKSLASH : 0);
   }
 
   /**
