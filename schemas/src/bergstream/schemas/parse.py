@@ -56,7 +56,7 @@ _EARLIEST_SECONDS, _LATEST_SECONDS = 946_684_800, 7_258_118_400
 MAX_JSON_DEPTH = 999
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 # The statuses of the strict parse (StrictJson) other than 0 (valid) and a timestamp field's position.
-_UNDECODABLE, _LONE_SURROGATE = -1, -2
+_UNDECODABLE, _LONE_SURROGATE, _INVALID_UTF8 = -1, -2, -3
 _NON_NUMBERS = r"(?<![\w\"])[+-]?(?:NaN|Infinity|INF)(?![\w\"])"
 
 
@@ -263,7 +263,10 @@ class StrictJson:
 
     It is a Spark SQL function, registered in each session that parses with it, under a name that depends
     on what it decodes: topics of different schemas share a driver. Its result is a struct of the event
-    (EVENT) and a status (STATUS), in this order of precedence: -1 (_UNDECODABLE, the event null) for a
+    (EVENT) and a status (STATUS), in this order of precedence: -3 (_INVALID_UTF8, the event null) for a
+    value that is not valid UTF-8 as Spark's `is_valid_utf8` judges it (checked there in one pass over the
+    bytes when they are all ASCII, instead of Spark's decoding of every byte); -1 (_UNDECODABLE, the event
+    null) for a
     value that is not a single strict JSON object, nested at most MAX_JSON_DEPTH levels, whose fields
     convert to their types; -2 (_LONE_SURROGATE) for one that escapes half of a UTF-16 surrogate pair,
     which Java would turn into "?"; n for a value whose n-th timestamp field (from 1, in `fields` order)
@@ -321,7 +324,6 @@ def lenient_json(event_type: T.StructType, text: Column) -> Column:
 def _json_columns(
     layout: ArchiveLayout, value: Column, header_checks: list[Check], strict_json: StrictJson
 ) -> tuple[dict[str, Column], Column]:
-    text = value.cast("string")
     strict = F.col(_DECODED)[StrictJson.STATUS]
     # Spark reads a JSON number into a timestamp as epoch seconds, times a million without overflow
     # checks: milliseconds land tens of thousands of years away, and microseconds or nanoseconds wrap
@@ -337,7 +339,7 @@ def _json_columns(
         (F.col("value").isNull(), F.lit("null value")),
         *header_checks,
         (F.length(value) == 0, F.lit("empty value")),
-        (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+        (strict == _INVALID_UTF8, F.lit("value is not valid UTF-8")),
         (strict == _UNDECODABLE, F.lit(UNDECODABLE_JSON)),
         (
             strict == _LONE_SURROGATE,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pyspark import SparkContext
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.classic.column import Column as JvmColumn
 
 from bergstream.schemas.archive import INGESTION_TS, METADATA, METADATA_TYPE, SCHEMA_ID, ArchiveLayout
 from bergstream.schemas.parse import EVENT
 
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
+_WRITE_TIME = "io.bergstream.schemas.WriteTime"
 
 
 def write_time() -> Column:
@@ -17,12 +20,18 @@ def write_time() -> Column:
     Spark folds `current_timestamp()` into a literal per query, and a literal timestamp is written into
     the text of the generated code: every micro-batch would compile its projection anew and run it
     interpreted until the JIT caught up, which costs a batch of a few thousand records more than the
-    records themselves. Behind `reflect`, which Spark evaluates apart from the generated code, the
-    literal stays out of it: the code is the same from batch to batch.
+    records themselves. Its digits as a binary literal are held by the generated code as a reference
+    instead, and read back by a function of bergstream's jar (`WriteTime`, in schemas/jvm) that Spark
+    compiles into the projection: the code is the same from batch to batch. (`reflect` kept the literal
+    out too, but Spark cannot generate code for it, so the projection that parses each record ran apart
+    from the rest of the batch's generated code: bench/router/breakdown.)
     """
-    micros = F.unix_micros(F.current_timestamp()).cast("string")
-    held = F.call_function("reflect", F.lit("java.lang.Long"), F.lit("parseLong"), micros)
-    return F.timestamp_micros(held.cast("bigint"))
+    context = SparkContext._active_spark_context
+    assert context is not None and context._jvm is not None
+    digits = F.unix_micros(F.current_timestamp()).cast("string").cast("binary")
+    assert isinstance(digits, JvmColumn)
+    micros = JvmColumn(getattr(context._jvm, _WRITE_TIME).column(digits._jc))
+    return F.timestamp_micros(micros)
 
 
 def metadata(cluster: str, schema_id: Column | None = None) -> Column:

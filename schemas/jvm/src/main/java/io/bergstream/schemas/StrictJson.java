@@ -9,8 +9,13 @@ import com.fasterxml.jackson.core.StreamReadFeature;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.Serializable;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
 import java.time.Instant;
 import java.time.LocalDate;
+import java.time.Month;
+import java.time.Year;
 import java.time.ZoneId;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -43,8 +48,9 @@ import scala.Option;
  * kept as its JSON text (as Jackson writes it again); a JSON integer for a timestamp is epoch seconds; a
  * timestamp or date string is read by Spark's own parser; fields the event does not have are skipped.
  *
- * <p>The result is a struct of the event and a status, first that applies: {@link #UNDECODABLE} (the
- * event null), {@link #LONE_SURROGATE} for a value that escapes half of a UTF-16 surrogate pair ({@code
+ * <p>The result is a struct of the event and a status, first that applies: {@link #INVALID_UTF8} (the
+ * event null) for a value that is not valid UTF-8 as Spark's {@code is_valid_utf8} judges it, {@link
+ * #UNDECODABLE} (the event null), {@link #LONE_SURROGATE} for a value that escapes half of a UTF-16 surrogate pair ({@code
  * "\\ud83d"} alone, which Java would turn into "?"; a literal backslash before "ud800" in a string counts
  * too, so that such a value goes to the dead-letter table whole, never altered), the position (from 1,
  * in the order given) of the first top-level timestamp field sent as an integer outside {@code
@@ -55,12 +61,21 @@ public final class StrictJson implements UDF1<byte[], Row> {
   private static final long serialVersionUID = 2L;
   // Writes a value that is not a string again as JSON text; thread-safe, as Jackson's factories are.
   private static final JsonFactory WRITER = new JsonFactory();
+  // Eight bytes of a value at a time; the bit that only a byte outside ASCII has set, in each.
+  private static final VarHandle EIGHT_BYTES =
+      MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+  private static final long HIGH_BITS = 0x8080808080808080L;
+  private static final long EIGHT_ONES = 0x0101010101010101L;
+  private static final long EIGHT_BACKSLASHES = 0x5C5C5C5C5C5C5C5CL;
+  static final int NON_ASCII = 1;
+  static final int BACKSLASH = 2;
 
   public static final String EVENT = "event";
   public static final String STATUS = "status";
   public static final int VALID = 0;
   public static final int UNDECODABLE = -1;
   public static final int LONE_SURROGATE = -2;
+  public static final int INVALID_UTF8 = -3;
 
   private final Struct event;
   private final Map<String, Integer> timestampFields = new HashMap<>();
@@ -126,6 +141,10 @@ public final class StrictJson implements UDF1<byte[], Row> {
               .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(maxDepth).build())
               .build();
     }
+    int found = scan(value);
+    if ((found & NON_ASCII) != 0 && !UTF8String.fromBytes(value).isValid()) {
+      return RowFactory.create(null, INVALID_UTF8);
+    }
     if (!plainUtf8(value)) {
       return RowFactory.create(null, UNDECODABLE);
     }
@@ -141,10 +160,34 @@ public final class StrictJson implements UDF1<byte[], Row> {
     if (status == UNDECODABLE) {
       return RowFactory.create(null, UNDECODABLE);
     }
-    if (hasLoneSurrogate(value)) {
+    if ((found & BACKSLASH) != 0 && hasLoneSurrogate(value)) {
       status = LONE_SURROGATE;
     }
     return RowFactory.create(RowFactory.create(fields), status);
+  }
+
+  /**
+   * What one pass over a value's bytes, eight at a time, finds: {@link #NON_ASCII} if a byte is outside
+   * ASCII (only then is the value's UTF-8 decoded, by Spark's {@code UTF8String.isValid}), {@link
+   * #BACKSLASH} if a byte is a backslash (only then can a string escape half of a surrogate pair).
+   */
+  static int scan(byte[] value) {
+    long bytes = 0;
+    long backslashes = 0;
+    int at = 0;
+    for (; at + Long.BYTES <= value.length; at += Long.BYTES) {
+      long word = (long) EIGHT_BYTES.get(value, at);
+      bytes |= word;
+      // A byte of the word is a backslash if and only if the word XOR eight backslashes has a zero byte.
+      long zeroes = word ^ EIGHT_BACKSLASHES;
+      backslashes |= (zeroes - EIGHT_ONES) & ~zeroes;
+    }
+    boolean backslash = (backslashes & HIGH_BITS) != 0;
+    for (; at < value.length; at++) {
+      bytes |= value[at];
+      backslash |= value[at] == '\\';
+    }
+    return ((bytes & HIGH_BITS) != 0 ? NON_ASCII : 0) | (backslash ? BACKSLASH : 0);
   }
 
   /**
@@ -376,23 +419,82 @@ public final class StrictJson implements UDF1<byte[], Row> {
       if (token == JsonToken.VALUE_NUMBER_INT) {
         micros = parser.getLongValue() * 1_000_000L;
       } else if (token == JsonToken.VALUE_STRING && parser.getTextLength() >= 1) {
-        if (zone == null) {
-          zone = ZoneId.of(zoneId);
+        micros = utcMicros(parser.getTextCharacters(), parser.getTextOffset(), parser.getTextLength());
+        if (micros == NOT_UTC) {
+          micros = sparkMicros(parser, token);
         }
-        UTF8String text = UTF8String.fromString(parser.getText());
-        Option<Object> parsed = DateTimeUtils.stringToTimestamp(text, zone);
-        if (parsed.isEmpty()) {
-          parsed = DateTimeUtils.stringToTimestamp(DateTimeUtils.cleanLegacyTimestampStr(text), zone);
-        }
-        if (parsed.isEmpty()) {
-          throw new NotConvertible(token, DataTypes.TimestampType);
-        }
-        micros = (Long) parsed.get();
       } else {
         throw new NotConvertible(token, DataTypes.TimestampType);
       }
       return Instant.ofEpochSecond(Math.floorDiv(micros, 1_000_000L), Math.floorMod(micros, 1_000_000L) * 1_000L);
     }
+
+    private long sparkMicros(JsonParser parser, JsonToken token) throws IOException {
+      if (zone == null) {
+        zone = ZoneId.of(zoneId);
+      }
+      UTF8String text = UTF8String.fromString(parser.getText());
+      Option<Object> parsed = DateTimeUtils.stringToTimestamp(text, zone);
+      if (parsed.isEmpty()) {
+        parsed = DateTimeUtils.stringToTimestamp(DateTimeUtils.cleanLegacyTimestampStr(text), zone);
+      }
+      if (parsed.isEmpty()) {
+        throw new NotConvertible(token, DataTypes.TimestampType);
+      }
+      return (Long) parsed.get();
+    }
+  }
+
+  /** What {@link #utcMicros} returns for any text it does not read. */
+  static final long NOT_UTC = Long.MIN_VALUE;
+
+  /**
+   * The microseconds of {@code yyyy-MM-ddTHH:mm:ssZ}, with 1 to 6 digits of a second's fraction or none,
+   * a valid date and time in UTC: the form producers send, read without Spark's general parser (which
+   * splits the text into segments, builds a {@code ZonedDateTime} and looks its zone up by regular
+   * expressions), to the value Spark's parser gives it. {@link #NOT_UTC} for any other text, which
+   * Spark's parser then reads.
+   */
+  static long utcMicros(char[] text, int offset, int length) {
+    if (length < 20 || length == 21 || length > 27 || text[offset + length - 1] != 'Z') {
+      return NOT_UTC;
+    }
+    if (text[offset + 4] != '-' || text[offset + 7] != '-' || text[offset + 10] != 'T'
+        || text[offset + 13] != ':' || text[offset + 16] != ':'
+        || (length > 20 && text[offset + 19] != '.')) {
+      return NOT_UTC;
+    }
+    int year = digits(text, offset, 4);
+    int month = digits(text, offset + 5, 2);
+    int day = digits(text, offset + 8, 2);
+    int hour = digits(text, offset + 11, 2);
+    int minute = digits(text, offset + 14, 2);
+    int second = digits(text, offset + 17, 2);
+    int fractionDigits = length > 20 ? length - 21 : 0;
+    int fraction = fractionDigits > 0 ? digits(text, offset + 20, fractionDigits) : 0;
+    if (year < 0 || month < 1 || month > 12 || day < 1 || hour < 0 || hour > 23 || minute < 0
+        || minute > 59 || second < 0 || second > 59 || fraction < 0
+        || day > Month.of(month).length(Year.isLeap(year))) {
+      return NOT_UTC;
+    }
+    for (int scale = fractionDigits; scale < 6; scale++) {
+      fraction *= 10;
+    }
+    long seconds = LocalDate.of(year, month, day).toEpochDay() * 86_400L + hour * 3_600L + minute * 60L + second;
+    return seconds * 1_000_000L + fraction;
+  }
+
+  /** The number that {@code count} ASCII digits write, or -1 if any is not a digit. */
+  private static int digits(char[] text, int at, int count) {
+    int number = 0;
+    for (int end = at + count; at < end; at++) {
+      char digit = text[at];
+      if (digit < '0' || digit > '9') {
+        return -1;
+      }
+      number = number * 10 + (digit - '0');
+    }
+    return number;
   }
 
   /**
