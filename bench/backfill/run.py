@@ -87,6 +87,7 @@ def settings(
     options: dict[str, str] | None = None,
     max_offsets: int = 500_000,
     window: Window | None = None,
+    regions: list[str] | None = None,
 ) -> AppSettings:
     encodings = {"impression": "avro", "playback": "json"}
     suffix = "".join(f"_{value}" for value in (options or {}).values())
@@ -104,7 +105,12 @@ def settings(
             "catalog": archive.stack.config.catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(checkpoint),
             "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}{suffix}".replace(" ", ""),
-            "backfill": {"start": window.start, "end": window.end, "max_misalignment": bound or "unordered"},
+            "backfill": {
+                "start": window.start,
+                "end": window.end,
+                "max_misalignment": bound or "unordered",
+                "regions": regions,
+            },
         }
     )
 
@@ -218,11 +224,14 @@ def spark_floor(spark: Any, batches: int, work: Path) -> dict[str, Any]:
 
 
 def source_scan(
-    spark: Any, archive: BenchArchive, bound: str | None, work: Path, window: Window
+    spark: Any, archive: BenchArchive, bound: str | None, work: Path, window: Window, empty: bool = False
 ) -> dict[str, Any]:
-    """Both tables through the backfill source, aligned, into noop; seconds, micro-batches, phases."""
+    """Both tables through the backfill source, aligned, into noop; seconds, micro-batches, phases. With
+    `empty`, of a region no row comes from: every epoch planned and run, none with a file to read."""
     checkpoint = work / f"source-{bound or 'unordered'}-{time.monotonic_ns()}"
-    sources = Sources(spark, settings(archive, "scan", "backfill", checkpoint, bound, window=window))
+    regions = ["bench-no-such-region"] if empty else None
+    app = settings(archive, "scan", "backfill", checkpoint, bound, window=window, regions=regions)
+    sources = Sources(spark, app)
     impressions, playbacks = (sources.stream(name) for name in TABLES)
     frame = impressions.unionByName(playbacks, allowMissingColumns=True)
     query = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint / "query"))
@@ -305,6 +314,10 @@ def measure_sources(
         measured["ratio"] = native / measured["seconds"]
         measured["rows_per_epoch"] = rows / measured["epochs"]
         results[f"source_{bound or 'unordered'}"] = measured
+    empty = source_scan(spark, archive, "15m", work, window, empty=True)
+    results["source_15m_empty"] = empty
+    print(f"  the source at 15m, no row in the window's files: {empty['epochs']} epochs, "
+          f"{empty['per_batch_ms'].get('triggerExecution', 0):.0f} ms an epoch")  # fmt: skip
     unordered = results["source_unordered"]
     for bound in bounds:
         measured = results[f"source_{bound}"]
@@ -384,8 +397,11 @@ def main() -> None:
         for bound in bounds:
             measured = results[f"source_{bound}"]
             measured["fixed_over_floor"] = measured["fixed_ms_per_epoch"] / floor_ms
-            print(f"  B = {bound}: fixed cost {measured['fixed_ms_per_epoch']:.0f} ms an epoch, "
+            print(f"  B = {bound}: beyond its rows, {measured['fixed_ms_per_epoch']:.0f} ms an epoch, "
                   f"{measured['fixed_over_floor']:.2f} x the floor")  # fmt: skip
+        empty_ms = results["source_15m_empty"]["per_batch_ms"].get("triggerExecution", 0.0)
+        results["source_15m_empty"]["over_floor"] = empty_ms / floor_ms
+        print(f"  an epoch with nothing to read: {empty_ms:.0f} ms, {empty_ms / floor_ms:.2f} x the floor")
         growth = {}
         for hours in (float(h) for h in args.windows.split(",") if h):
             print(f"window of {hours:g} hours")
