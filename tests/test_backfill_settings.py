@@ -73,6 +73,8 @@ def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
         ({"app": "other"}, {}, "app is 'other'"),
         ({"sources": {"playback": {"topic": "playback", "schema_registry": {"url": "registry:8081"}}}}, {},
          r"sources\.playback\.schema_registry\.url"),
+        ({"sources": {"playback": {"topic": "playback", "kafka": {"maxOffsetsPerTrigger": "1e5"}}}}, {},
+         r"sources\.playback\.kafka\.maxOffsetsPerTrigger: '1e5' is not a positive integer"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_refused_naming_the_file_and_key(
@@ -82,6 +84,17 @@ def test_bad_settings_are_refused_naming_the_file_and_key(
     with pytest.raises(BackfillConfigError, match=message) as refused:
         load(path, **overrides)
     assert str(path) in str(refused.value)
+
+
+def test_a_sources_own_max_offsets_per_trigger_wins_over_the_applications(tmp_path: Path) -> None:
+    sources = {
+        "impression": {"topic": "impression", "encoding": "avro", "kafka": {"maxOffsetsPerTrigger": "250000"}},
+        "playback": {"topic": "playback"},
+    }
+    settings = load(write(tmp_path, sources=sources, max_offsets_per_trigger=25_000))
+    assert settings.max_offsets("impression") == 250_000
+    assert settings.max_offsets("playback") == 25_000
+    assert load(write(tmp_path, sources=sources)).max_offsets("playback") is None
 
 
 def test_a_live_source_without_a_broker_is_refused(tmp_path: Path) -> None:
