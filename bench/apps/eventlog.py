@@ -127,7 +127,7 @@ def breakdown(folder: Path) -> dict[str, dict[str, float]]:
     for execution in found:
         first = min(submitted for submitted, _ in execution.jobs.values())
         last = max(completed for _, completed in execution.jobs.values())
-        parts = {
+        parts: dict[str, float] = {
             "execution_ms": execution.ended - execution.started,
             "before_jobs_ms": first - execution.started,
             "jobs_ms": last - first,
