@@ -40,6 +40,7 @@ from bench.handover.run import Batch, measured_run
 from bench.stack import bench_parser
 from bergstream.backfill.runtime.app import output_identifier
 from bergstream.backfill.runtime.settings import AppSettings
+from bergstream.errors import first_line
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.apps")
@@ -51,8 +52,14 @@ MODES = {"kafka": "live", "backfill": "backfill", "handover": "bootstrap"}
 # The issue's targets for b/k, in rows/s, per archive shape.
 TARGETS = {"4h": 1.5, "dense": 2.0}
 # Runtime SQL settings per variant, set before each of its runs and unset after; "default": the session's own.
+STATE = "spark.sql.streaming.stateStore"
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
+    "rocksdb": {
+        f"{STATE}.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    },
+    "one-partition": {"spark.sql.shuffle.partitions": "1"},
+    "local-sessions": {"spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition": "true"},
 }
 
 
@@ -97,10 +104,13 @@ def measure(spark: Any, app: AppSettings, variant: dict[str, str]) -> dict[str, 
     }
 
 
-def outputs_equal(spark: Any, apps: dict[str, AppSettings]) -> dict[str, Any]:
-    """The rows of each mode's output, and whether they are the same rows (as a multiset)."""
-    found = {mode: Counter(tuple(r) for r in spark.table(output_identifier(app)).collect())
-             for mode, app in apps.items()}  # fmt: skip
+def output_rows(spark: Any, app: AppSettings) -> Counter[tuple[Any, ...]]:
+    """The rows of the application's output, as a multiset."""
+    return Counter(tuple(row) for row in spark.table(output_identifier(app)).collect())
+
+
+def compare(found: dict[str, Counter[tuple[Any, ...]]]) -> dict[str, Any]:
+    """Whether each mode's output holds the same rows as the backfill's; how many differ where not."""
     reference = found["backfill"]
     result: dict[str, Any] = {mode: sum(rows.values()) for mode, rows in found.items()}
     result["equal"] = all(rows == reference for rows in found.values())
@@ -114,35 +124,50 @@ def outputs_equal(spark: Any, apps: dict[str, AppSettings]) -> dict[str, Any]:
 def run_app_modes(
     spark: Any, archive: BenchArchive, app: str, work: Path, variants: list[str]
 ) -> dict[str, Any]:
+    """Each mode once per variant, the variants of a mode one after another so that they meet about the
+    same load on the machine."""
+
     def app_settings(
         mode: str, max_offsets: int | dict[str, int] = 500_000, bound: str = BOUND
     ) -> AppSettings:
         return settings(archive, app, MODES[mode], work / f"{app}-{mode}", bound, max_offsets=max_offsets)
 
-    warm = {source: max(1, archive.request.counts[source] // 4) for source in APPS[app]}
-    measured_run(spark, app_settings("kafka", warm))
-    measured_run(spark, app_settings("backfill", bound="60m"))
-    results: dict[str, Any] = {}
+    # The warm-ups run with the first variant's settings: the default state store may not hold the state
+    # of a large batch in the driver's memory where another does.
+    warm = {source: max(1, archive.request.counts[source] // 8) for source in APPS[app]}
+    measure(spark, app_settings("kafka", warm), VARIANTS[variants[0]])
+    measure(spark, app_settings("backfill", bound="60m"), VARIANTS[variants[0]])
+    results: dict[str, dict[str, Any]] = {variant: {} for variant in variants}
+    outputs: dict[str, dict[str, Counter[tuple[Any, ...]]]] = {variant: {} for variant in variants}
     per_source: dict[str, int] | None = None
-    for variant in variants:
-        runs: dict[str, Any] = {}
-        for mode in ("backfill", "kafka", "handover"):
+    for mode in ("backfill", "kafka", "handover"):
+        for variant in variants:
+            runs = results[variant]
             if mode == "kafka":
                 if per_source is None:
-                    per_source = limits(archive, app, runs["backfill"]["batches_with_rows"])
+                    per_source = limits(archive, app, results[variants[0]]["backfill"]["batches_with_rows"])
                 chosen = app_settings(mode, per_source)
             else:
                 chosen = app_settings(mode)
-            runs[mode] = measure(spark, chosen, VARIANTS[variant])
+            try:
+                runs[mode] = measure(spark, chosen, VARIANTS[variant])
+            except Exception as error:  # a run that fails (out of memory, ...) is a finding: kept, and shown
+                runs[mode] = {"error": first_line(error)}
+                print(f"{app} [{variant}] ({mode[0]}) {mode}: failed: {runs[mode]['error']}")
+                continue
+            outputs[variant][mode] = output_rows(spark, chosen)
             if mode == "kafka":
                 runs[mode]["max_offsets_per_trigger"] = per_source
             show(app, variant, mode, runs[mode])
+    for variant, runs in results.items():
+        if any("error" in runs[mode] for mode in MODES):
+            continue
         for mode in ("backfill", "handover"):
             runs[f"{mode[0]}/k"] = runs[mode]["rows_per_s"] / runs["kafka"]["rows_per_s"]
-        runs["outputs"] = outputs_equal(spark, {mode: app_settings(mode) for mode in MODES})
+        runs["outputs"] = compare(outputs[variant])
+        runs["outputs"]["equal_to_first_variant"] = outputs[variant] == outputs[variants[0]]
         print(f"{app} [{variant}]: b/k {runs['b/k']:.2f} x, h/k {runs['h/k']:.2f} x in rows/s; outputs "
               f"{'equal' if runs['outputs']['equal'] else 'NOT EQUAL'}: {runs['outputs']}")  # fmt: skip
-        results[variant] = runs
     return results
 
 
@@ -162,6 +187,9 @@ def main() -> None:
     parser.add_argument("--variants", default="default", help="comma-separated, of " + ", ".join(VARIANTS))
     parser.add_argument("--event-log", action="store_true", help="Spark's event log in bench/out/apps/events")
     parser.add_argument("--jfr", type=Path, default=None, help="a JFR recording of the driver, to this file")
+    parser.add_argument(
+        "--work", type=Path, default=OUT / "work", help="the runs' checkpoints (emptied first)"
+    )
     args = parser.parse_args()
     apps = [name for name in args.app.split(",") if name]
     variants = [name for name in args.variants.split(",") if name]
@@ -172,7 +200,7 @@ def main() -> None:
         raise SystemExit(f"unknown: {', '.join(unknown)}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     archive = build(shape_request(args.shape), shape_home(args.shape))
-    work = OUT / "work"
+    work = args.work
     shutil.rmtree(work, ignore_errors=True)
     conf = {"spark.ui.enabled": "false"}
     if args.event_log:
@@ -180,7 +208,7 @@ def main() -> None:
         conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str((OUT / "events").resolve())}
     if args.jfr is not None:
         conf["spark.driver.extraJavaOptions"] = (
-            f"-XX:StartFlightRecording=settings=profile,filename={args.jfr}"
+            f"-XX:StartFlightRecording=settings=profile,dumponexit=true,filename={args.jfr}"
         )
     spark = build_spark_session(
         archive.stack.config.catalog, master="local[2]", app_name="bench-apps", conf=conf
@@ -196,7 +224,7 @@ def main() -> None:
     finally:
         spark.stop()
         OUT.mkdir(parents=True, exist_ok=True)
-        path = OUT / f"results-{args.shape}.json"
+        path = OUT / f"results-{args.shape}-{'-'.join(apps)}.json"
         path.write_text(json.dumps(results, indent=2, default=str))
         if results["apps"]:
             plot(results)
@@ -215,7 +243,7 @@ def plot(results: dict[str, Any]) -> None:
     for index, (app, variants) in enumerate(apps.items()):
         for offset, mode in enumerate(MODES):
             runs = next(iter(variants.values()))
-            rates.bar(index * 4 + offset, runs[mode]["rows_per_s"] / 1000, color=colours[mode],
+            rates.bar(index * 4 + offset, runs[mode].get("rows_per_s", 0) / 1000, color=colours[mode],
                       label=mode if index == 0 else None)  # fmt: skip
         labels.append(app)
     rates.set_xticks([index * 4 + 1 for index in range(len(labels))], labels)
@@ -231,7 +259,7 @@ def plot(results: dict[str, Any]) -> None:
             bars.append(f"{app}\n{mode}")
             bottoms.append(0.0)
     for phase in shown:
-        heights = [next(iter(variants.values()))[mode]["phases_median_ms"].get(phase, 0.0)
+        heights = [next(iter(variants.values()))[mode].get("phases_median_ms", {}).get(phase, 0.0)
                    for variants in apps.values() for mode in MODES]  # fmt: skip
         phases.bar(range(len(bars)), heights, bottom=bottoms, label=phase)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
@@ -241,7 +269,7 @@ def plot(results: dict[str, Any]) -> None:
     phases.legend(fontsize=7)
     figure.suptitle(results["machine"], fontsize=8)
     figure.tight_layout()
-    figure.savefig(OUT / f"apps-{results['shape']}.png", dpi=120)
+    figure.savefig(OUT / f"apps-{results['shape']}-{'-'.join(apps)}.png", dpi=120)
     print(f"results and plot in {OUT}")
 
 
