@@ -3,7 +3,8 @@ archive against a replay of the same records from Kafka, and the hand-over.
 
 On an archive of bench/backfill/archive.py (`--shape`; Kafka still holds every archived record), for each
 application (`--app`), in one `local[2]` Spark session, each run on a fresh checkpoint and output table,
-after a warm-up of the application (a live run and a backfill at B = 60m):
+after a warm-up of the application (a live run at an eighth of each source's records per trigger, and a
+backfill at B = 60m):
 - (b) `backfill run --max-misalignment 15m` over the archive's window: one epoch per micro-batch;
 - (k) `app run --available-now` live from Kafka, each source with a `maxOffsetsPerTrigger` of its own so
   that the replay runs as many micro-batches as the backfill did (the attribution application reads ten
@@ -17,7 +18,10 @@ h/k are in rows/s. The three outputs are compared: with the applications' waterm
 they are equal.
 
 `--variants` measures each run once per variant of the session's SQL settings (VARIANTS), in the same
-session, so that a setting's effect is measured in one run of the bench. `--event-log` keeps Spark's
+session, the variants of a mode one after another, so that a setting's effect is measured in one run of the
+bench; the warm-ups run under the first. The attribution application's join state does not fit the
+session's 2 GB driver with Spark's default (HDFS-backed, in-memory) state store at the 4h archive's density:
+measure it with `--variants rocksdb` first. `--event-log` keeps Spark's
 event log in bench/out/apps/events; `--jfr` records the driver with the JDK Flight Recorder
 (bench/router/profile.py reads it).
 """
