@@ -38,6 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
 from bench.backfill.archive import PARTITIONS, SHAPES, BenchArchive, build, shape_home, shape_request
 from bench.backfill.run import machine, settings
 from bench.handover.run import Batch, measured_run
@@ -64,7 +66,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     "one-partition": {"spark.sql.shuffle.partitions": "1"},
     "local-sessions": {"spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition": "true"},
+    "pyspark-listeners": {},
 }
+# Variants that also listen to the progress as PySpark's own listener does, as bergstream's run and this
+# bench did before they read each progress from its JSON (bergstream.query.progress_events): two.
+PYSPARK_LISTENERS = {"pyspark-listeners": 2}
 
 
 def limits(archive: BenchArchive, app: str, batches: int) -> dict[str, int]:
@@ -83,13 +89,35 @@ def medians(batches: list[Batch]) -> dict[str, float]:
     return {name: statistics.median(b.phases.get(name, 0.0) for b in reading) for name in names}
 
 
-def measure(spark: Any, app: AppSettings, variant: dict[str, str]) -> dict[str, Any]:
+class PySparkListener(StreamingQueryListener):
+    """PySpark's own listener, which converts each progress field by field over py4j, doing nothing more."""
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def measure(spark: Any, app: AppSettings, name: str) -> dict[str, Any]:
+    variant = VARIANTS[name]
     previous = {key: spark.conf.get(key, None) for key in variant}
     for key, value in variant.items():
         spark.conf.set(key, value)
+    listeners = [PySparkListener() for _ in range(PYSPARK_LISTENERS.get(name, 0))]
+    for listener in listeners:
+        spark.streams.addListener(listener)
     try:
         seconds, report, batches = measured_run(spark, app)
     finally:
+        for listener in listeners:
+            spark.streams.removeListener(listener)
         for key, value in previous.items():
             if value is None:
                 spark.conf.unset(key)
@@ -139,8 +167,8 @@ def run_app_modes(
     # The warm-ups run with the first variant's settings: the default state store may not hold the state
     # of a large batch in the driver's memory where another does.
     warm = {source: max(1, archive.request.counts[source] // 8) for source in APPS[app]}
-    measure(spark, app_settings("kafka", warm), VARIANTS[variants[0]])
-    measure(spark, app_settings("backfill", bound="60m"), VARIANTS[variants[0]])
+    measure(spark, app_settings("kafka", warm), variants[0])
+    measure(spark, app_settings("backfill", bound="60m"), variants[0])
     results: dict[str, dict[str, Any]] = {variant: {} for variant in variants}
     outputs: dict[str, dict[str, Counter[tuple[Any, ...]]]] = {variant: {} for variant in variants}
     per_source: dict[str, int] | None = None
@@ -154,7 +182,7 @@ def run_app_modes(
             else:
                 chosen = app_settings(mode)
             try:
-                runs[mode] = measure(spark, chosen, VARIANTS[variant])
+                runs[mode] = measure(spark, chosen, variant)
             except Exception as error:  # a run that fails (out of memory, ...) is a finding: kept, and shown
                 runs[mode] = {"error": first_line(error)}
                 print(f"{app} [{variant}] ({mode[0]}) {mode}: failed: {runs[mode]['error']}")
