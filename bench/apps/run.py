@@ -19,9 +19,11 @@ they are equal.
 
 `--variants` measures each run once per variant of the session's SQL settings (VARIANTS), in the same
 session, the variants of a mode one after another, so that a setting's effect is measured in one run of the
-bench; the warm-ups run under the first. The attribution application's join state does not fit the
-session's 2 GB driver with Spark's default (HDFS-backed, in-memory) state store at the 4h archive's density:
-measure it with `--variants rocksdb` first. `--event-log` keeps Spark's
+bench; the warm-ups run under the first. The first run of each mode pays more (measured: 10-40% on this
+machine, whatever the variant): name the baseline on both sides, `--variants default,one-partition,default`.
+The bench's "default" is Spark's in-memory state store; the attribution application's settings file keeps its
+join state in RocksDB (`rocksdb` here), without which it runs the session's 2 GB driver out of memory at
+the 4h archive's density: measure it with `--variants rocksdb`. `--event-log` keeps Spark's
 event log in bench/out/apps/events; `--jfr` records the driver with the JDK Flight Recorder
 (bench/router/profile.py reads it).
 """
@@ -169,15 +171,18 @@ def run_app_modes(
     warm = {source: max(1, archive.request.counts[source] // 8) for source in APPS[app]}
     measure(spark, app_settings("kafka", warm), variants[0])
     measure(spark, app_settings("backfill", bound="60m"), variants[0])
-    results: dict[str, dict[str, Any]] = {variant: {} for variant in variants}
-    outputs: dict[str, dict[str, Counter[tuple[Any, ...]]]] = {variant: {} for variant in variants}
+    # A variant named twice is measured twice (default,x,default: the baseline on both sides of x).
+    labels = [name if variants[:i].count(name) == 0 else f"{name} #{variants[:i].count(name) + 1}"
+              for i, name in enumerate(variants)]  # fmt: skip
+    results: dict[str, dict[str, Any]] = {label: {} for label in labels}
+    outputs: dict[str, dict[str, Counter[tuple[Any, ...]]]] = {label: {} for label in labels}
     per_source: dict[str, int] | None = None
     for mode in ("backfill", "kafka", "handover"):
-        for variant in variants:
-            runs = results[variant]
+        for label, variant in zip(labels, variants, strict=True):
+            runs = results[label]
             if mode == "kafka":
                 if per_source is None:
-                    per_source = limits(archive, app, results[variants[0]]["backfill"]["batches_with_rows"])
+                    per_source = limits(archive, app, results[labels[0]]["backfill"]["batches_with_rows"])
                 chosen = app_settings(mode, per_source)
             else:
                 chosen = app_settings(mode)
@@ -185,19 +190,19 @@ def run_app_modes(
                 runs[mode] = measure(spark, chosen, variant)
             except Exception as error:  # a run that fails (out of memory, ...) is a finding: kept, and shown
                 runs[mode] = {"error": first_line(error)}
-                print(f"{app} [{variant}] ({mode[0]}) {mode}: failed: {runs[mode]['error']}")
+                print(f"{app} [{label}] ({mode[0]}) {mode}: failed: {runs[mode]['error']}")
                 continue
-            outputs[variant][mode] = output_rows(spark, chosen)
+            outputs[label][mode] = output_rows(spark, chosen)
             if mode == "kafka":
                 runs[mode]["max_offsets_per_trigger"] = per_source
-            show(app, variant, mode, runs[mode])
+            show(app, label, mode, runs[mode])
     for variant, runs in results.items():
         if any("error" in runs[mode] for mode in MODES):
             continue
         for mode in ("backfill", "handover"):
             runs[f"{mode[0]}/k"] = runs[mode]["rows_per_s"] / runs["kafka"]["rows_per_s"]
         runs["outputs"] = compare(outputs[variant])
-        runs["outputs"]["equal_to_first_variant"] = outputs[variant] == outputs[variants[0]]
+        runs["outputs"]["equal_to_first_variant"] = outputs[variant] == outputs[labels[0]]
         print(f"{app} [{variant}]: b/k {runs['b/k']:.2f} x, h/k {runs['h/k']:.2f} x in rows/s; outputs "
               f"{'equal' if runs['outputs']['equal'] else 'NOT EQUAL'}: {runs['outputs']}")  # fmt: skip
     return results
