@@ -287,7 +287,7 @@ def plot(results: dict[str, Any]) -> None:
     rates.set_ylabel("thousand rows/s")
     rates.set_title(f"{results['shape']}: same window, same micro-batches")
     rates.legend()
-    shown = ("addBatch", "queryPlanning", "latestOffset", "walCommit", "commitOffsets", "stateCommit")
+    shown = ("addBatch", "queryPlanning", "latestOffset", "walCommit", "commitOffsets")
     bars: list[str] = []
     bottoms: list[float] = []
     for app, variants in apps.items():
@@ -302,7 +302,7 @@ def plot(results: dict[str, Any]) -> None:
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     phases.set_xticks(range(len(bars)), bars, fontsize=7)
     phases.set_ylabel("median ms per micro-batch")
-    phases.set_title("Where a micro-batch's time goes (stateCommit is inside addBatch)")
+    phases.set_title("Where a micro-batch's time goes (first variant)")
     phases.legend(fontsize=7)
     figure.suptitle(results["machine"], fontsize=8)
     figure.tight_layout()
