@@ -40,6 +40,12 @@ def test_the_shipped_application_files_load() -> None:
         settings = load_app_settings(name, root / f"{name}.yaml", defaults=DEFAULTS, overrides={})
         assert settings.mode == "live"
         assert settings.backfill.max_misalignment == timedelta(minutes=15)
+    # The join's state off the heap; the sessions' in Spark's default store, whose commits cost less.
+    provider = "spark.sql.streaming.stateStore.providerClass"
+    attribution = load_app_settings("attribution", root / "attribution.yaml", defaults=DEFAULTS, overrides={})
+    assert attribution.spark.conf[provider].endswith(".RocksDBStateStoreProvider")
+    sessionizer = load_app_settings("sessionizer", root / "sessionizer.yaml", defaults=DEFAULTS, overrides={})
+    assert provider not in sessionizer.spark.conf
 
 
 def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
@@ -73,6 +79,8 @@ def test_flags_turn_a_live_application_into_a_backfill(tmp_path: Path) -> None:
         ({"app": "other"}, {}, "app is 'other'"),
         ({"sources": {"playback": {"topic": "playback", "schema_registry": {"url": "registry:8081"}}}}, {},
          r"sources\.playback\.schema_registry\.url"),
+        ({"sources": {"playback": {"topic": "playback", "kafka": {"maxOffsetsPerTrigger": "1e5"}}}}, {},
+         r"sources\.playback\.kafka\.maxOffsetsPerTrigger: '1e5' is not a positive integer"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_refused_naming_the_file_and_key(
@@ -82,6 +90,21 @@ def test_bad_settings_are_refused_naming_the_file_and_key(
     with pytest.raises(BackfillConfigError, match=message) as refused:
         load(path, **overrides)
     assert str(path) in str(refused.value)
+
+
+def test_a_sources_own_max_offsets_per_trigger_wins_over_the_applications(tmp_path: Path) -> None:
+    sources = {
+        "impression": {
+            "topic": "impression",
+            "encoding": "avro",
+            "kafka": {"maxOffsetsPerTrigger": "250000"},
+        },
+        "playback": {"topic": "playback"},
+    }
+    settings = load(write(tmp_path, sources=sources, max_offsets_per_trigger=25_000))
+    assert settings.max_offsets("impression") == 250_000
+    assert settings.max_offsets("playback") == 25_000
+    assert load(write(tmp_path, sources=sources)).max_offsets("playback") is None
 
 
 def test_a_live_source_without_a_broker_is_refused(tmp_path: Path) -> None:

@@ -40,6 +40,8 @@ ROW_GROUP_BYTES = "write.parquet.row-group-size-bytes"
 OUT = Path(__file__).parent.parent / "out" / "backfill"
 PARTITIONS = 4
 ENCODING = {"impression": "avro", "playback": "json"}
+# The region each topic's router stamps: a bootstrap pins the hand-over of its source's region.
+CLUSTERS = {"impression": "eu-west-1", "playback": "us-east-1"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class BenchArchive:
             schema=topic,
             encoding=ENCODING[topic],  # type: ignore[arg-type]
             table=topic,
-            cluster="us-east-1" if topic == "playback" else "eu-west-1",
+            cluster=CLUSTERS[topic],
             kafka={"kafka.bootstrap.servers": self.bootstrap_servers, "startingOffsets": "earliest"},
             max_offsets_per_trigger=500_000,
             checkpoint_location=str(checkpoint),

@@ -37,7 +37,17 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from bench.backfill.archive import OUT, SHAPES, BenchArchive, build, relayout, shape_home, shape_request
+from bench.backfill.archive import (
+    CLUSTERS,
+    ENCODING,
+    OUT,
+    SHAPES,
+    BenchArchive,
+    build,
+    relayout,
+    shape_home,
+    shape_request,
+)
 from bench.stack import bench_parser
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
@@ -85,32 +95,41 @@ def settings(
     checkpoint: Path,
     bound: str | None,
     options: dict[str, str] | None = None,
-    max_offsets: int = 500_000,
+    max_offsets: int | dict[str, int] = 500_000,
     window: Window | None = None,
     regions: list[str] | None = None,
 ) -> AppSettings:
-    encodings = {"impression": "avro", "playback": "json"}
+    """The settings of `app` (a yardstick application of bergstream.apps, or a name for a scan) over
+    `window` (the archive's by default); a bootstrap reads it from its start. `max_offsets`: for every
+    source, or per source. `regions`: the regions a backfill reads, all by default."""
     suffix = "".join(f"_{value}" for value in (options or {}).values())
-    sources = ["playback"] if app == "sessionizer" else list(TABLES)
+    names = ["playback"] if app == "sessionizer" else list(TABLES)
+    per_source = max_offsets if isinstance(max_offsets, dict) else {}
+    sources = {
+        name: {"topic": name, "table": name, "schema": name, "encoding": ENCODING[name],
+               "cluster": CLUSTERS[name],
+               "kafka": {"maxOffsetsPerTrigger": str(per_source[name])} if name in per_source else {}}
+        for name in names
+    }  # fmt: skip
     window = window or whole(archive)
+    backfill: dict[str, Any] = {"start": window.start, "max_misalignment": bound or "unordered"}
+    if mode != "bootstrap":
+        backfill["end"] = window.end
+    if regions is not None:
+        backfill["regions"] = regions
     return AppSettings.model_validate(
         {
             "app": app,
-            "entry": "bergstream.apps.sessionizer:sessionizer",
+            "entry": f"bergstream.apps.{app}:{app}",
             "mode": mode,
-            "sources": {k: {"topic": k, "table": k, "schema": k, "encoding": encodings[k]} for k in sources},
+            "sources": sources,
             "kafka": {"kafka.bootstrap.servers": archive.bootstrap_servers, "startingOffsets": "earliest"},
-            "max_offsets_per_trigger": max_offsets,
+            "max_offsets_per_trigger": None if per_source else max_offsets,
             "options": options or {},
             "catalog": archive.stack.config.catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(checkpoint),
             "output_table": f"bench_{app}_{mode}_{bound or 'unordered'}{suffix}".replace(" ", ""),
-            "backfill": {
-                "start": window.start,
-                "end": window.end,
-                "max_misalignment": bound or "unordered",
-                "regions": regions,
-            },
+            "backfill": backfill,
         }
     )
 

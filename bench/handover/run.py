@@ -50,6 +50,9 @@ class Batch:
     ms: float
     rows: int
     phase: str  # "archive", "kafka" or "live"
+    # Spark's durationMs (addBatch, queryPlanning, walCommit, commitOffsets, latestOffset, ...) and, under
+    # "stateCommit", the state stores' commit time summed over the stateful operators.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,9 +73,11 @@ class Batches:
                 phase = end["phase"]
         started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
         ms = float(progress.durationMs.get("triggerExecution", 0))
+        phases = {name: float(value) for name, value in progress.durationMs.items()}
+        phases["stateCommit"] = float(sum(op.commitTimeMs for op in progress.stateOperators))
         with self.lock:
             self.batches.append(Batch(int(progress.batchId), started + ms / 1000, ms,
-                                      int(progress.numInputRows), phase))  # fmt: skip
+                                      int(progress.numInputRows), phase, phases))  # fmt: skip
 
 
 def settings(archive: BenchArchive, mode: str, checkpoint: Path, max_offsets: int) -> AppSettings:

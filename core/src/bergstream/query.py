@@ -11,11 +11,12 @@ batch it replays. The router and an application's runtime both run their queries
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bergstream.errors import first_line
 
@@ -104,32 +105,68 @@ class QueryRunner:
         return self._running
 
 
+# The fields of a source's progress that hold its offsets: JSON documents, handed on as JSON text.
+_OFFSETS = ("startOffset", "endOffset", "latestOffset")
+
+
+def progress_from_json(text: str) -> Any:
+    """A micro-batch's progress (PySpark's StreamingQueryProgress) from Spark's JSON of it, each source's
+    offsets as JSON text, as PySpark gives them."""
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+    document = json.loads(text)
+    for source in document.get("sources", []):
+        for key in _OFFSETS:
+            if source.get(key) is not None and not isinstance(source[key], str):
+                source[key] = json.dumps(source[key], separators=(",", ":"))
+    return StreamingQueryProgress.fromJson(document)
+
+
+class _ProgressListener:
+    """Spark's listener interface for Python, implemented over py4j: each progress crosses from the JVM as
+    its JSON, in one call. PySpark's own listener asks the JVM for every field of the progress, of each of
+    its sources and of each state operator, one call each: 362 ms a batch against 2 ms for the JSON,
+    measured on the same events of a loaded 2-core machine, time the listener's JVM thread spends searching
+    jars for classes and the batches' own work waits for."""
+
+    class Java:
+        implements: ClassVar[list[str]] = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+    def __init__(self, on_progress: Callable[[Any], None]) -> None:
+        self.on_progress = on_progress
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self.on_progress(progress_from_json(event.progress().json()))
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
 @contextmanager
 def progress_events(spark: SparkSession, on_progress: Callable[[Any], None]) -> Iterator[None]:
     """`on_progress` called with the progress of each micro-batch of the session's queries, in the block.
 
     Progress events come through Spark's listener bus after their batch; the block's end waits for the
     bus to deliver those already posted."""
-    from pyspark.sql.streaming.listener import StreamingQueryListener
+    from pyspark import SparkContext
+    from pyspark.java_gateway import ensure_callback_server_started
 
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            on_progress(event.progress)
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = Listener()
-    spark.streams.addListener(listener)
+    ensure_callback_server_started(SparkContext._gateway)  # type: ignore[no-untyped-call]
+    jvm: Any = spark._jvm
+    listener = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(
+        _ProgressListener(on_progress)
+    )
+    streams: Any = spark._jsparkSession.streams()
+    streams.addListener(listener)
     try:
         yield
     finally:
         with suppress(Exception):
             spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
-        spark.streams.removeListener(listener)
+        streams.removeListener(listener)

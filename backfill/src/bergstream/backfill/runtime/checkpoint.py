@@ -18,14 +18,17 @@ class CheckpointFiles:
 
     def __init__(self, spark: SparkSession, location: str) -> None:
         jvm: Any = spark._jvm
-        self._jvm = jvm
-        self._root = jvm.org.apache.hadoop.fs.Path(location)
+        # Looked up once: py4j resolves `jvm.org.apache...` a package at a time, and the JVM looks for a
+        # class named `org`, `org.apache`, ... in every jar first; a backfill writes a file every batch.
+        self._path_class = jvm.org.apache.hadoop.fs.Path
+        self._io_utils = jvm.org.apache.commons.io.IOUtils
+        self._root = self._path_class(location)
         self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
         # Written once and handed to the Java source: qualified, so that it finds the same file system.
         self.location = str(self._fs.makeQualified(self._root).toString())
 
     def _path(self, relative: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(self._root, relative)
+        return self._path_class(self._root, relative)
 
     def uri(self, relative: str) -> str:
         return str(self._fs.makeQualified(self._path(relative)).toString())
@@ -36,7 +39,7 @@ class CheckpointFiles:
     def read_text(self, relative: str) -> str:
         stream = self._fs.open(self._path(relative))
         try:
-            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+            return str(self._io_utils.toString(stream, "UTF-8"))
         finally:
             stream.close()
 

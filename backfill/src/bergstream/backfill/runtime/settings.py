@@ -40,6 +40,7 @@ UNORDERED = "unordered"
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Set per source by bergstream: each named source reads exactly its topic.
 _RESERVED_KAFKA_OPTIONS = ("subscribe", "subscribePattern", "assign")
+MAX_OFFSETS = "maxOffsetsPerTrigger"
 
 
 class SourceSettings(BaseModel):
@@ -160,6 +161,9 @@ class AppSettings(BaseModel):
             for key in {**self.kafka, **source.kafka}:
                 if key in _RESERVED_KAFKA_OPTIONS:
                     raise ValueError(f"sources.{name}: option {key!r} is set by bergstream from `topic`")
+            own = source.kafka.get(MAX_OFFSETS)
+            if own is not None and (not own.isdigit() or int(own) <= 0):
+                raise ValueError(f"sources.{name}.kafka.{MAX_OFFSETS}: {own!r} is not a positive integer")
         if self.mode in ("live", "bootstrap"):
             missing = [n for n, s in self.sources.items() if BOOTSTRAP not in {**self.kafka, **s.kafka}]
             if missing:
@@ -180,6 +184,13 @@ class AppSettings(BaseModel):
 
     def kafka_options(self, source: str) -> dict[str, str]:
         return {**self.kafka, **self.sources[source].kafka}
+
+    def max_offsets(self, source: str) -> int | None:
+        """The most records a micro-batch reads of `source`'s topic: its own `maxOffsetsPerTrigger`, else the
+        application's. Sources of ten times the records of another need ten times the limit for both to
+        reach their end in the same micro-batch."""
+        own = self.sources[source].kafka.get(MAX_OFFSETS)
+        return int(own) if own is not None else self.max_offsets_per_trigger
 
 
 def apps_dir(named: Path | None = None) -> Path:

@@ -104,7 +104,7 @@ class Sources:
         source = self.settings.sources[name]
         layout, parser = self._parser(name)
         records = kafka_stream(
-            self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets_per_trigger
+            self.spark, source.topic, self.settings.kafka_options(name), self.settings.max_offsets(name)
         )
         parsed = parser.parse(records, metadata(source.cluster))
         return parsed.where(F.col(ERROR).isNull()).select(*archive_columns(layout))
@@ -145,8 +145,9 @@ class Sources:
             **SOURCE_DEFAULTS,
             **{k: v for k, v in settings.kafka_options(name).items() if k != "startingOffsets"},
         }
-        if settings.max_offsets_per_trigger is not None:
-            options["maxOffsetsPerTrigger"] = str(settings.max_offsets_per_trigger)
+        max_offsets = settings.max_offsets(name)
+        if max_offsets is not None:
+            options["maxOffsetsPerTrigger"] = str(max_offsets)
         if self.paced and "minOffsetsPerTrigger" not in options:
             # Kafka's batches wait for this many records or for the trigger interval, whichever first.
             options["minOffsetsPerTrigger"] = str(2**62)
