@@ -28,6 +28,9 @@ pytestmark = pytest.mark.integration
 KINDS = {"impression": ("avro", 4000), "playback": ("json", 2000)}
 # Within the applications' slack: events up to 30 minutes late, a watermark delay of an hour, B = 15m.
 JITTER = timedelta(minutes=10)
+# Each topic of its own region, as in a deployment with a Kafka cluster per region: a hand-over reads each
+# source's rows of its own region from the archive, then its own cluster.
+CLUSTERS = {"impression": "eu-west-1", "playback": "us-east-1"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
                                   ingestion_span=timedelta(hours=2), timestamp_jitter=JITTER)  # fmt: skip
         produce(archived, stack.bootstrap_servers, show_progress=False)
         config = RouterConfig(
-            topic=topic, schema=kind, encoding=encoding, table=topic, cluster="us-east-1",
+            topic=topic, schema=kind, encoding=encoding, table=topic, cluster=CLUSTERS[kind],
             kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
             checkpoint_location=str(directory / topic), catalog=stack.catalog,
         )  # fmt: skip
@@ -98,7 +101,7 @@ def settings(
             "entry": f"bergstream.apps.{app}:{app}",
             "sources": {
                 kind: {"topic": topics.names[kind], "table": topics.names[kind], "schema": kind,
-                       "encoding": KINDS[kind][0], "cluster": "us-east-1"}
+                       "encoding": KINDS[kind][0], "cluster": CLUSTERS[kind]}
                 for kind in kinds[app]
             },
             "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
@@ -257,7 +260,7 @@ def test_a_bootstrap_refuses_a_hand_over_kafka_no_longer_holds(
     from bergstream.backfill.read.planner import table_ref
 
     topic = topics.names["playback"]
-    handover = pin_handover(stack.catalog, table_ref(topic, stack.catalog), topic, "us-east-1")
+    handover = pin_handover(stack.catalog, table_ref(topic, stack.catalog), topic, CLUSTERS["playback"])
     beyond = handover.offsets[0] + 1
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for future in admin.delete_records([TopicPartition(topic, 0, beyond)]).values():

@@ -57,7 +57,7 @@ APPS: dict[str, tuple[str, ...]] = {"sessionizer": ("playback",), "attribution":
 BOUND = "15m"
 # The bench's modes and the application's: k, a replay from Kafka, is a live run.
 MODES = {"kafka": "live", "backfill": "backfill", "handover": "bootstrap"}
-# The targets for b/k, in rows/s, per archive shape.
+# The targets of b/k (bench/README.md's headline figures), in rows/s, per archive shape.
 TARGETS = {"4h": 1.5, "dense": 2.0}
 # Runtime SQL settings per variant, set before each of its runs and unset after; "default": the session's own.
 STATE = "spark.sql.streaming.stateStore"

@@ -135,7 +135,13 @@ class Sources:
         path = f"{PLAN_DIR}/{name}.json"
         # The archive row's type, as the source found it at the pinned snapshot on its first run.
         archive_type = f"{PLAN_DIR}/{name}.archive-type.json"
-        source_plan = {**backfill_plan.source_plan(table, name), "handover": handover.to_json()}
+        # The archive's rows of this source's region alone: Kafka takes over from its cluster, and the other
+        # sources' regions are theirs (the plan's epochs and files cover every source's).
+        source_plan = {
+            **backfill_plan.source_plan(table, name),
+            "regions": [source.cluster],
+            "handover": handover.to_json(),
+        }
         kafka_alone = self._switched() and self.files.exists(archive_type)
         if kafka_alone:
             # The source reads the archive no more: it takes the row type kept, not the snapshot's.
