@@ -69,4 +69,5 @@ def test_archive_table_layout() -> None:
         order == "ALTER TABLE c.archive.playback WRITE LOCALLY ORDERED BY `__metadata__`.`kafka_ingestion_ts`"
     )
     assert TABLE_PROPERTIES["write.metadata.metrics.column.__metadata__.kafka_ingestion_ts"] == "full"
+    assert int(TABLE_PROPERTIES["write.parquet.row-group-size-bytes"]) < 128 * 1024 * 1024
     assert layout.dead_letter_table == "playback__dlq"

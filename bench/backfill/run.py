@@ -243,13 +243,11 @@ def spark_floor(spark: Any, batches: int, work: Path) -> dict[str, Any]:
 
 
 def source_scan(
-    spark: Any, archive: BenchArchive, bound: str | None, work: Path, window: Window, empty: bool = False
+    spark: Any, archive: BenchArchive, bound: str | None, work: Path, window: Window
 ) -> dict[str, Any]:
-    """Both tables through the backfill source, aligned, into noop; seconds, micro-batches, phases. With
-    `empty`, of a region no row comes from: every epoch planned and run, none with a file to read."""
+    """Both tables through the backfill source, aligned, into noop; seconds, micro-batches, phases."""
     checkpoint = work / f"source-{bound or 'unordered'}-{time.monotonic_ns()}"
-    regions = ["bench-no-such-region"] if empty else None
-    app = settings(archive, "scan", "backfill", checkpoint, bound, window=window, regions=regions)
+    app = settings(archive, "scan", "backfill", checkpoint, bound, window=window)
     sources = Sources(spark, app)
     impressions, playbacks = (sources.stream(name) for name in TABLES)
     frame = impressions.unionByName(playbacks, allowMissingColumns=True)
@@ -333,10 +331,6 @@ def measure_sources(
         measured["ratio"] = native / measured["seconds"]
         measured["rows_per_epoch"] = rows / measured["epochs"]
         results[f"source_{bound or 'unordered'}"] = measured
-    empty = source_scan(spark, archive, "15m", work, window, empty=True)
-    results["source_15m_empty"] = empty
-    print(f"  the source at 15m, no row in the window's files: {empty['epochs']} epochs, "
-          f"{empty['per_batch_ms'].get('triggerExecution', 0):.0f} ms an epoch")  # fmt: skip
     unordered = results["source_unordered"]
     for bound in bounds:
         measured = results[f"source_{bound}"]
@@ -418,9 +412,7 @@ def main() -> None:
             measured["fixed_over_floor"] = measured["fixed_ms_per_epoch"] / floor_ms
             print(f"  B = {bound}: beyond its rows, {measured['fixed_ms_per_epoch']:.0f} ms an epoch, "
                   f"{measured['fixed_over_floor']:.2f} x the floor")  # fmt: skip
-        empty_ms = results["source_15m_empty"]["per_batch_ms"].get("triggerExecution", 0.0)
-        results["source_15m_empty"]["over_floor"] = empty_ms / floor_ms
-        print(f"  an epoch with nothing to read: {empty_ms:.0f} ms, {empty_ms / floor_ms:.2f} x the floor")
+
         growth = {}
         for hours in (float(h) for h in args.windows.split(",") if h):
             print(f"window of {hours:g} hours")
@@ -481,7 +473,7 @@ def plot(results: dict[str, Any]) -> None:
     points = sorted(
         (value["rows_per_epoch"], value["ratio"])
         for key, value in results.items()
-        if key.startswith("source_") and key != "source_unordered"
+        if key.startswith("source_") and "rows_per_epoch" in value and key != "source_unordered"
     )
     if points:
         growth.plot([p[0] for p in points], [p[1] for p in points], marker="o")

@@ -94,6 +94,11 @@ TABLE_PROPERTIES: dict[str, str] = {
     "write.spark.fanout.enabled": "true",
     "write.distribution-mode": "none",
     "write.target-file-size-bytes": str(128 * 1024 * 1024),
+    # Row groups of a few minutes of a busy topic's ingestion time, where Iceberg's default (128 MiB) makes
+    # one row group of a compacted file: a backfill's epoch then reads only its own row groups, in parallel
+    # tasks, instead of the whole file on one core. bench/backfill, 4h archive: B = 15m 0.71 x the native
+    # scan against 0.48 x, for 8 % more bytes. New tables only: an existing table keeps its own setting.
+    "write.parquet.row-group-size-bytes": str(4 * 1024 * 1024),
     **ENCODING_PROPERTIES,
 }
 
