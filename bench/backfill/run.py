@@ -97,11 +97,10 @@ def settings(
     options: dict[str, str] | None = None,
     max_offsets: int | dict[str, int] = 500_000,
     window: Window | None = None,
-    regions: list[str] | None = None,
 ) -> AppSettings:
     """The settings of `app` (a yardstick application of bergstream.apps, or a name for a scan) over
     `window` (the archive's by default); a bootstrap reads it from its start. `max_offsets`: for every
-    source, or per source. `regions`: the regions a backfill reads, all by default."""
+    source, or per source."""
     suffix = "".join(f"_{value}" for value in (options or {}).values())
     names = ["playback"] if app == "sessionizer" else list(TABLES)
     per_source = max_offsets if isinstance(max_offsets, dict) else {}
@@ -115,8 +114,6 @@ def settings(
     backfill: dict[str, Any] = {"start": window.start, "max_misalignment": bound or "unordered"}
     if mode != "bootstrap":
         backfill["end"] = window.end
-    if regions is not None:
-        backfill["regions"] = regions
     return AppSettings.model_validate(
         {
             "app": app,
