@@ -178,7 +178,7 @@ def test_two_sources_emit_each_row_of_the_window_once_epoch_by_epoch_aligned(
     assert {split.bounds_from for split in sources.plan().splits} == {"manifest"}
 
 
-def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
+def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_read_and_the_rest_are_packed(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:
     import json
@@ -199,7 +199,7 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
     pruned = made.source_plan(made.tables[0].table.identifier, "impression")
     unpruned = {key: value for key, value in pruned.items() if key != "row_groups"}
 
-    def read(source_plan: dict[str, Any], name: str) -> tuple[list[tuple[int, int]], int]:
+    def read(source_plan: dict[str, Any], name: str) -> tuple[list[tuple[int, int]], list[dict[str, Any]]]:
         plan_file = tmp_path / f"{name}.json"
         plan_file.write_text(json.dumps(source_plan))
         rows: list[tuple[int, int]] = []
@@ -210,16 +210,21 @@ def test_splits_whose_row_groups_lie_outside_the_epoch_are_never_scheduled(
             .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start()
         )  # fmt: skip
         query.awaitTermination()
-        tracker = spark.sparkContext.statusTracker()
-        stages = [stage for job in tracker.getJobIdsForGroup(str(query.runId))
-                  for stage in tracker.getJobInfo(job).stageIds]  # fmt: skip
-        return rows, sum(tracker.getStageInfo(stage).numTasks for stage in stages)
+        # The source's metrics of each epoch: the tasks that read it and the bytes of their row groups.
+        return rows, [json.loads(progress.json)["sources"][0]["metrics"] for progress in query.recentProgress]
 
-    rows, tasks = read(pruned, "pruned")
-    all_rows, all_tasks = read(unpruned, "unpruned")
+    rows, epochs = read(pruned, "pruned")
+    all_rows, all_epochs = read(unpruned, "unpruned")
     expected = archive_rows(stack, archived.tables["impression"], archived.start, archived.end)
     assert len(rows) == len(set(rows)) == len(expected) and set(rows) == set(all_rows) == set(expected)
-    assert tasks < all_tasks
+    assert len(epochs) == len(all_epochs) == len(made.epochs)
+    planned = sum(int(epoch["planned_bytes"]) for epoch in epochs)
+    assert 0 < planned < sum(int(epoch["planned_bytes"]) for epoch in all_epochs)
+    # An epoch's row groups, many per file, are packed into about one task per core.
+    cores = spark.sparkContext.defaultParallelism
+    assert all(epoch["reader"] == "spark-parquet" and 0 < int(epoch["tasks"]) <= cores for epoch in epochs)
+    # Each file's neighbouring row groups are read as one slice: fewer slices than the row groups read.
+    assert sum(int(epoch["slices"]) for epoch in epochs) < sum(int(epoch["splits"]) for epoch in epochs)
 
 
 def test_row_groups_are_read_by_the_split_iceberg_gives_them_whatever_the_split_offsets_say(

@@ -1,40 +1,50 @@
 package io.bergstream.backfill;
 
-import java.util.Arrays;
-import java.util.LinkedHashSet;
-import java.util.Set;
 import org.apache.spark.sql.connector.read.InputPartition;
 
 /**
- * Iceberg's input partitions read for one epoch [lower, upper) of ingestion time: one, read as it
- * comes, or all of an epoch's, merged by one reader into exact ingestion-time order.
+ * What one task reads of one epoch [lower, upper) of ingestion time: units, each either Iceberg's input
+ * partition or file slices for Spark's Parquet reader. Read as they come, or all merged by one reader
+ * into exact ingestion-time order.
  */
 final class EpochPartition implements InputPartition {
   private static final long serialVersionUID = 1L;
 
+  // Per unit: Iceberg's split, read by Iceberg's reader, or null where `slices` holds the unit.
   final InputPartition[] iceberg;
+  // Per unit: file slices read by `parquet`, or null.
+  final ParquetFiles.Slice[][] slices;
+  // Spark's Parquet reader of this epoch, or null when no unit is read by it.
+  final ParquetFiles.Reader parquet;
   final long lower;
   final long upper;
-  // Sorted by ingestion time, also when the epoch has one split: rows are in no order inside a file.
+  // Sorted by ingestion time, also when the epoch has one unit: rows are in no order inside a file.
   final boolean merged;
-  // Per split of `iceberg`: its file slices where Spark's Parquet reader reads them, else null.
-  final ParquetFiles.Slice[][] slices;
+  private final String[] hosts;
 
   EpochPartition(
-      InputPartition[] iceberg, ParquetFiles.Slice[][] slices, long lower, long upper, boolean merged) {
+      InputPartition[] iceberg,
+      ParquetFiles.Slice[][] slices,
+      ParquetFiles.Reader parquet,
+      String[] hosts,
+      long lower,
+      long upper,
+      boolean merged) {
     this.iceberg = iceberg;
     this.slices = slices;
+    this.parquet = parquet;
+    this.hosts = hosts;
     this.lower = lower;
     this.upper = upper;
     this.merged = merged;
   }
 
+  int units() {
+    return iceberg.length;
+  }
+
   @Override
   public String[] preferredLocations() {
-    Set<String> hosts = new LinkedHashSet<>();
-    for (InputPartition partition : iceberg) {
-      hosts.addAll(Arrays.asList(partition.preferredLocations()));
-    }
-    return hosts.toArray(new String[0]);
+    return hosts;
   }
 }

@@ -16,20 +16,18 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 
-/** Iceberg's readers, keeping only the rows of each partition's epoch (and regions). */
+/** The readers of an epoch's units, keeping only the rows of the epoch (and regions). */
 final class EpochReaderFactory implements PartitionReaderFactory {
   private static final long serialVersionUID = 1L;
 
   private final PartitionReaderFactory iceberg;
-  private final ParquetFiles parquet;
   private final StructType schema;
   private final Rows rows;
   private final Set<UTF8String> regions;
 
   EpochReaderFactory(
-      PartitionReaderFactory iceberg, ParquetFiles parquet, StructType schema, Rows rows, Set<UTF8String> regions) {
+      PartitionReaderFactory iceberg, StructType schema, Rows rows, Set<UTF8String> regions) {
     this.iceberg = iceberg;
-    this.parquet = parquet;
     this.schema = schema;
     this.rows = rows;
     this.regions = regions;
@@ -44,10 +42,10 @@ final class EpochReaderFactory implements PartitionReaderFactory {
     return new MergedReader(epoch);
   }
 
-  /** Split `i` of the epoch, by Spark's Parquet reader where it reads it, else by Iceberg's. */
+  /** Unit `i` of the epoch, by Spark's Parquet reader where it has slices, else by Iceberg's. */
   private PartitionReader<InternalRow> split(EpochPartition epoch, int i) {
-    ParquetFiles.Slice[] slices = epoch.slices == null ? null : epoch.slices[i];
-    return parquet != null && slices != null ? parquet.open(slices) : iceberg.createReader(epoch.iceberg[i]);
+    ParquetFiles.Slice[] slices = epoch.slices[i];
+    return slices != null ? epoch.parquet.open(slices) : iceberg.createReader(epoch.iceberg[i]);
   }
 
   /**
@@ -61,7 +59,7 @@ final class EpochReaderFactory implements PartitionReaderFactory {
     MergedReader(EpochPartition epoch) {
       List<InternalRow> all = new ArrayList<>();
       UnsafeProjection copy = UnsafeProjection.create(schema);
-      for (int i = 0; i < epoch.iceberg.length; i++) {
+      for (int i = 0; i < epoch.units(); i++) {
         try (PartitionReader<InternalRow> reader =
             new EpochReader(split(epoch, i), rows, epoch.lower, epoch.upper, regions)) {
           while (reader.next()) {

@@ -1,11 +1,16 @@
 package io.bergstream.backfill;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.Set;
 import org.apache.iceberg.FileScanTask;
+import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.expressions.Expression;
 import org.apache.spark.sql.connector.expressions.Expressions;
@@ -30,9 +35,8 @@ import org.apache.spark.unsafe.types.UTF8String;
 /**
  * The epochs of a plan as micro-batches. The source paces itself: whatever the trigger, each
  * micro-batch is one epoch, and with an availableNow trigger the query stops after the last one.
- * Iceberg plans the window's scan once; each epoch is handed to Iceberg's reader as the splits of that
- * scan whose files and row groups may hold its rows, and the rows they still hold outside the epoch
- * are dropped here.
+ * Iceberg plans the window's scan once; each epoch reads the splits of that scan whose files and row
+ * groups may hold its rows, and the rows they still hold outside the epoch are dropped here.
  */
 final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow, ReportsSourceMetrics {
   // Row reads: the filter below works on rows, and Iceberg's vectorized reads skip nested types anyway.
@@ -47,6 +51,14 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
   private final StructType schema;
   private ParquetFiles parquet;
   private boolean parquetChecked;
+  private EpochTasks last;
+  // The tasks of the epochs planned last: Spark plans a micro-batch's partitions several times.
+  private final Map<Integer, EpochTasks> planned = new LinkedHashMap<>(4, 0.75f, true) {
+    @Override
+    protected boolean removeEldestEntry(Map.Entry<Integer, EpochTasks> eldest) {
+      return size() > 4;
+    }
+  };
 
   EpochStream(Plan plan, SupportsRead iceberg, StructType schema) {
     this.plan = plan;
@@ -108,24 +120,91 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     for (int epoch = epochOf(start); epoch < epochOf(end); epoch++) {
       long lower = plan.epochs[epoch][0];
       long upper = plan.epochs[epoch][1];
-      InputPartition[] splits = Splits.inEpoch(icebergSplits(lower, upper), plan, lower, upper);
-      ParquetFiles.Slice[][] slices = new ParquetFiles.Slice[splits.length][];
-      if (parquet() != null) {
-        for (int i = 0; i < splits.length; i++) {
-          List<FileScanTask> tasks = Splits.fileTasks(splits[i]);
-          slices[i] = tasks == null ? null : ParquetFiles.slices(tasks);
-        }
+      last = planned.computeIfAbsent(
+          epoch, e -> tasks(Splits.inEpoch(icebergSplits(lower, upper), plan, lower, upper), lower, upper));
+      partitions.addAll(last.partitions);
+    }
+    return partitions.toArray(new InputPartition[0]);
+  }
+
+  /** An epoch's tasks, and what they read: Iceberg's splits, as slices of files, of so many bytes. */
+  private record EpochTasks(List<EpochPartition> partitions, int splits, int slices, long bytes) {}
+
+  /**
+   * One epoch's tasks. The splits that Spark's Parquet reader reads are packed, each file's neighbouring
+   * row groups into one slice, into about one task per core of the application: a task per row group
+   * would open its file and read the footer again for each. Each other split is read by Iceberg's
+   * reader, a task of its own. An epoch read in strict order is one task that merges them all.
+   */
+  private EpochTasks tasks(InputPartition[] splits, long lower, long upper) {
+    List<InputPartition> units = new ArrayList<>();
+    List<ParquetFiles.Slice[]> unitSlices = new ArrayList<>();
+    List<ParquetFiles.Slice> slices = new ArrayList<>();
+    Map<String, Set<String>> hosts = new HashMap<>();
+    long bytes = 0;
+    for (InputPartition split : splits) {
+      List<FileScanTask> files = Splits.fileTasks(split);
+      for (FileScanTask file : files == null ? List.<FileScanTask>of() : files) {
+        bytes += file.length();
       }
-      if (plan.singleReader) {
-        partitions.add(new EpochPartition(splits, slices, lower, upper, true));
+      ParquetFiles.Slice[] read = files == null || parquet() == null ? null : ParquetFiles.slices(files);
+      if (read == null) {
+        units.add(split);
+        unitSlices.add(null);
+        continue;
+      }
+      for (ParquetFiles.Slice slice : read) {
+        slices.add(slice);
+        hosts.computeIfAbsent(slice.path(), path -> new LinkedHashSet<>())
+            .addAll(Arrays.asList(split.preferredLocations()));
+      }
+    }
+    ParquetFiles.Reader reader = null;
+    int pieces = 0;
+    if (!slices.isEmpty()) {
+      reader = parquet().reader(lower, upper);
+      int cores = plan.singleReader ? 1 : SparkSession.active().sparkContext().defaultParallelism();
+      for (ParquetFiles.Slice[] group : ParquetFiles.pack(slices, cores)) {
+        units.add(null);
+        unitSlices.add(group);
+        pieces += group.length;
+      }
+    }
+    List<EpochPartition> tasks = new ArrayList<>();
+    if (plan.singleReader) {
+      if (!units.isEmpty()) {
+        tasks.add(partition(units, unitSlices, reader, hosts, lower, upper, true));
+      }
+    } else {
+      for (int i = 0; i < units.size(); i++) {
+        tasks.add(partition(
+            units.subList(i, i + 1), unitSlices.subList(i, i + 1), reader, hosts, lower, upper, false));
+      }
+    }
+    return new EpochTasks(tasks, splits.length, pieces, bytes);
+  }
+
+  private static EpochPartition partition(
+      List<InputPartition> units,
+      List<ParquetFiles.Slice[]> slices,
+      ParquetFiles.Reader reader,
+      Map<String, Set<String>> fileHosts,
+      long lower,
+      long upper,
+      boolean merged) {
+    Set<String> hosts = new LinkedHashSet<>();
+    for (int i = 0; i < units.size(); i++) {
+      if (units.get(i) != null) {
+        hosts.addAll(Arrays.asList(units.get(i).preferredLocations()));
       } else {
-        for (int i = 0; i < splits.length; i++) {
-          partitions.add(new EpochPartition(
-              new InputPartition[] {splits[i]}, new ParquetFiles.Slice[][] {slices[i]}, lower, upper, false));
+        for (ParquetFiles.Slice slice : slices.get(i)) {
+          hosts.addAll(fileHosts.get(slice.path()));
         }
       }
     }
-    return partitions.toArray(new InputPartition[0]);
+    return new EpochPartition(
+        units.toArray(new InputPartition[0]), slices.toArray(new ParquetFiles.Slice[0][]), reader,
+        hosts.toArray(new String[0]), lower, upper, merged);
   }
 
   /**
@@ -192,7 +271,7 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     if (icebergFactory == null) {  // a batch with no epoch: Iceberg's factory of any scan serves
       icebergFactory = icebergBatch(plan.windowStart, plan.windowStart + 1).createReaderFactory();
     }
-    return new EpochReaderFactory(icebergFactory, parquet(), schema, rows, Rows.regions(plan));
+    return new EpochReaderFactory(icebergFactory, schema, rows, Rows.regions(plan));
   }
 
   @Override
@@ -205,6 +284,12 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     metrics.put("table", plan.table);
     // Which reader decodes the archive's files: Spark's vectorized Parquet reader, or Iceberg's row reader.
     metrics.put("reader", iceberg == null ? "none" : parquet() != null ? "spark-parquet" : "iceberg");
+    // What the last epoch planned reads: Iceberg's splits, in so many tasks and file slices, and the
+    // bytes of their row groups (before Parquet skips pages outside the epoch).
+    metrics.put("splits", Integer.toString(last == null ? 0 : last.splits));
+    metrics.put("tasks", Integer.toString(last == null ? 0 : last.partitions.size()));
+    metrics.put("slices", Integer.toString(last == null ? 0 : last.slices));
+    metrics.put("planned_bytes", Long.toString(last == null ? 0 : last.bytes));
     return metrics;
   }
 

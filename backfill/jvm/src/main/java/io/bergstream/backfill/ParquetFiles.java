@@ -3,6 +3,10 @@ package io.bergstream.backfill;
 import java.io.Closeable;
 import java.io.IOException;
 import java.io.Serializable;
+import java.time.Instant;
+import java.time.temporal.ChronoUnit;
+import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -25,6 +29,10 @@ import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.datasources.PartitionedFile;
 import org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.sources.GreaterThanOrEqual;
+import org.apache.spark.sql.sources.In;
+import org.apache.spark.sql.sources.LessThan;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.MapType;
@@ -47,19 +55,32 @@ import scala.jdk.javaapi.CollectionConverters;
  * table whose files have no field ids (a name mapping) or types Spark reads otherwise, or whose storage
  * Hadoop's FileSystem does not reach.
  */
-final class ParquetFiles implements Serializable {
-  private static final long serialVersionUID = 1L;
+final class ParquetFiles {
   private static final Logger LOG = LoggerFactory.getLogger(ParquetFiles.class);
   private static final String FIELD_ID = "parquet.field.id";
+  // The least a task is given to read when an epoch's slices are packed: a task costs a few
+  // milliseconds to schedule and open its file, about what reading this much costs.
+  private static final long MIN_TASK_BYTES = 1L << 20;
 
-  private final Function1<PartitionedFile, Iterator<InternalRow>> read;
+  private final SparkSession session;
+  private final StructType schema;
+  private final Plan plan;
+  // Made once: each epoch's reader sets the same Parquet keys in it before it is broadcast.
+  private final Configuration hadoop;
 
-  private ParquetFiles(Function1<PartitionedFile, Iterator<InternalRow>> read) {
-    this.read = read;
+  private ParquetFiles(SparkSession session, StructType schema, Plan plan) {
+    this.session = session;
+    this.schema = schema;
+    this.plan = plan;
+    this.hadoop = session.sessionState().newHadoopConf();
   }
 
   /** One split of a data file: the row groups whose midpoints fall in [start, start + length). */
-  record Slice(String path, long start, long length, long fileSize) implements Serializable {}
+  record Slice(String path, long start, long length, long fileSize) implements Serializable {
+    long end() {
+      return start + length;
+    }
+  }
 
   /** The reader of `schema`'s rows from `iceberg`'s files, or null where Iceberg's reader must read them. */
   static ParquetFiles of(SupportsRead iceberg, StructType schema, Plan plan) {
@@ -89,18 +110,32 @@ final class ParquetFiles implements Serializable {
       }
     });
     session.conf().set("spark.sql.parquet.fieldId.read.enabled", "true");
+    // The epoch's bounds skip the pages of a row group that lie outside it (Parquet's column index).
+    session.conf().set("spark.sql.parquet.filterPushdown", "true");
+    return new ParquetFiles(session, withIds, plan);
+  }
+
+  /**
+   * The reader of the epoch [lower, upper): its bounds (and regions) go to Parquet as a filter, so that
+   * row groups and pages outside it are skipped by their statistics. Rows are still filtered one by
+   * one after, as a page holds rows on both sides of a bound.
+   */
+  Reader reader(long lower, long upper) {
+    String ts = Rows.METADATA + "." + Rows.INGESTION_TS;
+    List<Filter> filters = new ArrayList<>();
+    filters.add(new GreaterThanOrEqual(ts, Instant.EPOCH.plus(lower, ChronoUnit.MICROS)));
+    filters.add(new LessThan(ts, Instant.EPOCH.plus(upper, ChronoUnit.MICROS)));
+    if (plan.regions != null) {
+      filters.add(new In(Rows.METADATA + "." + Rows.CLUSTER, plan.regions.toArray()));
+    }
     Map<String, String> options = new HashMap<>();
     options.put("returning_batch", "false");  // rows, as the epoch filter reads them
     // Iceberg writes proleptic Gregorian dates and times, and no Spark version that would say so.
     options.put("datetimeRebaseMode", "CORRECTED");
     options.put("int96RebaseMode", "CORRECTED");
-    Configuration hadoop = session.sessionState().newHadoopConf();
-    Function1<PartitionedFile, Iterator<InternalRow>> read =
-        new ParquetFileFormat().buildReaderWithPartitionValues(
-            session, withIds, new StructType(), withIds,
-            CollectionConverters.asScala(List.<org.apache.spark.sql.sources.Filter>of()).toSeq(),
-            scala.collection.immutable.Map.from(CollectionConverters.asScala(options)), hadoop);
-    return new ParquetFiles(read);
+    return new Reader(new ParquetFileFormat().buildReaderWithPartitionValues(
+        session, schema, new StructType(), schema, CollectionConverters.asScala(filters).toSeq(),
+        scala.collection.immutable.Map.from(CollectionConverters.asScala(options)), hadoop));
   }
 
   private static String refusal(Table table, Plan plan) {
@@ -170,46 +205,113 @@ final class ParquetFiles implements Serializable {
     return slices;
   }
 
-  /** The rows of `slices`, one file after another. */
-  PartitionReader<InternalRow> open(Slice[] slices) {
-    return new PartitionReader<>() {
-      private int next = 0;
-      private Iterator<InternalRow> rows = null;
-      private InternalRow current = null;
+  /**
+   * An epoch's slices packed into about `tasks` groups of similar size, each read by one task:
+   * neighbouring slices of a file join into one (its footer read once), cut where a group would
+   * grow past its share, and the pieces go largest first to the least-loaded group.
+   */
+  static List<Slice[]> pack(List<Slice> slices, int tasks) {
+    List<Slice> sorted = new ArrayList<>(slices);
+    sorted.sort(Comparator.comparing(Slice::path).thenComparingLong(Slice::start));
+    long total = 0;
+    for (Slice slice : sorted) {
+      total += slice.length();
+    }
+    long share = Math.max(MIN_TASK_BYTES, (total + tasks - 1) / Math.max(1, tasks));
+    List<Slice> pieces = new ArrayList<>();
+    Slice run = null;
+    for (Slice slice : sorted) {
+      if (run != null && run.path().equals(slice.path()) && run.end() == slice.start()
+          && run.length() + slice.length() <= share) {
+        run = new Slice(run.path(), run.start(), run.length() + slice.length(), run.fileSize());
+      } else {
+        if (run != null) {
+          pieces.add(run);
+        }
+        run = slice;
+      }
+    }
+    if (run != null) {
+      pieces.add(run);
+    }
+    pieces.sort(Comparator.comparingLong(Slice::length).reversed());
+    int groups = Math.max(1, Math.min(tasks, pieces.size()));
+    List<List<Slice>> packed = new ArrayList<>();
+    long[] loads = new long[groups];
+    for (int i = 0; i < groups; i++) {
+      packed.add(new ArrayList<>());
+    }
+    for (Slice piece : pieces) {
+      int least = 0;
+      for (int i = 1; i < groups; i++) {
+        if (loads[i] < loads[least]) {
+          least = i;
+        }
+      }
+      packed.get(least).add(piece);
+      loads[least] += piece.length();
+    }
+    List<Slice[]> out = new ArrayList<>();
+    for (List<Slice> group : packed) {
+      if (!group.isEmpty()) {
+        group.sort(Comparator.comparing(Slice::path).thenComparingLong(Slice::start));
+        out.add(group.toArray(new Slice[0]));
+      }
+    }
+    return out;
+  }
 
-      @Override
-      public boolean next() throws IOException {
-        while (rows == null || !rows.hasNext()) {
-          closeRows();
-          if (next == slices.length) {
-            return false;
+  /** Spark's Parquet reader of one epoch's slices, sent to the tasks that read them. */
+  static final class Reader implements Serializable {
+    private static final long serialVersionUID = 1L;
+
+    private final Function1<PartitionedFile, Iterator<InternalRow>> read;
+
+    private Reader(Function1<PartitionedFile, Iterator<InternalRow>> read) {
+      this.read = read;
+    }
+
+    /** The rows of `slices`, one file after another. */
+    PartitionReader<InternalRow> open(Slice[] slices) {
+      return new PartitionReader<>() {
+        private int next = 0;
+        private Iterator<InternalRow> rows = null;
+        private InternalRow current = null;
+
+        @Override
+        public boolean next() throws IOException {
+          while (rows == null || !rows.hasNext()) {
+            closeRows();
+            if (next == slices.length) {
+              return false;
+            }
+            Slice slice = slices[next++];
+            PartitionedFile file = new PartitionedFile(
+                InternalRow.empty(), SparkPath.fromPath(new Path(slice.path())), slice.start(), slice.length(),
+                new String[0], 0L, slice.fileSize(), scala.collection.immutable.Map$.MODULE$.<String, Object>empty());
+            rows = read.apply(file);
           }
-          Slice slice = slices[next++];
-          PartitionedFile file = new PartitionedFile(
-              InternalRow.empty(), SparkPath.fromPath(new Path(slice.path())), slice.start(), slice.length(),
-              new String[0], 0L, slice.fileSize(), scala.collection.immutable.Map$.MODULE$.<String, Object>empty());
-          rows = read.apply(file);
+          current = rows.next();
+          return true;
         }
-        current = rows.next();
-        return true;
-      }
 
-      @Override
-      public InternalRow get() {
-        return current;
-      }
-
-      private void closeRows() throws IOException {
-        if (rows instanceof Closeable closeable) {
-          closeable.close();
+        @Override
+        public InternalRow get() {
+          return current;
         }
-        rows = null;
-      }
 
-      @Override
-      public void close() throws IOException {
-        closeRows();
-      }
-    };
+        private void closeRows() throws IOException {
+          if (rows instanceof Closeable closeable) {
+            closeable.close();
+          }
+          rows = null;
+        }
+
+        @Override
+        public void close() throws IOException {
+          closeRows();
+        }
+      };
+    }
   }
 }

@@ -74,16 +74,14 @@ final class Splits {
     return files;
   }
 
+  /** Whether a split may hold rows of the epoch: true when it cannot be looked into. */
   private static boolean mayHold(InputPartition split, Plan plan, long lower, long upper) {
-    ScanTaskGroup<?> group;
-    try {
-      group = (ScanTaskGroup<?>) TASK_GROUP.invoke(split);
-    } catch (ReflectiveOperationException | RuntimeException e) {
+    List<FileScanTask> files = fileTasks(split);
+    if (files == null) {
       return true;
     }
-    for (ScanTask task : group.tasks()) {
-      if (!(task instanceof FileScanTask file)
-          || plan.mayHold(file.file().location(), file.start(), file.length(), lower, upper)) {
+    for (FileScanTask file : files) {
+      if (plan.mayHold(file.file().location(), file.start(), file.length(), lower, upper)) {
         return true;
       }
     }
