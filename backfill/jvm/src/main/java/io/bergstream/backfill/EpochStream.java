@@ -162,7 +162,13 @@ final class EpochStream implements MicroBatchStream, SupportsTriggerAvailableNow
     ParquetFiles.Reader reader = null;
     int pieces = 0;
     if (!slices.isEmpty()) {
-      reader = parquet().reader(lower, upper);
+      // The epoch's bounds go to Parquet only where a row group reaches well outside the epoch: a reader
+      // with a filter is built (and its settings broadcast) for each epoch, the one without once.
+      boolean wide = false;
+      for (ParquetFiles.Slice slice : slices) {
+        wide |= plan.widerThan(slice.path(), slice.start(), slice.length(), upper - lower);
+      }
+      reader = wide ? parquet().reader(lower, upper) : parquet().reader();
       int cores = plan.singleReader ? 1 : SparkSession.active().sparkContext().defaultParallelism();
       for (ParquetFiles.Slice[] group : ParquetFiles.pack(slices, cores)) {
         units.add(null);

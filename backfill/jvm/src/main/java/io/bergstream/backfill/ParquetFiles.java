@@ -67,6 +67,7 @@ final class ParquetFiles {
   private final Plan plan;
   // Made once: each epoch's reader sets the same Parquet keys in it before it is broadcast.
   private final Configuration hadoop;
+  private Reader unfiltered;
 
   private ParquetFiles(SparkSession session, StructType schema, Plan plan) {
     this.session = session;
@@ -115,6 +116,14 @@ final class ParquetFiles {
     return new ParquetFiles(session, withIds, plan);
   }
 
+  /** The reader of whole row groups, made once. */
+  Reader reader() {
+    if (unfiltered == null) {
+      unfiltered = build(List.of());
+    }
+    return unfiltered;
+  }
+
   /**
    * The reader of the epoch [lower, upper): its bounds (and regions) go to Parquet as a filter, so that
    * row groups and pages outside it are skipped by their statistics. Rows are still filtered one by
@@ -128,6 +137,10 @@ final class ParquetFiles {
     if (plan.regions != null) {
       filters.add(new In(Rows.METADATA + "." + Rows.CLUSTER, plan.regions.toArray()));
     }
+    return build(filters);
+  }
+
+  private Reader build(List<Filter> filters) {
     Map<String, String> options = new HashMap<>();
     options.put("returning_batch", "false");  // rows, as the epoch filter reads them
     // Iceberg writes proleptic Gregorian dates and times, and no Spark version that would say so.

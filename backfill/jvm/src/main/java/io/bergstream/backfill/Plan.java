@@ -197,6 +197,25 @@ final class Plan implements Serializable {
     return !any;
   }
 
+  /**
+   * Whether the row groups that the split [start, start + length) of `file` reads span more ingestion
+   * time than `width`: then a row group of it holds rows well outside an epoch of that width, and
+   * Parquet's page statistics can skip them. Unknown bounds count as wide.
+   */
+  boolean widerThan(String file, long start, long length, long width) {
+    long[][] groups = rowGroups.get(file);
+    if (groups == null) {
+      long[] bounds = files.get(file);
+      return bounds == null || bounds[1] - bounds[0] > width;
+    }
+    for (long[] group : groups) {
+      if (group[0] >= start && group[0] < start + length && group[2] - group[1] > width) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   int size() {
     return epochs.length;
   }
