@@ -331,12 +331,11 @@ def test_the_strict_decoder_reads_each_type_as_from_json_does(spark: SparkSessio
         decoder = StrictJson(
             event_type, [f.name for f in event_type.fields if isinstance(f.dataType, T.TimestampType)]
         )
-        decoder.register(spark)
         rows = (
             spark.createDataFrame([(text.encode(),) for text in texts], "value binary")
             .select(
                 "value",
-                decoder(F.col("value")).alias("strict"),
+                decoder.column(spark, F.col("value")).alias("strict"),
                 lenient_json(event_type, F.col("value").cast("string")).alias("lenient"),
             )
             .collect()

@@ -132,12 +132,15 @@ class Parser:
         value = raw if wire_schemas is None else wire.payload(raw)
         if max_value_bytes is not None:
             value = F.when(F.length(raw) <= max_value_bytes, value)
+        self._value = value
         self._strict_json: StrictJson | None = None
+        # The decoded columns, by name; for JSON, built in `parse`, with the session's time zone.
+        self.decoded: dict[str, Column] = {}
         # The event, when the first projection yields it inside another column.
         self._event: Column | None = None
         if encoding == "json":
             self._strict_json = StrictJson(layout.event_type, _timestamps(layout))
-            self.decoded, error = _json_columns(
+            error = _json_error(
                 layout, value, _header_checks(wire_schemas, plain_json=True), self._strict_json
             )
             self._event = F.col(_DECODED)[StrictJson.EVENT].alias(EVENT)
@@ -159,14 +162,13 @@ class Parser:
 
         `error` is null for a valid event and final otherwise, except for JSON that does not decode:
         there it is UNDECODABLE_JSON, and `explain` gives the reason."""
+        columns = self.decoded
         if self._strict_json is not None:
-            self._strict_json.register(records.sparkSession)
-        decoded = records.select("*", *self.decoded.values(), *extra)
+            columns = {_DECODED: self._strict_json.column(records.sparkSession, self._value).alias(_DECODED)}
+        decoded = records.select("*", *columns.values(), *extra)
         if self._event is not None:
             decoded = decoded.select("*", self._event)
-        return decoded.select("*", self.error.alias(ERROR)).drop(
-            *[name for name in self.decoded if name != EVENT]
-        )
+        return decoded.select("*", self.error.alias(ERROR)).drop(*[name for name in columns if name != EVENT])
 
 
 def _header_checks(wire_schemas: WireSchemas | None, plain_json: bool = False) -> list[Check]:
@@ -261,8 +263,9 @@ class StrictJson:
     strict where Spark's reader is lenient (see the module's docstring), which also finds the top-level
     timestamp fields sent as numbers out of range.
 
-    It is a Spark SQL function, registered in each session that parses with it, under a name that depends
-    on what it decodes: topics of different schemas share a driver. Its result is a struct of the event
+    It is an expression of Spark's own that calls the decoder from the projection's generated code and
+    builds Spark's internal row itself (no conversion of each record's result, as a user-defined function
+    would need); plans show it by a name that depends on what it decodes. Its result is a struct of the event
     (EVENT) and a status (STATUS), in this order of precedence: -3 (_INVALID_UTF8, the event null) for a
     value that is not valid UTF-8 as Spark's `is_valid_utf8` judges it (checked there in one pass over the
     bytes when they are all ASCII, instead of Spark's decoding of every byte); -1 (_UNDECODABLE, the event
@@ -287,25 +290,22 @@ class StrictJson:
             f"{event_type.json()}/{','.join(fields)}/{_EARLIEST_SECONDS}/{_LATEST_SECONDS}/{MAX_JSON_DEPTH}"
         )
         self.name = f"bergstream_strict_json_{hashlib.sha256(checked.encode()).hexdigest()[:12]}"
-        self._registered: set[int] = set()
+        self._columns: dict[int, Column] = {}
 
-    def register(self, spark: SparkSession) -> None:
-        """Make the function known to `spark`, once per session."""
-        session = spark._jsparkSession
-        key = session.hashCode()
-        if key in self._registered:
-            return
-        jvm = spark._jvm
-        assert jvm is not None
-        zone = spark.conf.get("spark.sql.session.timeZone")
-        getattr(jvm, self._CLASS).register(
-            session, self.name, self.event_type.json(), self.fields, _EARLIEST_SECONDS, _LATEST_SECONDS,
-            MAX_JSON_DEPTH, zone,
-        )  # fmt: skip
-        self._registered.add(key)
-
-    def __call__(self, value: Column) -> Column:
-        return F.call_function(self.name, value)
+    def column(self, spark: SparkSession, value: Column) -> Column:
+        """The decoding of `value` (binary), timestamps without a zone read in `spark`'s time zone; one
+        column per session, built once."""
+        key = spark._jsparkSession.hashCode()
+        column = self._columns.get(key)
+        if column is None:
+            jvm = spark._jvm
+            assert jvm is not None
+            java = getattr(jvm, self._CLASS).column(
+                spark._jsparkSession, value._jc, self.name, self.event_type.json(), self.fields,
+                _EARLIEST_SECONDS, _LATEST_SECONDS, MAX_JSON_DEPTH,
+            )  # fmt: skip
+            column = self._columns[key] = Column(java)
+        return column
 
 
 def lenient_json(event_type: T.StructType, text: Column) -> Column:
@@ -321,9 +321,9 @@ def lenient_json(event_type: T.StructType, text: Column) -> Column:
     return F.from_json(text, parse_type, options)
 
 
-def _json_columns(
+def _json_error(
     layout: ArchiveLayout, value: Column, header_checks: list[Check], strict_json: StrictJson
-) -> tuple[dict[str, Column], Column]:
+) -> Column:
     strict = F.col(_DECODED)[StrictJson.STATUS]
     # Spark reads a JSON number into a timestamp as epoch seconds, times a million without overflow
     # checks: milliseconds land tens of thousands of years away, and microseconds or nanoseconds wrap
@@ -349,7 +349,7 @@ def _json_columns(
         *_time_checks(layout),
         *_content_checks(layout),
     ]
-    return {_DECODED: strict_json(value).alias(_DECODED)}, _first_error(checks)
+    return _first_error(checks)
 
 
 def _parses(text: Column) -> Column:

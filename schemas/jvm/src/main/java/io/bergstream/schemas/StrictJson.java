@@ -12,7 +12,6 @@ import java.io.Serializable;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.VarHandle;
 import java.nio.ByteOrder;
-import java.time.Instant;
 import java.time.LocalDate;
 import java.time.Month;
 import java.time.Year;
@@ -21,20 +20,29 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.Column;
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.api.java.UDF1;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.catalyst.util.ArrayBasedMapData;
 import org.apache.spark.sql.catalyst.util.DateTimeUtils;
+import org.apache.spark.sql.catalyst.util.GenericArrayData;
+import org.apache.spark.sql.classic.ExpressionUtils;
+import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.catalyst.util.RebaseDateTime;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * A topic's JSON value decoded into its event in one strict pass of Jackson over the value's bytes (the
@@ -57,8 +65,8 @@ import scala.Option;
  * [earliestSeconds, latestSeconds]} (Spark reads it as epoch seconds, unchecked: milliseconds land tens
  * of thousands of years away), {@link #VALID}. A null value gives null.
  */
-public final class StrictJson implements UDF1<byte[], Row> {
-  private static final long serialVersionUID = 2L;
+public final class StrictJson implements Serializable {
+  private static final long serialVersionUID = 3L;
   // Writes a value that is not a string again as JSON text; thread-safe, as Jackson's factories are.
   private static final JsonFactory WRITER = new JsonFactory();
   // Eight bytes of a value at a time; the bit that only a byte outside ASCII has set, in each.
@@ -77,6 +85,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
   public static final int LONE_SURROGATE = -2;
   public static final int INVALID_UTF8 = -3;
 
+  private final String name;
   private final Struct event;
   private final Map<String, Integer> timestampFields = new HashMap<>();
   private final long earliestSeconds;
@@ -85,12 +94,14 @@ public final class StrictJson implements UDF1<byte[], Row> {
   private transient JsonFactory factory;
 
   public StrictJson(
+      String name,
       StructType eventType,
       List<String> timestampFields,
       long earliestSeconds,
       long latestSeconds,
       int maxDepth,
       String zoneId) {
+    this.name = name;
     this.event = new Struct(eventType, zoneId);
     for (int position = 0; position < timestampFields.size(); position++) {
       this.timestampFields.putIfAbsent(timestampFields.get(position), position + 1);
@@ -108,29 +119,48 @@ public final class StrictJson implements UDF1<byte[], Row> {
   }
 
   /**
-   * Registers the decoder of {@code eventTypeJson} (a Spark struct type as JSON) in {@code spark}'s
-   * function registry as {@code name}; timestamps without a zone are read in {@code zoneId}.
+   * The decoding of {@code value} (a binary column) by the decoder of {@code eventTypeJson} (a Spark
+   * struct type as JSON), as a column of {@link #resultType}; timestamps without a zone are read in
+   * {@code spark}'s session time zone. The decoder is an expression of Spark's own that calls {@link
+   * #decode} from the generated code of the projection, and builds Spark's internal row itself: no
+   * conversion of an external {@code Row} per record, as a user-defined function's result needs. {@code
+   * name} is how plans show it.
    */
-  public static void register(
+  public static Column column(
       SparkSession spark,
+      Column value,
       String name,
       String eventTypeJson,
       List<String> timestampFields,
       long earliestSeconds,
       long latestSeconds,
-      int maxDepth,
-      String zoneId) {
+      int maxDepth) {
     StructType eventType = (StructType) DataType.fromJson(eventTypeJson);
-    spark
-        .udf()
-        .register(
-            name,
-            new StrictJson(eventType, timestampFields, earliestSeconds, latestSeconds, maxDepth, zoneId),
-            resultType(eventType));
+    String zoneId = spark.conf().get("spark.sql.session.timeZone");
+    StrictJson decoder =
+        new StrictJson(name, eventType, timestampFields, earliestSeconds, latestSeconds, maxDepth, zoneId);
+    Expression target = new Literal(decoder, new ObjectType(StrictJson.class));
+    List<Expression> arguments = List.of(ExpressionUtils.expression(value));
+    Expression decode =
+        new Invoke(
+            target,
+            "decode",
+            resultType(eventType),
+            CollectionConverters.asScala(arguments).toSeq(),
+            CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(),
+            true,
+            true,
+            true);
+    return ExpressionUtils.column(decode);
   }
 
   @Override
-  public Row call(byte[] value) {
+  public String toString() {
+    return name;
+  }
+
+  /** The struct of {@link #resultType} for one value, as Spark's internal row; null for null. */
+  public InternalRow decode(byte[] value) {
     if (value == null) {
       return null;
     }
@@ -143,10 +173,10 @@ public final class StrictJson implements UDF1<byte[], Row> {
     }
     int found = scan(value);
     if ((found & NON_ASCII) != 0 && !UTF8String.fromBytes(value).isValid()) {
-      return RowFactory.create(null, INVALID_UTF8);
+      return result(null, INVALID_UTF8);
     }
     if (!plainUtf8(value)) {
-      return RowFactory.create(null, UNDECODABLE);
+      return result(null, UNDECODABLE);
     }
     Object[] fields = new Object[event.converters.length];
     int status;
@@ -158,12 +188,16 @@ public final class StrictJson implements UDF1<byte[], Row> {
       status = UNDECODABLE;
     }
     if (status == UNDECODABLE) {
-      return RowFactory.create(null, UNDECODABLE);
+      return result(null, UNDECODABLE);
     }
     if ((found & BACKSLASH) != 0 && hasLoneSurrogate(value)) {
       status = LONE_SURROGATE;
     }
-    return RowFactory.create(RowFactory.create(fields), status);
+    return result(new GenericInternalRow(fields), status);
+  }
+
+  private static InternalRow result(InternalRow event, int status) {
+    return new GenericInternalRow(new Object[] {event, status});
   }
 
   /**
@@ -242,7 +276,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
     return firstOutOfRange == Integer.MAX_VALUE ? VALID : firstOutOfRange;
   }
 
-  /** Turns the value at the parser's current token (not null) into the Java value of a Spark type. */
+  /** Turns the value at the parser's current token into Spark's internal value of a type. */
   private interface Converter extends Serializable {
     Object convert(JsonParser parser, JsonToken token) throws IOException;
   }
@@ -270,7 +304,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
       }
     }
 
-    Row read(JsonParser parser) throws IOException {
+    InternalRow read(JsonParser parser) throws IOException {
       Object[] values = new Object[converters.length];
       for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
         JsonToken token = parser.nextToken();
@@ -281,11 +315,14 @@ public final class StrictJson implements UDF1<byte[], Row> {
           values[index] = converters[index].convert(parser, token);
         }
       }
-      return RowFactory.create(values);
+      return new GenericInternalRow(values);
     }
   }
 
-  /** A value of {@code type}, or null for JSON null; anything else Spark's from_json refuses throws. */
+  /**
+   * A value of {@code type} as Spark holds it inside a row (UTF8String, microseconds, days, internal rows,
+   * arrays and maps), or null for JSON null; anything else Spark's from_json refuses throws.
+   */
   private static Converter converter(DataType type, String zoneId) {
     Converter convert = nonNull(type, zoneId);
     return (parser, token) -> token == JsonToken.VALUE_NULL ? null : convert.convert(parser, token);
@@ -293,7 +330,8 @@ public final class StrictJson implements UDF1<byte[], Row> {
 
   private static Converter nonNull(DataType type, String zoneId) {
     if (type == DataTypes.StringType) {
-      return (parser, token) -> token == JsonToken.VALUE_STRING ? parser.getText() : asText(parser);
+      return (parser, token) ->
+          token == JsonToken.VALUE_STRING ? UTF8String.fromString(parser.getText()) : asText(parser);
     }
     if (type == DataTypes.IntegerType) {
       return (parser, token) -> {
@@ -336,7 +374,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
     if (type == DataTypes.DateType) {
       return (parser, token) -> {
         expect(token, JsonToken.VALUE_STRING, type);
-        return LocalDate.ofEpochDay(days(parser.getText()));
+        return days(parser.getText());
       };
     }
     if (type instanceof StructType struct) {
@@ -354,19 +392,20 @@ public final class StrictJson implements UDF1<byte[], Row> {
         for (JsonToken item = parser.nextToken(); item != JsonToken.END_ARRAY; item = parser.nextToken()) {
           values.add(element.convert(parser, item));
         }
-        return values;
+        return new GenericArrayData(values.toArray());
       };
     }
     if (type instanceof MapType map && map.keyType() == DataTypes.StringType) {
       Converter value = converter(map.valueType(), zoneId);
       return (parser, token) -> {
         expect(token, JsonToken.START_OBJECT, type);
-        Map<String, Object> values = new HashMap<>();
+        List<Object> keys = new ArrayList<>();
+        List<Object> values = new ArrayList<>();
         for (JsonToken name = parser.nextToken(); name != JsonToken.END_OBJECT; name = parser.nextToken()) {
-          String key = parser.currentName();
-          values.put(key, value.convert(parser, parser.nextToken()));
+          keys.add(UTF8String.fromString(parser.currentName()));
+          values.add(value.convert(parser, parser.nextToken()));
         }
-        return values;
+        return new ArrayBasedMapData(new GenericArrayData(keys.toArray()), new GenericArrayData(values.toArray()));
       };
     }
     throw new IllegalArgumentException("no JSON decoding for " + type.simpleString());
@@ -379,12 +418,12 @@ public final class StrictJson implements UDF1<byte[], Row> {
   }
 
   /** The value at the current token written again as JSON text, as from_json keeps it for a string. */
-  private static String asText(JsonParser parser) throws IOException {
+  private static UTF8String asText(JsonParser parser) throws IOException {
     ByteArrayOutputStream text = new ByteArrayOutputStream();
     try (JsonGenerator generator = WRITER.createGenerator(text)) {
       generator.copyCurrentStructure(parser);
     }
-    return text.toString(java.nio.charset.StandardCharsets.UTF_8);
+    return UTF8String.fromBytes(text.toByteArray());
   }
 
   /** Spark's reading of a date string: ISO-8601, then without "GMT", then days since 1970 as text. */
@@ -426,7 +465,7 @@ public final class StrictJson implements UDF1<byte[], Row> {
       } else {
         throw new NotConvertible(token, DataTypes.TimestampType);
       }
-      return Instant.ofEpochSecond(Math.floorDiv(micros, 1_000_000L), Math.floorMod(micros, 1_000_000L) * 1_000L);
+      return micros;
     }
 
     private long sparkMicros(JsonParser parser, JsonToken token) throws IOException {
