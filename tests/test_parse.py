@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import time
@@ -17,7 +18,7 @@ from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from bergstream.router.counts import observed_columns
 from bergstream.router.transform import RecordSplitter
-from bergstream.schemas import ArchiveLayout, load_event_schema
+from bergstream.schemas import ArchiveLayout, load_event_schema, wire
 from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.parse import (
     CORRUPT_RECORD,
@@ -25,6 +26,7 @@ from bergstream.schemas.parse import (
     EVENT,
     MAX_JSON_DEPTH,
     StrictJson,
+    WireSchemas,
     lenient_json,
     parse_and_explain,
 )
@@ -110,6 +112,52 @@ def test_reasons_name_what_is_wrong(spark: SparkSession) -> None:
     assert {bytes(v): e for v, e in errors.items()} == cases
 
 
+def test_avro_reasons_name_what_is_wrong_and_a_resolved_record_ends_where_its_writer_ended(
+    spark: SparkSession,
+) -> None:
+    """Bytes after a record are found by where the decoder stopped, also when the writer's schema has a
+    field the reader's lacks (resolution reads it through): the event of a valid value is the one sent."""
+    import fastavro
+
+    schema = load_event_schema("playback")
+    layout = ArchiveLayout(schema, table="playback")
+    event = next(EventModel(seed=1).events("playback")).event
+    valid = schema.encode(event, "avro")
+    quality = {"name": "quality", "type": ["null", "string"], "default": None}
+    newer = dict(schema.avro, fields=[*schema.avro["fields"], quality])
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(newer), {**event, "quality": "uhd"})
+    written_newer = buffer.getvalue()
+    invalid = "not a valid Avro playback record"
+    plain = {
+        valid: None,
+        valid + b"\x00": f"{invalid}: bytes are left over after the record",
+        valid[:-2]: invalid,
+        wire.frame(7, valid): (
+            "value starts with a schema registry's wire-format header (magic byte 0, schema id 7) "
+            "but the topic's settings have no schema_registry"
+        ),
+    }
+    registry = WireSchemas("playback-value", {1: schema.avro_json, 2: json.dumps(newer)})
+    framed = {
+        wire.frame(1, valid): None,
+        wire.frame(2, written_newer): None,
+        wire.frame(2, written_newer + b"\x02"): f"{invalid}: bytes are left over after the record",
+        wire.frame(1, written_newer): f"{invalid}: bytes are left over after the record",
+        wire.frame(2, valid): invalid,
+    }
+    for cases, registered in ((plain, None), (framed, registry)):
+        records = spark.createDataFrame([(v,) for v in cases], "value binary")
+        rows = parse_and_explain(records, layout, "avro", wire_schemas=registered).collect()
+        assert {bytes(r.value): r[ERROR] for r in rows} == cases
+        for row in rows:
+            if row[ERROR] is None:
+                decoded = row[EVENT].asDict(recursive=True)
+                assert decoded["playback_id"] == event["playback_id"]
+                assert decoded["account_id"] == event["account_id"]
+                assert decoded["device"] == event["device"]
+
+
 def test_the_strict_json_parse_at_its_edges(spark: SparkSession) -> None:
     """The nesting limit to the level, numbers no timestamp can hold, blanks, a BOM, escaped key names."""
     schema = load_event_schema("playback")
@@ -190,7 +238,7 @@ KAFKA_RECORDS = (
     ("kind", "encoding", "decoders"),
     [
         ("playback", "json", ("bergstream_strict_json_",)),
-        ("impression", "avro", ("from_avro(",)),
+        ("impression", "avro", ("bergstream_strict_avro_",)),
     ],
 )
 def test_filtering_archive_and_dead_letter_rows_decodes_each_value_once(

@@ -32,10 +32,10 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.avro.functions import from_avro, to_avro
 
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
@@ -57,6 +57,9 @@ MAX_JSON_DEPTH = 999
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 # The statuses of the strict parse (StrictJson) other than 0 (valid) and a timestamp field's position.
 _UNDECODABLE, _LONE_SURROGATE, _INVALID_UTF8 = -1, -2, -3
+# The strict Avro decoder's (StrictAvro) status of a value with bytes after its record.
+_LEFT_OVER = -4
+_STATUS = "status"
 _NON_NUMBERS = r"(?<![\w\"])[+-]?(?:NaN|Infinity|INF)(?![\w\"])"
 
 
@@ -143,9 +146,10 @@ class Parser:
             error = _json_error(
                 layout, value, _header_checks(wire_schemas, plain_json=True), self._strict_json
             )
-            self._event = F.col(_DECODED)[StrictJson.EVENT].alias(EVENT)
+            self._event = F.col(_DECODED)[EVENT].alias(EVENT)
         else:
             self.decoded, error = _avro_columns(layout, value, wire_schemas)
+            self._event = F.col(_DECODED)[EVENT].alias(EVENT)
         self.schema_id = wire.schema_id(raw) if wire_schemas is not None else F.lit(None).cast("int")
         if max_value_bytes is not None:
             size = F.length(F.col("value"))
@@ -436,46 +440,41 @@ def parse_and_explain(
     return parsed.withColumn(ERROR, explain(layout, encoding, wire_schemas))
 
 
-def _decode_avro(value: Column, writer: str, reader: str) -> Column:
-    """`value` decoded with the writer's schema, resolved to the reader's (Avro's schema resolution)."""
-    options = {"mode": "PERMISSIVE"}
-    if writer != reader:
-        options["avroSchema"] = reader
-    return from_avro(value, writer, options)
+def _strict_avro(value: Column, writer: str, reader: str) -> Column:
+    """`value` decoded with the writer's schema, resolved to the reader's (Avro's schema resolution), into a
+    struct of the event and a status (`io.bergstream.schemas.StrictAvro`, in schemas/jvm): 0, -1 (the event
+    null) for a value that does not decode, -4 (the event null) for one with bytes after the record."""
+    jvm = SparkContext._jvm
+    assert jvm is not None, "the strict Avro decoder needs a running Spark session"
+    digest = hashlib.sha256(f"{writer}/{reader}".encode()).hexdigest()[:12]
+    return Column(
+        jvm.io.bergstream.schemas.StrictAvro.column(
+            value._jc, f"bergstream_strict_avro_{digest}", writer, reader
+        )
+    )
 
 
 def _avro_columns(
     layout: ArchiveLayout, value: Column, wire_schemas: WireSchemas | None
 ) -> tuple[dict[str, Column], Column]:
-    # A value that does not decode comes back as null or as a row of nulls: a required field is null
-    # only then, since Avro cannot encode a null into one.
-    undecodable = F.col(EVENT).isNull()
-    for struct_field in layout.event_type.fields:
-        if not struct_field.nullable:
-            undecodable = undecodable | _field(struct_field.name).isNull()
     invalid = f"not a valid Avro {layout.event.name} record"
     reader = layout.event.avro_json
-    # The decoder stops at the record's end: bytes that encode more (another schema's record, garbage
-    # after a valid prefix) show when the decoded event does not encode back to the value. A value of an
-    # older writer's schema is decoded a second time, as that writer wrote it, to encode it back.
+    # The decoder knows where the record ends: bytes after it (another schema's record that decodes as far
+    # as it goes, garbage after a valid one) are a status of their own.
     if wire_schemas is None:
-        event = _decode_avro(value, reader, reader)
-        round_trip = to_avro(F.col(EVENT), reader)
+        decoded = _strict_avro(value, reader, reader)
     else:
-        # One branch per id; a value of another id has an error already, and no event.
+        # One branch per id; a value of another id has an error already, and nothing decoded.
         schema_id = wire.schema_id(F.col("value"))
-        decoded: Column | None = None
-        encoded: Column | None = None
+        branches: Column | None = None
         for writer_id, writer in sorted(wire_schemas.writers.items()):
-            resolved = _decode_avro(value, writer, reader)
-            as_written = F.col(EVENT) if writer == reader else _decode_avro(value, writer, writer)
-            written = to_avro(as_written, writer)
-            decoded = (F.when if decoded is None else decoded.when)(schema_id == writer_id, resolved)
-            encoded = (F.when if encoded is None else encoded.when)(schema_id == writer_id, written)
-        event = decoded if decoded is not None else F.lit(None).cast(layout.event_type)
-        round_trip = encoded if encoded is not None else F.lit(None).cast("binary")
+            resolved = _strict_avro(value, writer, reader)
+            branches = (F.when if branches is None else branches.when)(schema_id == writer_id, resolved)
+        decoded = branches if branches is not None else F.lit(None).cast(_avro_result_type(layout))
+    status = F.col(_DECODED)[_STATUS]
+    undecodable, left_over = status == _UNDECODABLE, status == _LEFT_OVER
     plain_header = (
-        [(wire.has_header(F.col("value")) & (undecodable | (round_trip != value)),
+        [(wire.has_header(F.col("value")) & (undecodable | left_over),
           _plain_topic_reason(F.concat(F.lit("(magic byte 0, schema id "),
                                        wire.schema_id(F.col("value")).cast("string"), F.lit(")"))))]
         if wire_schemas is None else []
@@ -490,10 +489,14 @@ def _avro_columns(
         *_header_checks(wire_schemas),
         *plain_header,
         (undecodable, F.lit(invalid)),
-        (round_trip != value, F.lit(f"{invalid}: bytes are left over after the record")),
+        (left_over, F.lit(f"{invalid}: bytes are left over after the record")),
         *bad_text,
         # Another schema's record that happens to decode has small numbers for a timestamp: early 1970.
         *_time_checks(layout),
         *_content_checks(layout),
     ]
-    return {EVENT: event.alias(EVENT)}, _first_error(checks)
+    return {_DECODED: decoded.alias(_DECODED)}, _first_error(checks)
+
+
+def _avro_result_type(layout: ArchiveLayout) -> T.StructType:
+    return T.StructType([T.StructField(EVENT, layout.event_type), T.StructField(_STATUS, T.IntegerType())])
