@@ -5,7 +5,7 @@ every enum holds one of its symbols and every required field is present, nested 
 else gets an error text and goes to the dead-letter table.
 
 `Parser` runs on every record, so it only does what deciding needs: null tests, enum look-ups, a range
-check per timestamp (2000 to 2200), for JSON a second, strict parse (below) and for Avro one re-encoding.
+check per timestamp (2000 to 2200), and one decoding of each value by a strict decoder of bergstream's own.
 Why a JSON value does not decode (malformed text, not an object, which field has the wrong type) is worked
 out by `explain`, on dead-lettered rows only. Keeping the diagnosis out of the per-record expression also
 keeps that expression's generated code under the size the JVM compiles (8,000 bytes of bytecode); above
@@ -17,6 +17,12 @@ where it loses nothing: a number or an object sent for a string field is kept as
 Spark's reader would lose or change data, the pass is strict: it refuses what RFC 8259 refuses, a key
 twice in any object (Spark keeps the last), and anything after the object (Spark ignores it). One pass
 instead of Spark's reader and a strict check beside it (bench/router/breakdown, the "decode json" stage).
+
+An Avro value is decoded by Avro's reader and Spark's own deserializer, as `from_avro` does (`StrictAvro`),
+and the decoder's position after the record says whether bytes follow it: another schema's record that
+decodes as far as it goes, or garbage after a valid record, is refused, which Spark's reader would not see.
+Both decoders are expressions of Spark's own, called from the generated code of the projection, that
+build Spark's internal rows themselves.
 
 A topic with a schema registry carries values in the wire format (schemas/wire.py): a header, then the
 payload. The parser checks the header, knows the ids of the subject's versions (`WireSchemas`, fetched by
