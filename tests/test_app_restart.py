@@ -78,3 +78,41 @@ def test_a_live_application_killed_with_sigkill_resumes_with_every_record_once(
     per_partition = {p: sorted(o for q, o in rows if q == p) for p in range(PARTITIONS)}
     assert sum(len(offsets) for offsets in per_partition.values()) == RECORDS
     assert all(offsets == list(range(len(offsets))) for offsets in per_partition.values()), "a gap or a twin"
+
+
+def test_an_application_keeping_its_state_in_rocksdb_commits_the_changes_not_snapshots(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """In the session bergstream builds, a RocksDB state store's commit writes a changelog of the batch's
+    changes (Spark's default writes the whole store again at every commit)."""
+    from pyspark.sql import functions as F
+
+    provider = "spark.sql.streaming.stateStore.providerClass"
+    for part in range(3):
+        spark.range(part * 100, (part + 1) * 100, numPartitions=1).write.parquet(
+            str(tmp_path / "in" / f"part={part}")
+        )
+    spark.conf.set(provider, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    try:
+        counts = (
+            spark.readStream.schema("id long, part int")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(tmp_path / "in"))
+            .groupBy(F.col("id") % 10)
+            .count()
+        )
+        query = (
+            counts.writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    finally:
+        spark.conf.unset(provider)
+    state = [p.name for p in (tmp_path / "checkpoint" / "state").rglob("*") if p.is_file()]
+    assert len(query.recentProgress) == 3
+    changelogs = sorted(name for name in state if name.endswith(".changelog"))
+    assert changelogs == sorted(["1.changelog", "2.changelog", "3.changelog"] * 4), state
+    assert not [name for name in state if name.endswith(".zip")], state

@@ -13,6 +13,7 @@ Shapes of the router's table to compare, on the same run (--shapes, comma separa
   page-v2         Parquet's version 2 data pages and encodings (delta-encoded integers and strings)
   nodict          version 1 pages, no dictionary tried for the columns whose values are all distinct
   nodict-offset   version 1 pages, no dictionary for the Kafka offset alone
+  nodict-key      version 1 pages, no dictionary for the Kafka key either
   page-v2-nodict  version 2 pages, and no dictionary for those columns
   unordered-v2    no local sort order (Kafka order) and version 2 pages
 Each writer's table is measured too: bytes per event.
@@ -63,6 +64,7 @@ SHAPES: dict[str, dict[str, str]] = {
     "page-v2": PAGE_V2,
     "nodict": NO_DICTIONARY,
     "nodict-offset": {"write.parquet.dict-encoding-enabled.column.__metadata__.offset": "false"},
+    "nodict-key": {"write.parquet.dict-encoding-enabled.column.__metadata__.key": "false"},
     "page-v2-nodict": {**PAGE_V2, **NO_DICTIONARY},
     "unordered-v2": PAGE_V2,
 }

@@ -51,6 +51,7 @@ _LIST_SETTINGS = {
 # Spark's default redaction, and Kafka logins: kafka.sasl.jaas.config, set in the settings of a Kafka source
 # or sink, stays off the UI's environment page, the event log and plans. Catalog secrets (jdbc.password,
 # s3.secret-access-key) match it too.
+ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|jaas"
 
 CHECKPOINT_FILE_MANAGER = (
@@ -95,6 +96,10 @@ def session_conf(
         # Offset, commit and state files through Hadoop's FileSystem API: the same write-then-rename as the
         # default FileContext manager, about 20 ms less per file; a backfill writes two per micro-batch.
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+        # Where an application keeps its state in RocksDB, each commit writes the changes since the last,
+        # not a snapshot of the whole store: a join over 1.5 h of impressions commits in 12 ms instead of
+        # 870 (bench/apps). Ignored by Spark's default state store.
+        ROCKSDB_CHANGELOG: "true",
         "spark.redaction.regex": REDACTION_REGEX,
         **catalog.spark_conf(),
     }
