@@ -1,7 +1,6 @@
 package io.bergstream.schemas;
 
 import java.io.Serializable;
-import java.util.List;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericDatumReader;
 import org.apache.avro.io.BinaryDecoder;
@@ -10,19 +9,12 @@ import org.apache.spark.sql.Column;
 import org.apache.spark.sql.avro.AvroDeserializer;
 import org.apache.spark.sql.avro.SchemaConverters;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.internal.SQLConf;
-import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
 import scala.Option;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * A topic's Avro value decoded into its event, with the writer's schema resolved to the reader's, and
@@ -81,18 +73,7 @@ public final class StrictAvro implements Serializable {
         new StructType()
             .add(EVENT, eventType(readerJson), true)
             .add(STATUS, DataTypes.IntegerType, true);
-    Expression target = new Literal(decoder, new ObjectType(StrictAvro.class));
-    Expression decode =
-        new Invoke(
-            target,
-            "decode",
-            result,
-            CollectionConverters.asScala(List.of(ExpressionUtils.expression(value))).toSeq(),
-            CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(),
-            true,
-            true,
-            true);
-    return ExpressionUtils.column(decode);
+    return Decoding.column(decoder, result, value);
   }
 
   @Override

@@ -23,26 +23,19 @@ import java.util.Map;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.ArrayBasedMapData;
 import org.apache.spark.sql.catalyst.util.DateTimeUtils;
 import org.apache.spark.sql.catalyst.util.GenericArrayData;
-import org.apache.spark.sql.classic.ExpressionUtils;
-import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.catalyst.util.RebaseDateTime;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.MapType;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 import scala.Option;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * A topic's JSON value decoded into its event in one strict pass of Jackson over the value's bytes (the
@@ -139,19 +132,7 @@ public final class StrictJson implements Serializable {
     String zoneId = spark.conf().get("spark.sql.session.timeZone");
     StrictJson decoder =
         new StrictJson(name, eventType, timestampFields, earliestSeconds, latestSeconds, maxDepth, zoneId);
-    Expression target = new Literal(decoder, new ObjectType(StrictJson.class));
-    List<Expression> arguments = List.of(ExpressionUtils.expression(value));
-    Expression decode =
-        new Invoke(
-            target,
-            "decode",
-            resultType(eventType),
-            CollectionConverters.asScala(arguments).toSeq(),
-            CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(),
-            true,
-            true,
-            true);
-    return ExpressionUtils.column(decode);
+    return Decoding.column(decoder, resultType(eventType), value);
   }
 
   @Override
