@@ -58,9 +58,6 @@ import scala.jdk.javaapi.CollectionConverters;
 final class ParquetFiles {
   private static final Logger LOG = LoggerFactory.getLogger(ParquetFiles.class);
   private static final String FIELD_ID = "parquet.field.id";
-  // The least a task is given to read when an epoch's slices are packed: a task costs a few
-  // milliseconds to schedule and open its file, about what reading this much costs.
-  private static final long MIN_TASK_BYTES = 1L << 20;
 
   private final SparkSession session;
   private final StructType schema;
@@ -221,7 +218,10 @@ final class ParquetFiles {
   /**
    * An epoch's slices packed into about `tasks` groups of similar size, each read by one task:
    * neighbouring slices of a file join into one (its footer read once), cut where a group would
-   * grow past its share, and the pieces go largest first to the least-loaded group.
+   * grow past its share, and the pieces go largest first to the least-loaded group. A small table gets
+   * as many tasks as a large one: the tables of a backfill are read in one stage, each table's tasks
+   * after the previous table's, so a table's epoch read by one task would keep one core busy at the
+   * end of the stage while the others wait.
    */
   static List<Slice[]> pack(List<Slice> slices, int tasks) {
     List<Slice> sorted = new ArrayList<>(slices);
@@ -230,7 +230,7 @@ final class ParquetFiles {
     for (Slice slice : sorted) {
       total += slice.length();
     }
-    long share = Math.max(MIN_TASK_BYTES, (total + tasks - 1) / Math.max(1, tasks));
+    long share = (total + tasks - 1) / Math.max(1, tasks);
     List<Slice> pieces = new ArrayList<>();
     Slice run = null;
     for (Slice slice : sorted) {
