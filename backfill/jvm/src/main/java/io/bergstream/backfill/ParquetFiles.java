@@ -58,6 +58,7 @@ import scala.jdk.javaapi.CollectionConverters;
 final class ParquetFiles {
   private static final Logger LOG = LoggerFactory.getLogger(ParquetFiles.class);
   private static final String FIELD_ID = "parquet.field.id";
+  private static final String VECTORED_IO = "parquet.hadoop.vectored.io.enabled";
 
   private final SparkSession session;
   private final StructType schema;
@@ -66,11 +67,17 @@ final class ParquetFiles {
   private final Configuration hadoop;
   private Reader unfiltered;
 
-  private ParquetFiles(SparkSession session, StructType schema, Plan plan) {
+  private ParquetFiles(SparkSession session, StructType schema, Plan plan, boolean local) {
     this.session = session;
     this.schema = schema;
     this.plan = plan;
     this.hadoop = session.sessionState().newHadoopConf();
+    if (local && hadoop.get(VECTORED_IO) == null) {
+      // Hadoop's local file system serves vectored reads through an asynchronous channel and a thread
+      // pool: for files in the page cache, slower than plain reads (bench/README, "An epoch's tasks").
+      // Object stores keep Parquet's default, where vectored reads fetch ranges in parallel.
+      hadoop.setBoolean(VECTORED_IO, false);
+    }
   }
 
   /** One split of a data file: the row groups whose midpoints fall in [start, start + length). */
@@ -110,7 +117,7 @@ final class ParquetFiles {
     session.conf().set("spark.sql.parquet.fieldId.read.enabled", "true");
     // The epoch's bounds skip the pages of a row group that lie outside it (Parquet's column index).
     session.conf().set("spark.sql.parquet.filterPushdown", "true");
-    return new ParquetFiles(session, withIds, plan);
+    return new ParquetFiles(session, withIds, plan, "file".equals(scheme(table)));
   }
 
   /** The reader of whole row groups, made once. */
@@ -152,15 +159,20 @@ final class ParquetFiles {
     if (table.properties().containsKey(TableProperties.DEFAULT_NAME_MAPPING)) {
       return "it has a name mapping (files without field ids)";
     }
-    String location = table.location();
-    int colon = location.indexOf(':');
-    String scheme = colon > 0 ? location.substring(0, colon) : "file";
+    String scheme = scheme(table);
     try {
       FileSystem.getFileSystemClass(scheme, SparkSession.active().sessionState().newHadoopConf());
     } catch (IOException | RuntimeException e) {
       return "Hadoop has no FileSystem for " + scheme + "://";
     }
     return null;
+  }
+
+  /** The scheme of the table's location, "file" where it names none. */
+  private static String scheme(Table table) {
+    String location = table.location();
+    int colon = location.indexOf(':');
+    return colon > 0 ? location.substring(0, colon) : "file";
   }
 
   private static Schema schemaOf(Table table, Plan plan) {
