@@ -107,6 +107,32 @@ def test_a_sources_own_max_offsets_per_trigger_wins_over_the_applications(tmp_pa
     assert load(write(tmp_path, sources=sources)).max_offsets("playback") is None
 
 
+def test_options_written_as_yaml_numbers_and_booleans_reach_spark_as_the_strings_it_takes(
+    tmp_path: Path,
+) -> None:
+    sources = {
+        "playback": {"topic": "playback", "kafka": {"maxOffsetsPerTrigger": 25000, "failOnDataLoss": False}}
+    }
+    spark = {"conf": {"spark.sql.shuffle.partitions": 2, "spark.sql.ansi.enabled": True,
+                      "spark.memory.fraction": 0.5}}  # fmt: skip
+    catalog = {**CATALOG, "properties": {"cache-enabled": False}}
+    settings = load(
+        write(tmp_path, sources=sources, spark=spark, catalog=catalog, kafka={"kafka.linger.ms": 5})
+    )
+    assert settings.sources["playback"].kafka == {"maxOffsetsPerTrigger": "25000", "failOnDataLoss": "false"}
+    assert settings.max_offsets("playback") == 25_000
+    assert settings.kafka == {"kafka.bootstrap.servers": "127.0.0.1:9092", "kafka.linger.ms": "5"}
+    assert settings.spark.conf == {"spark.sql.shuffle.partitions": "2", "spark.sql.ansi.enabled": "true",
+                                   "spark.memory.fraction": "0.5"}  # fmt: skip
+    assert settings.catalog.properties == {"cache-enabled": "false"}
+    # A list or a mapping is no option value: refused, naming the key.
+    bad = {"playback": {"topic": "playback", "kafka": {"failOnDataLoss": [False]}}}
+    with pytest.raises(
+        BackfillConfigError, match=r"sources\.playback\.kafka\.failOnDataLoss: Input should be a valid string"
+    ):
+        load(write(tmp_path, sources=bad))
+
+
 def test_a_live_source_without_a_broker_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BackfillConfigError, match=r"kafka\.bootstrap\.servers is missing for live source"):
         load_app_settings("sessionizer", write(tmp_path), defaults={"catalog": CATALOG,

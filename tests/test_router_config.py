@@ -53,6 +53,16 @@ def test_hostile_settings_are_refused_naming_the_file_and_key(
     assert message in str(refused.value)
 
 
+def test_kafka_options_written_as_yaml_numbers_and_booleans_are_the_strings_spark_takes(
+    tmp_path: Path,
+) -> None:
+    kafka = {**SETTINGS["kafka"], "kafka.fetch.max.wait.ms": 10, "failOnDataLoss": True}
+    config = load_router_config("playback", settings_file(tmp_path, "playback", kafka=kafka), defaults={},
+                                overrides={})  # fmt: skip
+    assert config.kafka["kafka.fetch.max.wait.ms"] == "10"
+    assert config.kafka["failOnDataLoss"] == "true"
+
+
 @pytest.mark.parametrize("topic", ["..", ".", "a/b", "../../etc/passwd", "a\\b", "x" * 250, "", "a\n"])
 def test_a_topic_that_is_not_a_kafka_name_is_refused_before_any_file_is_read(
     tmp_path: Path, topic: str

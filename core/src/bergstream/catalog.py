@@ -13,6 +13,7 @@ from urllib.parse import quote, urlparse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from bergstream.errors import ConfigError
+from bergstream.settings_file import OptionValue
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
@@ -41,7 +42,7 @@ class CatalogConfig(BaseModel):
     namespace: str = Field(default="archive", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     user: str | None = None
     password: SecretStr | None = None
-    properties: dict[str, str] = Field(default_factory=dict)
+    properties: dict[str, OptionValue] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _uri_matches_type(self) -> CatalogConfig:

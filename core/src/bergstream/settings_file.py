@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BeforeValidator, ValidationError
 
 from bergstream.errors import ConfigError
+
+
+def option_string(value: Any) -> Any:
+    """An option of Spark, Kafka or a catalog written as a YAML number or boolean, as the string they take:
+    `maxOffsetsPerTrigger: 25000` is "25000", `failOnDataLoss: false` is "false". Anything else is left to
+    be refused as not a string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+# The value of an option handed on as a string (Spark's settings, its Kafka source's, a catalog's).
+OptionValue = Annotated[str, BeforeValidator(option_string)]
 
 
 def read_mapping(path: Path) -> dict[str, Any]:

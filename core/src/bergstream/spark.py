@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
+from bergstream.settings_file import OptionValue
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,7 +27,7 @@ class SparkSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     master: str = DEFAULT_MASTER
-    conf: dict[str, str] = Field(default_factory=dict)
+    conf: dict[str, OptionValue] = Field(default_factory=dict)
 
 
 LOCAL_LOG_CONFIG = Path(__file__).parent / "spark-log4j2.properties"

@@ -23,7 +23,7 @@ from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
-from bergstream.settings_file import layered, problems
+from bergstream.settings_file import OptionValue, layered, problems
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration
@@ -134,7 +134,7 @@ class RouterConfig(BaseModel):
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
     # Never printed: kafka.sasl.jaas.config holds a password.
-    kafka: dict[str, str] = Field(repr=False)
+    kafka: dict[str, OptionValue] = Field(repr=False)
     trigger_interval: str = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)

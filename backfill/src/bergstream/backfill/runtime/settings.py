@@ -24,7 +24,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
-from bergstream.settings_file import layered, problems, read_mapping
+from bergstream.settings_file import OptionValue, layered, problems, read_mapping
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
 from bergstream.timeparse import format_duration, parse_duration, parse_instant
@@ -57,7 +57,7 @@ class SourceSettings(BaseModel):
     # The archive table: T, namespace.T or catalog.namespace.T; default: the topic's name.
     table: str | None = None
     # Options of Spark's Kafka source for this topic alone, over the application's `kafka`.
-    kafka: dict[str, str] = Field(default_factory=dict)
+    kafka: dict[str, OptionValue] = Field(default_factory=dict)
     # Live values in a schema registry's wire format, as the topic's router reads them; the source's columns
     # are the subject's newest version when the run starts.
     schema_registry: SchemaRegistrySettings | None = None
@@ -125,7 +125,7 @@ class AppSettings(BaseModel):
     sources: dict[str, SourceSettings]
     backfill: BackfillSettings = Field(default_factory=BackfillSettings)
     # Options of Spark's Kafka source shared by every live source (kafka.bootstrap.servers, ...).
-    kafka: dict[str, str] = Field(default_factory=dict)
+    kafka: dict[str, OptionValue] = Field(default_factory=dict)
     catalog: CatalogConfig
     checkpoint_location: str
     trigger_interval: str = "30 seconds"
