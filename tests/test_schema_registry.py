@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -27,6 +29,7 @@ from pyspark.sql import SparkSession
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import Unordered
 from bergstream.backfill.replay import replay
+from bergstream.cli import cli
 from bergstream.errors import ConfigError
 from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.events import EventModel
@@ -145,6 +148,67 @@ def test_a_login_the_registry_refuses_is_one_line_without_the_password(
             RegistryTopic(wrong)
         assert "refused the versions of subject guarded-value (HTTP 401)" in str(refused.value)
         assert "wrong-pw" not in str(refused.value)
+    finally:
+        registry_server.stop(secured)
+
+
+@pytest.mark.integration
+def test_a_replay_logs_in_to_the_registry_with_the_topics_settings_file(
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+) -> None:
+    secured = registry_server.SchemaRegistryConfig(
+        tmp_path / "r", "127.0.0.1", free_port(), "router", "right-pw"
+    )
+    registry_server.start(secured)
+    try:
+        login = {"url": secured.url, "basic.auth.user.info": "router:right-pw"}
+        request = ProduceRequest(topic=topic_name, schema="playback", count=50, encoding="avro", partitions=1,
+                                 schema_registry=SchemaRegistrySettings.model_validate(login))  # fmt: skip
+        produce(request, stack.bootstrap_servers, show_progress=False)
+        assert (
+            archive_available_now(spark, _config(stack, topic_name, tmp_path, "avro", **login)).archived == 50
+        )
+        catalog = stack.catalog.model_dump(mode="json", exclude_none=True)
+        now = datetime.now(UTC)
+        start, end = (now - timedelta(hours=1)).isoformat(), (now + timedelta(hours=1)).isoformat()
+        replayed = f"{topic_name}_replay"
+        command = ["backfill", "replay", "--table", topic_name, "--to-topic", replayed, "--start", start,
+                   "--end", end, "--bootstrap-servers", stack.bootstrap_servers]  # fmt: skip
+
+        # The catalog alone: the registry the router recorded, without a login, refuses the replay.
+        catalog_only = tmp_path / "catalog.yaml"
+        catalog_only.write_text(yaml.safe_dump({"catalog": catalog}))
+        refused = CliRunner().invoke(cli, [*command, "--config", str(catalog_only)])
+        assert refused.exit_code != 0
+        assert f"the schema registry at {secured.url} refused" in str(refused.exception), refused.output
+        assert "HTTP 401" in str(refused.exception)
+
+        # The topic's settings file logs in with its schema_registry section.
+        topic_file = tmp_path / f"{topic_name}.yaml"
+        topic_file.write_text(
+            yaml.safe_dump({"topic": topic_name, "catalog": catalog, "schema_registry": login})
+        )
+        done = CliRunner().invoke(cli, [*command, "--config", str(topic_file)])
+        assert done.exit_code == 0, done.output
+        consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": replayed,
+                             "auto.offset.reset": "earliest"})  # fmt: skip
+        consumer.subscribe([replayed])
+        deserializer = AvroDeserializer(
+            SchemaRegistryClient(SchemaRegistrySettings.model_validate(login).client_config())
+        )
+        events = []
+        deadline = time.monotonic() + 60
+        while len(events) < 50 and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None:
+                assert message.error() is None
+                events.append(
+                    deserializer(message.value(), SerializationContext(replayed, MessageField.VALUE))
+                )
+        consumer.close()
+        archived = Counter((row["playback_id"], row["event_type"]) for row in _rows(stack, topic_name))
+        assert Counter((event["playback_id"], event["event_type"]) for event in events) == archived
+        assert len(events) == 50
     finally:
         registry_server.stop(secured)
 

@@ -169,7 +169,14 @@ def backfill_release(
 @click.option("--schema", default=None, help="Event schema (default: the table's bergstream.schema).")
 @click.option("--encoding", type=click.Choice(["json", "avro"]), default=None,
               help="Value encoding (default: the table's bergstream.encoding).")  # fmt: skip
-@CATALOG_CONFIG
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A topic's settings file: its catalog, and its schema_registry section (with its login) to encode "
+    "values with (default: the site's catalog, else the local stack's; the registry the router recorded).",
+)
 @CLIENT_CONFIG
 @click.option("--producer-option", "producer_options", multiple=True, metavar="KEY=VALUE",
               help="librdkafka producer setting (linger.ms=50, ...), repeatable.")  # fmt: skip
@@ -202,6 +209,7 @@ def backfill_replay(
     epoch; with --strict, in (ingestion time, partition, offset) order."""
     from bergstream.backfill.read.batches import window_of
     from bergstream.backfill.replay import replay
+    from bergstream.backfill.runtime.settings import registry_from_file
     from bergstream.cli.endpoints import Endpoints
 
     configure_logging()
@@ -217,5 +225,6 @@ def backfill_replay(
         endpoints.catalog(config_file), table, window_of(start, end), order, to_topic, producer_config,
         regions=list(regions) or None, include_dead_letters=include_dead_letters,
         schema=schema, encoding=encoding, partitions=partitions,
+        schema_registry=registry_from_file(config_file) if config_file is not None else None,
     )  # fmt: skip
     click.echo(report.summary())

@@ -237,6 +237,19 @@ def catalog_from_file(path: Path) -> CatalogConfig:
         raise BackfillConfigError(f"{path}: {problems(error, 'catalog.')}") from error
 
 
+def registry_from_file(path: Path) -> SchemaRegistrySettings | None:
+    """The `schema_registry` section of a topic's settings file, login included; None where it has none."""
+    if not path.exists():
+        raise BackfillConfigError(f"{path}: no such file")
+    section = read_mapping(path).get("schema_registry")
+    if section is None:
+        return None
+    try:
+        return SchemaRegistrySettings.model_validate(section)
+    except ValidationError as error:
+        raise BackfillConfigError(f"{path}: {problems(error, 'schema_registry.')}") from error
+
+
 def bootstrap_checkpoint(settings: AppSettings) -> str:
     """The checkpoint of an application bootstrapped from a time: the live query it becomes keeps it, so
     the same command resumes it in either phase; another time, or another bound, is another query."""
