@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig, load_router_config, topic_file
+from bergstream.router.schedule import next_wait
 from bergstream.router.table import maintained_properties
 
 CATALOG = {"uri": "jdbc:sqlite:/data/catalog.db", "warehouse": "file:///data/warehouse"}
@@ -173,3 +174,11 @@ def test_the_topics_folder_is_the_flags_else_the_environments_else_the_sites(
     monkeypatch.setenv("BERGSTREAM_TOPICS_DIR", str(tmp_path / "environment"))
     assert load_router_config("playback", None, defaults={}, overrides={}).table == "environment"
     assert topic_file("playback", tmp_path / "flag") == tmp_path / "flag" / "playback.yaml"
+
+
+def test_a_failed_maintenance_run_is_tried_again_soon_then_less_often_never_later_than_its_time() -> None:
+    hour = 3600.0
+    assert next_wait(hour, 0) == hour
+    assert [next_wait(hour, failures) for failures in (1, 2, 3, 6, 7, 20)] == [60, 120, 240, 1920, 3600, 3600]
+    # An interval shorter than the first retry's wait: the interval.
+    assert next_wait(30.0, 0) == next_wait(30.0, 1) == next_wait(30.0, 5) == 30.0

@@ -1,8 +1,10 @@
 """Maintenance inside the router: `router maintain` every `maintenance.every`, in a thread of the driver.
 
 Compaction and snapshot expiry commit beside the router's appends; Iceberg retries whichever loses the race,
-and expiry keeps what a restart needs (router/maintain.py). A run that fails is logged and counted, and the
-next one comes at its time: archiving never waits for maintenance.
+and expiry keeps what a restart needs (router/maintain.py). A run that fails (most often a compaction whose
+commit lost the race more times than Iceberg retries it) is logged and counted, and tried again a minute
+later, then after twice as long for each failure in a row, never later than its time: archiving never waits
+for maintenance.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 
 from pyspark.sql import SparkSession
 
@@ -17,13 +20,25 @@ from bergstream.errors import first_line
 from bergstream.router.config import MANY_SNAPSHOTS, RouterConfig
 from bergstream.router.maintain import maintain
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.retry import java_causes
+from bergstream.router.retry import Backoff, java_causes
+from bergstream.timeparse import format_duration
 
 log = logging.getLogger("bergstream.router.maintenance")
+# The wait before the first attempt after a failed run; it doubles with each failure in a row.
+RETRY_AFTER_SECONDS = 60.0
+
+
+def next_wait(every: float, failures_in_a_row: int) -> float:
+    """Seconds until the next run: `every` after a run that succeeded, sooner after a failure."""
+    if failures_in_a_row == 0:
+        return every
+    backoff = Backoff(initial_backoff_seconds=min(RETRY_AFTER_SECONDS, every), max_backoff_seconds=every)
+    return backoff.delay(failures_in_a_row)
 
 
 class MaintenanceSchedule:
-    """Runs `maintain` every `config.maintenance.every`, the first time one interval after `start`."""
+    """Runs `maintain` every `config.maintenance.every`, the first time one interval after `start`, and
+    sooner after a run that failed (`next_wait`)."""
 
     def __init__(self, spark: SparkSession, config: RouterConfig, metrics: RouterMetrics) -> None:
         every = config.maintenance.every_seconds
@@ -59,23 +74,26 @@ class MaintenanceSchedule:
 
     def _loop(self) -> None:
         self.spark.sparkContext.setJobGroup(self._job_group, "bergstream router maintenance", True)
-        while not self._stop.wait(self.every):
-            self.run_once()
+        failures = 0
+        while not self._stop.wait(next_wait(self.every, failures)):
+            failures = 0 if self.run_once(failures) else failures + 1
 
-    def run_once(self) -> None:
+    def run_once(self, failures_before: int = 0) -> bool:
+        """One run; whether it succeeded. `failures_before`: the runs that failed in a row before it."""
         topic, metrics = self.config.topic, self.metrics
         started = time.monotonic()
         try:
             results = maintain(self.spark, self.config)
         except Exception as error:
             if self._stop.is_set():
-                return
+                return False
             metrics.maintenance_runs.labels(topic, "failed").inc()
             causes = java_causes(error)  # the Java exception at the root says what went wrong
-            log.error("%s: maintenance failed, tried again in %s: %s", topic, self.config.maintenance.every,
+            retry = format_duration(timedelta(seconds=round(next_wait(self.every, failures_before + 1))))
+            log.error("%s: maintenance failed, tried again in %s: %s", topic, retry,
                       causes[-1].line if causes else first_line(error))  # fmt: skip
             log.debug("maintenance of %s failed", topic, exc_info=True)
-            return
+            return False
         seconds = time.monotonic() - started
         metrics.maintenance_runs.labels(topic, "done").inc()
         metrics.maintenance_duration.labels(topic).observe(seconds)
@@ -84,6 +102,7 @@ class MaintenanceSchedule:
             metrics.maintenance_expired_snapshots.labels(topic, result.table).inc(result.expired_snapshots)
             metrics.maintenance_backfill_held_snapshots.labels(topic, result.table).set(len(result.held))
         log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, self.config.maintenance.every)
+        return True
 
 
 def warn_of_long_history(config: RouterConfig) -> None:
