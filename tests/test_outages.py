@@ -105,12 +105,29 @@ def test_a_catalog_database_down_past_the_backoff_cap_loses_and_repeats_nothing(
             offsets |= batch(3)
             eventually(lambda: router.handled() == 6000, "2,000 more after the outage")
             assert router.metric("bergstream_router_records_dead_lettered_total") < 0.05 * 6000
+            # Stopped while a batch waits for the catalog: it stops at once, and that batch is archived
+            # when the router starts again.
+            postgres.stop(mode="immediate")
+            offsets |= batch(4)
+            retries = router.metric("bergstream_router_commit_retries_total")
+            eventually(lambda: router.metric("bergstream_router_commit_retries_total") > retries, "a retry")
         finally:
             router.stop()
         failures = router.log_lines(OUTAGE_LINE)
-        assert len(failures) >= 5, "one log line per attempt, with backoff 0.5, 1, 2, then 4 s at the cap"
+        assert len(failures) >= 6, "one log line per attempt, with backoff 0.5, 1, 2, then 4 s at the cap"
         assert all("PSQLException" in line or "Connection" in line for line in failures), failures[0]
         assert len(router.log_lines(RECOVERY_LINE)) == 1
+        assert router.log_lines("stopped while batch"), router.log.read_text()[-3000:]
+        stopped = router.log.read_text()
+        assert "StackOverflowError" not in stopped, stopped[stopped.index("StackOverflowError") - 2000 :][
+            :4000
+        ]
+        postgres.start()
+        router = RunningRouter(stack, topic_name, tmp_path, catalog)
+        try:
+            eventually(lambda: router.handled() == 2000, "the batch of the stop archived by the next run")
+        finally:
+            router.stop()
         seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), topic_name)
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
     assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
