@@ -139,3 +139,26 @@ def test_records_purged_after_a_fatal_error_only_logged_are_explained_by_it() ->
     # A broker's own refusal still says more.
     refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     assert errors.explain(_Polled(), refused) == refused.str()
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("produce", ["--topic", "t", "--count", "1"]),
+        ("backfill replay", ["--table", "t", "--to-topic", "u", "--start", "2026-11-22T00:00:00Z",
+                             "--end", "2026-11-22T01:00:00Z", "--producer-property", "linger.ms=5"]),
+    ],
+)  # fmt: skip
+def test_kafka_tools_option_names_are_taken_as_aliases(command: str, args: list[str]) -> None:
+    from bergstream.cli import cli
+
+    group, *names = command.split()
+    chosen = cli.commands[group]
+    for name in names:
+        chosen = chosen.commands[name]  # type: ignore[attr-defined]
+    aliases = ["--bootstrap-server", "127.0.0.1:9092", "--command-config", "client.properties"]
+    context = chosen.make_context(command, [*args, *aliases])
+    assert context.params["bootstrap_servers"] == "127.0.0.1:9092"
+    assert context.params["client_config"] == Path("client.properties")
+    if "--producer-property" in args:
+        assert context.params["producer_options"] == ("linger.ms=5",)

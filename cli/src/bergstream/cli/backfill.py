@@ -160,6 +160,7 @@ def backfill_release(
 @click.option("--include-dead-letters", is_flag=True, help="Also republish the raw dead-lettered records.")
 @click.option(
     "--bootstrap-servers",
+    "--bootstrap-server",
     default=None,
     help="Kafka to send to (default: the site settings', else the local stack's).",
 )
@@ -178,8 +179,14 @@ def backfill_release(
     "values with (default: the site's catalog, else the local stack's; the registry the router recorded).",
 )
 @CLIENT_CONFIG
-@click.option("--producer-option", "producer_options", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka producer setting (linger.ms=50, ...), repeatable.")  # fmt: skip
+@click.option(
+    "--producer-option",
+    "--producer-property",
+    "producer_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="librdkafka producer setting (linger.ms=50, ...), repeatable.",
+)
 @DATA_DIR
 def backfill_replay(
     table: str,

@@ -20,6 +20,7 @@ TABLE = click.option(
 )
 CLIENT_CONFIG = click.option(
     "--client-config",
+    "--command-config",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Kafka client settings, Java client names (security.protocol, sasl.jaas.config, ...), as a "

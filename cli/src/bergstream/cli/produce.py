@@ -42,6 +42,7 @@ from bergstream.cli.options import CLIENT_CONFIG, DATA_DIR
 )
 @click.option(
     "--bootstrap-servers",
+    "--bootstrap-server",
     default=None,
     help="Kafka to send to (default: the site settings', else the local stack's).",
 )
