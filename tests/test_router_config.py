@@ -182,3 +182,40 @@ def test_a_failed_maintenance_run_is_tried_again_soon_then_less_often_never_late
     assert [next_wait(hour, failures) for failures in (1, 2, 3, 6, 7, 20)] == [60, 120, 240, 1920, 3600, 3600]
     # An interval shorter than the first retry's wait: the interval.
     assert next_wait(30.0, 0) == next_wait(30.0, 1) == next_wait(30.0, 5) == 30.0
+
+
+def test_conf_flags_lay_spark_settings_over_the_files(tmp_path: Path) -> None:
+    from bergstream.cli.options import spark_overrides
+
+    spark = {"conf": {"spark.sql.shuffle.partitions": 8, "spark.ui.enabled": False}}
+    path = settings_file(tmp_path, "playback", spark=spark)
+    flags = ("spark.sql.shuffle.partitions=2", "spark.driver.extraJavaOptions=-Da=b -Dc=d=e")
+    config = load_router_config("playback", path, defaults={}, overrides={"spark": spark_overrides(flags)})
+    assert config.spark.conf == {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.driver.extraJavaOptions": "-Da=b -Dc=d=e",
+    }
+
+
+WINDOW_FLAGS = ["--start", "2026-11-22T00:00:00Z", "--end", "2026-11-22T01:00:00Z"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["router", "run", "--topic", "playback"],
+        ["router", "maintain", "--topic", "playback"],
+        ["router", "redrive", "--topic", "playback"],
+        ["backfill", "run", "--app", "sessionizer", *WINDOW_FLAGS],
+        ["app", "run", "--app", "sessionizer"],
+    ],
+)
+def test_a_conf_flag_without_a_value_is_refused_before_spark_starts(command: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from bergstream.cli import cli
+
+    refused = CliRunner().invoke(cli, [*command, "--conf", "spark.ui.enabled"])
+    assert refused.exit_code == 2
+    assert "'spark.ui.enabled': write KEY=VALUE" in refused.output

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bergstream.cli.options import DATA_DIR, configure_logging, echo_lines, with_options
+from bergstream.cli.options import (
+    DATA_DIR,
+    SPARK_CONF,
+    configure_logging,
+    echo_lines,
+    spark_overrides,
+    with_options,
+)
 
 if TYPE_CHECKING:
     from bergstream.backfill.runtime.settings import AppSettings
@@ -32,6 +39,7 @@ APP_OPTIONS = [
     click.option("--checkpoint", default=None, help="Checkpoint location (default: one per run's request)."),
     click.option("--output-table", default=None, help="Where the application's output goes."),
     click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+    SPARK_CONF,
 ]
 
 
@@ -82,6 +90,7 @@ def app_run(
     checkpoint: str | None,
     output_table: str | None,
     as_json: bool,
+    spark_conf: tuple[str, ...],
     available_now: bool,
     start_from: str | None,
     max_misalignment: str | None,
@@ -99,6 +108,7 @@ def app_run(
         "mode": "live" if start_from is None else "bootstrap",
         "entry": entry,
         "output_table": output_table,
+        "spark": spark_overrides(spark_conf),
     }
     if start_from is not None:
         overrides["backfill"] = {"start": start_from, "max_misalignment": max_misalignment}

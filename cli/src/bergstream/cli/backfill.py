@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bergstream.cli.app import APP_OPTIONS, run_application
-from bergstream.cli.options import CLIENT_CONFIG, DATA_DIR, configure_logging, echo_lines, with_options
+from bergstream.cli.options import (
+    CLIENT_CONFIG,
+    DATA_DIR,
+    configure_logging,
+    echo_lines,
+    spark_overrides,
+    with_options,
+)
 
 if TYPE_CHECKING:
     from bergstream.backfill.read.order import OrderingPolicy
@@ -99,6 +106,7 @@ def backfill_run(
     checkpoint: str | None,
     output_table: str | None,
     as_json: bool,
+    spark_conf: tuple[str, ...],
     start: str,
     end: str,
     max_misalignment: str | None,
@@ -121,7 +129,8 @@ def backfill_run(
         "strict": strict or None,
         "regions": list(regions) or None,
     }
-    overrides = {"mode": "backfill", "entry": entry, "output_table": output_table, "backfill": window}
+    overrides = {"mode": "backfill", "entry": entry, "output_table": output_table, "backfill": window,
+                 "spark": spark_overrides(spark_conf)}  # fmt: skip
     defaults = Endpoints.resolve(data_dir).app_defaults(app)
     settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
     checkpoint = checkpoint or backfill_checkpoint(settings)

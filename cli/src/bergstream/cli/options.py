@@ -26,6 +26,27 @@ CLIENT_CONFIG = click.option(
     help="Kafka client settings, Java client names (security.protocol, sasl.jaas.config, ...), as a "
     "properties file (default: the site's kafka settings, else the local stack's producer).",
 )
+SPARK_CONF = click.option(
+    "--conf",
+    "spark_conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark setting, as spark-submit takes it (spark.sql.shuffle.partitions=4), over the settings "
+    "file's spark.conf; repeatable.",
+)
+
+
+def spark_overrides(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """The `spark:` settings of `--conf KEY=VALUE` flags, to lay over a settings file's; None without any."""
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise click.BadParameter(f"{pair!r}: write KEY=VALUE", param_hint="--conf")
+        conf[key.strip()] = value
+    return {"conf": conf} if conf else None
+
+
 ROUTER_CONFIG = click.option(
     "--config",
     "config_file",

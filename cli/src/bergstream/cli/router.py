@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bergstream.cli.options import DATA_DIR, ROUTER_CONFIG, TABLE, TOPICS_DIR, configure_logging, echo_lines
+from bergstream.cli.options import (
+    DATA_DIR,
+    ROUTER_CONFIG,
+    SPARK_CONF,
+    TABLE,
+    TOPICS_DIR,
+    configure_logging,
+    echo_lines,
+    spark_overrides,
+)
 from bergstream.errors import BergstreamError
 
 if TYPE_CHECKING:
@@ -70,6 +79,7 @@ def topic_loader(
     "snapshots, remove orphan files; never leaves it to `router maintain` (default: maintenance.every "
     "of the topic's file; else 1h).",
 )  # fmt: skip
+@SPARK_CONF
 @DATA_DIR
 def router_run(
     topics: tuple[str, ...],
@@ -84,6 +94,7 @@ def router_run(
     available_now: bool,
     metrics_port: int | None,
     maintain_every: str | None,
+    spark_conf: tuple[str, ...],
     data_dir: Path | None,
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
@@ -115,6 +126,7 @@ def router_run(
     overrides = {
         "schema": schema, "table": table, "metrics_port": metrics_port,
         "maintenance": None if maintain_every is None else {"every": maintain_every},
+        "spark": spark_overrides(spark_conf),
     }  # fmt: skip
     request = Launch(
         topics=topics_in(topics_folder(topics_dir)) if all_topics else list(topics),
@@ -138,15 +150,23 @@ def router_run(
 @click.option("--topic", required=True, help="The topic whose tables to maintain.")
 @TABLE
 @ROUTER_CONFIG
+@SPARK_CONF
 @DATA_DIR
-def router_maintain(topic: str, table: str | None, config_file: Path | None, data_dir: Path | None) -> None:
+def router_maintain(
+    topic: str,
+    table: str | None,
+    config_file: Path | None,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
     """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.maintain import maintain
     from bergstream.spark import spark_session
 
     configure_logging()
-    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, {"table": table})(topic)
+    overrides = {"table": table, "spark": spark_overrides(spark_conf)}
+    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
     with spark_session(config.catalog, config.spark, f"bergstream-maintain-{topic}") as spark:
         now = datetime.now(UTC)
         for result in maintain(spark, config, now):
@@ -164,6 +184,7 @@ def router_maintain(topic: str, table: str | None, config_file: Path | None, dat
 )
 @TABLE
 @ROUTER_CONFIG
+@SPARK_CONF
 @DATA_DIR
 def router_redrive(
     topic: str,
@@ -172,6 +193,7 @@ def router_redrive(
     schema: str | None,
     table: str | None,
     config_file: Path | None,
+    spark_conf: tuple[str, ...],
     data_dir: Path | None,
 ) -> None:
     """Parse a topic's dead letters again: archive those that parse now, exactly once, and mark them."""
@@ -182,7 +204,7 @@ def router_redrive(
     if reason is not None and not reason.strip():
         raise click.BadParameter("give some text of the reason", param_hint="--reason")
     configure_logging()
-    overrides = {"schema": schema, "table": table}
+    overrides = {"schema": schema, "table": table, "spark": spark_overrides(spark_conf)}
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
     with spark_session(config.catalog, config.spark, f"bergstream-redrive-{topic}") as spark:
         report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
