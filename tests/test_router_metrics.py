@@ -213,3 +213,31 @@ def test_a_taken_metrics_port_is_refused_with_the_port_named() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(BergstreamError, match=f"127.0.0.1:{port}.*--metrics-port"):
             RouterMetrics("playback").serve(port, "127.0.0.1")
+
+
+def test_the_driver_exports_its_process_gc_python_and_build_beside_the_routers_metrics() -> None:
+    from importlib.metadata import version
+
+    from prometheus_client import generate_latest
+
+    from bergstream.router.metrics import RouterMetrics
+
+    families = {family.name: family for family in text_string_to_metric_families(
+        generate_latest(RouterMetrics("playback").registry).decode())}  # fmt: skip
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds",
+        "python_gc_collections",
+        "python_info",
+    ):
+        assert name in families, name
+    (build,) = families["bergstream_build_info"].samples
+    assert build.labels["version"] == version("bergstream") and build.value == 1
+    assert build.labels["pyspark"] == version("pyspark")
+    # A registry given by the caller is left as it is.
+    from prometheus_client import CollectorRegistry
+
+    assert (
+        "process_cpu_seconds"
+        not in generate_latest(RouterMetrics("playback", CollectorRegistry()).registry).decode()
+    )

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 
 from bergstream.errors import BergstreamError
 
@@ -10,10 +23,29 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _MAINTENANCE_SECONDS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
 
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class RouterMetrics:
     def __init__(self, topic: str, registry: CollectorRegistry | None = None) -> None:
         self.topic = topic
-        self.registry = registry if registry is not None else CollectorRegistry()
+        if registry is None:
+            # The driver's own registry, with what Prometheus's default one holds: the process (CPU, memory,
+            # open files), Python's garbage collector and version, and which bergstream this is.
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+            build = Info(
+                "bergstream_build", "The bergstream, PySpark and Python of this driver", registry=registry
+            )
+            build.info({"version": _version("bergstream"), "pyspark": _version("pyspark"),
+                        "python": platform.python_version()})  # fmt: skip
+        self.registry = registry
         r = self.registry
         self.records_read = Counter(
             "bergstream_router_records_read", "Records read from Kafka", ["topic", "partition"], registry=r
