@@ -162,3 +162,17 @@ def test_kafka_tools_option_names_are_taken_as_aliases(command: str, args: list[
     assert context.params["client_config"] == Path("client.properties")
     if "--producer-property" in args:
         assert context.params["producer_options"] == ("linger.ms=5",)
+
+
+def test_a_producer_option_without_a_value_is_refused_naming_it() -> None:
+    from click.testing import CliRunner
+
+    from bergstream.cli import cli
+
+    refused = CliRunner().invoke(cli, [
+        "backfill", "replay", "--table", "t", "--to-topic", "u", "--start", "2026-11-22T00:00:00Z",
+        "--end", "2026-11-22T01:00:00Z", "--bootstrap-server", "127.0.0.1:1",
+        "--producer-property", "linger.ms",
+    ])  # fmt: skip
+    assert refused.exit_code == 2
+    assert "'linger.ms': write KEY=VALUE" in refused.output and "--producer-option" in refused.output

@@ -13,6 +13,7 @@ from bergstream.cli.options import (
     DATA_DIR,
     configure_logging,
     echo_lines,
+    key_values,
     spark_overrides,
     with_options,
 )
@@ -231,11 +232,7 @@ def backfill_replay(
     configure_logging()
     endpoints = Endpoints.resolve(data_dir)
     producer_config: dict[str, Any] = endpoints.kafka_client(bootstrap_servers, client_config)
-    for option in producer_options:
-        key, equals, value = option.partition("=")
-        if not equals or not key:
-            raise click.BadParameter(f"{option!r}: write KEY=VALUE", param_hint="--producer-option")
-        producer_config[key] = value
+    producer_config.update(key_values(producer_options, "--producer-option"))
     order = _ordering(max_misalignment, strict)
     report = replay(
         endpoints.catalog(config_file), table, window_of(start, end), order, to_topic, producer_config,

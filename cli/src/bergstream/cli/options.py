@@ -36,14 +36,20 @@ SPARK_CONF = click.option(
 )
 
 
-def spark_overrides(pairs: tuple[str, ...]) -> dict[str, Any] | None:
-    """The `spark:` settings of `--conf KEY=VALUE` flags, to lay over a settings file's; None without any."""
-    conf: dict[str, str] = {}
+def key_values(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    """The settings of a repeatable `flag KEY=VALUE`; a pair without `=` or key is refused, naming it."""
+    settings: dict[str, str] = {}
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals or not key.strip():
-            raise click.BadParameter(f"{pair!r}: write KEY=VALUE", param_hint="--conf")
-        conf[key.strip()] = value
+            raise click.BadParameter(f"{pair!r}: write KEY=VALUE", param_hint=flag)
+        settings[key.strip()] = value
+    return settings
+
+
+def spark_overrides(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """The `spark:` settings of `--conf KEY=VALUE` flags, to lay over a settings file's; None without any."""
+    conf = key_values(pairs, "--conf")
     return {"conf": conf} if conf else None
 
 
