@@ -139,9 +139,14 @@ def test_maintain_every_runs_inside_the_running_router(
     try:
         eventually(maintained, "the router's maintenance to compact the closed hour and expire snapshots",
                    timeout=240)  # fmt: skip
+
+        def batches_kept() -> set[str]:
+            snapshots = stack.catalog.load().load_table(table_name).snapshots()
+            return {str(s.summary[BATCH_ID]) for s in snapshots if s.summary and BATCH_ID in s.summary}
+
+        # The first batch's snapshot is the oldest: expiry takes it once it is past the retention.
+        eventually(lambda: "0" not in batches_kept(), "the first batch's snapshot to expire", timeout=120)
         table = stack.catalog.load().load_table(table_name)
-        commits = [line for line in log.read_text().splitlines() if f"{topic_name} batch" in line]
-        assert len(table.snapshots()) < len(commits), "no snapshot expired"
         assert NEWEST_APPEND_TAG in table.metadata.refs
         metrics = exported()
         assert metric(metrics, 'bergstream_router_maintenance_runs_total{outcome="done"') >= 1
