@@ -32,13 +32,19 @@ _STREAMING_ONLY = (
 
 
 def kafka_stream(
-    spark: SparkSession, topic: str, options: Mapping[str, str], max_offsets_per_trigger: int | None
+    spark: SparkSession,
+    topic: str,
+    options: Mapping[str, str],
+    max_offsets_per_trigger: int | None,
+    pattern: bool = False,
 ) -> DataFrame:
-    """The streaming DataFrame of `topic`'s records, headers included, `options` over the defaults."""
+    """The streaming DataFrame of `topic`'s records, headers included, `options` over the defaults; with
+    `pattern`, `topic` is a regular expression, and the records are those of every topic whose whole name
+    it matches, topics created later included."""
     reader = (
         spark.readStream.format("kafka")
         .options(**{**SOURCE_DEFAULTS, **options})
-        .option("subscribe", topic)
+        .option("subscribePattern" if pattern else "subscribe", topic)
         .option("includeHeaders", "true")
     )
     if max_offsets_per_trigger is not None:

@@ -12,6 +12,7 @@ file everywhere. When it is set, the local stack (`bergstream local up`) is not 
     spark: {master: spark://spark-master:7077}
     topics_dir: /etc/bergstream/topics     # <topic>.yaml; relative to this file (default: deploy/topics)
     apps_dir: /etc/bergstream/apps         # <app>.yaml (default: deploy/apps)
+    topic_defaults: /etc/bergstream/topic-defaults.yaml  # `router run --pattern`: a topic without its file
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from bergstream.home import default_data_dir, read_catalog
 from bergstream.settings_file import problems, read_mapping
 
 ENVIRONMENT = "BERGSTREAM_SITE"
-KEYS = ("kafka", "catalog", "checkpoint_root", "spark", "schema_registry", "topics_dir", "apps_dir")
+KEYS = (
+    "kafka", "catalog", "checkpoint_root", "spark", "schema_registry", "topics_dir", "apps_dir",
+    "topic_defaults",
+)  # fmt: skip
 # Where the settings files are, not settings of a router or an application.
-_FOLDERS = ("topics_dir", "apps_dir")
+_FOLDERS = ("topics_dir", "apps_dir", "topic_defaults")
 
 
 def site_file() -> Path | None:
@@ -57,7 +61,7 @@ def read_site(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: {key} must be a mapping of settings")
     for key in _FOLDERS:
         if key in settings and not isinstance(settings[key], str):
-            raise ConfigError(f"{path}: {key} must be a folder's path")
+            raise ConfigError(f"{path}: {key} must be a path")
     return settings
 
 
@@ -125,3 +129,13 @@ def settings_dir(named: Path | None, environment: str, key: str, default: Path) 
         if folder is not None:
             return site.parent / str(folder)
     return Path.cwd() / default
+
+
+def site_topic_defaults() -> Path | None:
+    """The settings file of the topics that have none of their own (`router run --pattern`), as the site
+    settings name it (relative to the site file); None without."""
+    site = site_file()
+    if site is None:
+        return None
+    named = read_site(site).get("topic_defaults")
+    return None if named is None else site.parent / str(named)

@@ -53,6 +53,20 @@ def topic_loader(
 @click.option(
     "--all", "all_topics", is_flag=True, help="Every topic with a file in --topics-dir, in one driver."
 )
+@click.option(
+    "--pattern", default=None, metavar="REGEX",
+    help="Every topic whose whole name matches, in one query: topics created later too, each into its "
+    "own tables, with its own file in --topics-dir or else the --defaults.",
+)  # fmt: skip
+@click.option(
+    "--defaults", "defaults_file", type=click.Path(path_type=Path), default=None,
+    help="With --pattern: the settings of every topic without its own file, and of the query itself "
+    "(default: the site's topic_defaults).",
+)  # fmt: skip
+@click.option(
+    "--name", default=None,
+    help="With --pattern: the query's name, which names its checkpoint (default: from the pattern).",
+)  # fmt: skip
 @TOPICS_DIR
 @click.option(
     "--group", default=None, help="With several topics or --all: the driver's name (its Spark app)."
@@ -84,6 +98,9 @@ def topic_loader(
 def router_run(
     topics: tuple[str, ...],
     all_topics: bool,
+    pattern: str | None,
+    defaults_file: Path | None,
+    name: str | None,
     topics_dir: Path | None,
     group: str | None,
     restart_backoff: float,
@@ -106,10 +123,29 @@ def router_run(
     from bergstream.router.fleet import RestartSettings, topics_in
     from bergstream.router.launch import Launch, launch
 
-    if all_topics and topics:
-        raise click.UsageError("give either --all (every topic of --topics-dir) or --topic, not both")
-    if not all_topics and not topics:
-        raise click.UsageError("name the topic to archive with --topic (repeatable), or give --all")
+    if sum((all_topics, bool(topics), pattern is not None)) > 1:
+        raise click.UsageError("give one of --topic, --all (every topic of --topics-dir) and --pattern")
+    if not all_topics and not topics and pattern is None:
+        raise click.UsageError(
+            "name the topic to archive with --topic (repeatable), or give --all or --pattern"
+        )
+    if pattern is None:
+        for flag, value in (("--defaults", defaults_file), ("--name", name)):
+            if value is not None:
+                raise click.UsageError(f"{flag} is for --pattern")
+    else:
+        for flag, value in (
+            ("--config", config_file), ("--schema", schema), ("--table", table), ("--group", group),
+        ):  # fmt: skip
+            if value is not None:
+                raise click.UsageError(
+                    f"{flag} is not for --pattern: each topic's own file in --topics-dir, else --defaults, "
+                    "sets it"
+                )
+        configure_logging()
+        run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port, maintain_every,
+                    spark_conf, data_dir)  # fmt: skip
+        return
     # One topic's driver is not started again when it fails: whatever runs it (Kubernetes) does that.
     alone = len(topics) == 1 and group is None
     if not alone:
@@ -140,6 +176,41 @@ def router_run(
         group=group,
     )  # fmt: skip
     outcomes = launch(request)
+    echo_lines([outcome.summary() for outcome in outcomes])
+    failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
+    if failed:
+        raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
+
+
+def run_pattern(
+    pattern: str,
+    name: str | None,
+    defaults_file: Path | None,
+    topics_dir: Path | None,
+    available_now: bool,
+    metrics_port: int | None,
+    maintain_every: str | None,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """`router run --pattern`: one query for every matching topic."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.launch import launch_pattern
+    from bergstream.router.pattern import load_pattern_config, pattern_name, topic_settings
+    from bergstream.site import site_topic_defaults
+
+    if maintain_every is not None:
+        raise click.UsageError("--maintain-every is for --topic; run `router maintain` beside --pattern")
+    endpoints = Endpoints.resolve(data_dir)
+    named = name or pattern_name(pattern)
+    defaults = defaults_file if defaults_file is not None else site_topic_defaults()
+    config = load_pattern_config(
+        pattern, named, defaults, endpoints.router_defaults(named),
+        {"metrics_port": metrics_port, "spark": spark_overrides(spark_conf)},
+    )  # fmt: skip
+    overrides = {"spark": spark_overrides(spark_conf)}
+    load = topic_settings(config, defaults, topics_dir, endpoints.router_defaults, overrides)
+    outcomes = launch_pattern(config, load, available_now)
     echo_lines([outcome.summary() for outcome in outcomes])
     failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
     if failed:

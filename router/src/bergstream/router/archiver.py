@@ -68,15 +68,24 @@ class BatchArchiver:
         self._covered = None
         self._started.set()
 
-    def archive(self, records: DataFrame, batch_id: int) -> None:
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange | None = None) -> None:
+        """Archive batch `batch_id`; `covered`, its Kafka range, is read from the query's offset log unless
+        given (a query of many topics reads the log once for all of them)."""
         self._started.wait()
         assert self._writers is not None and self._query is not None
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
-        previous = self._covered if self._covered is not None and self._covered[0] == batch_id - 1 else None
-        covered = batch_range(
-            self._query, batch_id, self.config.topic, self._starting, previous[1].end if previous else None
-        )
+        if covered is None:
+            previous = (
+                self._covered if self._covered is not None and self._covered[0] == batch_id - 1 else None
+            )
+            covered = batch_range(
+                self._query,
+                batch_id,
+                self.config.topic,
+                self._starting,
+                previous[1].end if previous else None,
+            )
         self._covered = (batch_id, covered)
         properties = covered.properties(self.config.topic, self.config.cluster)
         if self.registry is not None:

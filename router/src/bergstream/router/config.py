@@ -35,7 +35,7 @@ BOOTSTRAP = "kafka.bootstrap.servers"
 # Set by the router itself: one topic per router, its own rate limit and its own consumer group.
 _RESERVED_KAFKA_OPTIONS = {
     "subscribe": "the router reads exactly its topic; set `topic`",
-    "subscribePattern": "the router reads exactly its topic; set `topic`",
+    "subscribePattern": "the router reads exactly its topic; set `topic`, or run `router run --pattern`",
     "assign": "the router reads exactly its topic; set `topic`",
     "maxOffsetsPerTrigger": "use `max_offsets_per_trigger`",
     "includeHeaders": "the router always archives headers",
@@ -172,28 +172,12 @@ class RouterConfig(BaseModel):
     @field_validator("kafka")
     @classmethod
     def _kafka_options(cls, options: dict[str, str]) -> dict[str, str]:
-        for key in options:
-            if key in _RESERVED_KAFKA_OPTIONS:
-                raise ValueError(f"option {key!r} is not allowed here: {_RESERVED_KAFKA_OPTIONS[key]}")
-            if not key.startswith("kafka.") and key not in _SOURCE_OPTIONS:
-                raise ValueError(
-                    f"unknown option {key!r}: Kafka client settings start with 'kafka.' "
-                    f"(kafka.security.protocol, ...); source options are {', '.join(sorted(_SOURCE_OPTIONS))}"
-                )
-        if BOOTSTRAP not in options:
-            raise ValueError(f"{BOOTSTRAP} is missing")
-        try:
-            librdkafka_settings(options, prefix="kafka.")
-        except ConfigError as error:
-            raise ValueError(str(error)) from error
-        return options
+        return check_kafka_options(options)
 
     @field_validator("trigger_interval")
     @classmethod
     def _interval(cls, interval: str) -> str:
-        if not _INTERVAL.match(interval.strip()):
-            raise ValueError(f"{interval!r} is not an interval such as '30 seconds' or '2 minutes'")
-        return interval.strip()
+        return check_trigger_interval(interval)
 
     @model_validator(mode="after")
     def _schema_exists(self) -> RouterConfig:
@@ -232,6 +216,38 @@ class RouterConfig(BaseModel):
         return librdkafka_settings(self.kafka, prefix="kafka.")
 
 
+def check_kafka_options(options: dict[str, str]) -> dict[str, str]:
+    """The options of Spark's Kafka source a router may set, with its bootstrap servers."""
+    for key in options:
+        if key in _RESERVED_KAFKA_OPTIONS:
+            raise ValueError(f"option {key!r} is not allowed here: {_RESERVED_KAFKA_OPTIONS[key]}")
+        if not key.startswith("kafka.") and key not in _SOURCE_OPTIONS:
+            raise ValueError(
+                f"unknown option {key!r}: Kafka client settings start with 'kafka.' "
+                f"(kafka.security.protocol, ...); source options are {', '.join(sorted(_SOURCE_OPTIONS))}"
+            )
+    if BOOTSTRAP not in options:
+        raise ValueError(f"{BOOTSTRAP} is missing")
+    try:
+        librdkafka_settings(options, prefix="kafka.")
+    except ConfigError as error:
+        raise ValueError(str(error)) from error
+    return options
+
+
+def check_trigger_interval(interval: str) -> str:
+    if not _INTERVAL.match(interval.strip()):
+        raise ValueError(f"{interval!r} is not an interval such as '30 seconds' or '2 minutes'")
+    return interval.strip()
+
+
+def table_for_topic(topic: str) -> str:
+    """The table a topic is archived into unless its settings name one: its name, with every character
+    a table name cannot hold (`.`, `-`) as `_`."""
+    table = re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    return table if re.match(r"[A-Za-z_]", table) else f"_{table}"
+
+
 def check_topic_name(topic: str) -> None:
     if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
         raise ValueError(
@@ -267,7 +283,7 @@ def load_router_config(
     log.info("router settings for %s from %s", topic, path)
     merged = layered(path, "topic", topic, defaults, overrides)
     merged.setdefault("schema", topic)
-    merged.setdefault("table", topic)
+    merged.setdefault("table", table_for_topic(topic))
     try:
         return RouterConfig.model_validate(merged)
     except ValidationError as error:

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from bergstream.errors import ConfigError
 from bergstream.kafka_settings import (
@@ -172,3 +181,79 @@ def require_access(topic: str, group: str, client_config: dict[str, str]) -> Non
         committer.require_topic()
     finally:
         committer.close()
+
+
+class SharedKafka:
+    """The Kafka clients of a router of many topics in one query (`router run --pattern`): one consumer
+    reads every topic's metadata, watermarks and record timestamps, and one admin client commits each
+    topic's consumer group, `bergstream-router.<topic>`, as a topic's own router would. A client per topic
+    would cost each topic its threads and connections to every broker."""
+
+    def __init__(self, name: str, client_config: dict[str, str]) -> None:
+        self.name = name
+        self.errors = ClientErrors()
+        settings = {**client_config, **self.errors.settings()}
+        try:
+            # Its own group is never committed: it only ever reads metadata and assigned partitions.
+            self.consumer = Consumer(
+                {
+                    **settings,
+                    "group.id": f"bergstream-router-pattern.{name}",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "queued.max.messages.kbytes": 1024,
+                    "fetch.message.max.bytes": 1024,
+                }
+            )
+            self.admin = AdminClient(settings)
+        except KafkaException as error:
+            raise ConfigError(
+                f"the kafka.* settings of the router of {name} do not suit its own Kafka client, which "
+                f"commits its topics' consumer groups (librdkafka): {error.args[0].str()}"
+            ) from error
+
+    def topics(self, pattern: re.Pattern[str]) -> list[str]:
+        """The topics Kafka has now whose whole name `pattern` matches, by name."""
+        try:
+            metadata = cluster_metadata(self.consumer, self.errors, None)
+        except KafkaUnreachable as error:
+            raise ConfigError(f"cannot reach Kafka for the router of {self.name}: {error}") from error
+        return sorted(topic for topic in metadata.topics if pattern.fullmatch(topic))
+
+    def committer(self, topic: str, group: str) -> GroupCommitter:
+        return SharedGroupCommitter(topic, group, self)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class SharedGroupCommitter(GroupCommitter):
+    """A topic's `GroupCommitter` over the clients of a router of many topics (`SharedKafka`)."""
+
+    def __init__(self, topic: str, group: str, shared: SharedKafka) -> None:
+        self.topic = topic
+        self.group = group
+        self._errors = shared.errors
+        self._consumer = shared.consumer
+        self._admin = shared.admin
+
+    def commit(self, offsets: dict[int, int]) -> bool:
+        if not offsets:
+            return True
+        partitions = [TopicPartition(self.topic, p, offset) for p, offset in sorted(offsets.items())]
+        request = ConsumerGroupTopicPartitions(self.group, partitions)
+        try:
+            self._admin.alter_consumer_group_offsets([request])[self.group].result(GROUP_TIMEOUT_SECONDS)
+        except (KafkaException, TimeoutError) as error:
+            log.warning("committing offsets of %s to group %s failed: %s", self.topic, self.group, error)
+            return False
+        return True
+
+    def committed(self) -> dict[int, int]:
+        partitions = [TopicPartition(self.topic, p) for p in self.partitions()]
+        request = ConsumerGroupTopicPartitions(self.group, partitions)
+        answer = self._admin.list_consumer_group_offsets([request])[self.group].result(GROUP_TIMEOUT_SECONDS)
+        return {tp.partition: tp.offset for tp in answer.topic_partitions if tp.offset >= 0}
+
+    def close(self) -> None:
+        """The shared clients are closed by their owner."""

@@ -107,7 +107,8 @@ class TopicOutcome:
 
     def summary(self) -> str:
         if self.error is not None:
-            return f"{self.topic}: FAILED after {self.restarts} restarts: {self.error}"
+            restarts = f" after {self.restarts} restarts" if self.restarts else ""
+            return f"{self.topic}: FAILED{restarts}: {self.error}"
         restarted = f", {self.restarts} restarts" if self.restarts else ""
         return self.totals.summary(self.topic) + restarted
 

@@ -25,6 +25,7 @@ from bergstream.router.fleet import (
     fleet_spark_conf,
 )
 from bergstream.router.metrics import RouterMetrics
+from bergstream.router.pattern import PatternConfig, PatternRouter, RejectedTopic
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bergstream.router.launch")
@@ -87,6 +88,37 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
         again = prepare if request.restart is not None else None
         fleet = Fleet(topics, load_checked, session, metrics, request.restart, driver.catalog, again)
         return fleet.run(request.available_now)
+    finally:
+        if spark is None:
+            session.stop()
+
+
+def launch_pattern(
+    config: PatternConfig,
+    load: Callable[[str], RouterConfig],
+    available_now: bool = False,
+    spark: SparkSession | None = None,
+) -> list[TopicOutcome]:
+    """Run the query of every topic `config.pattern` matches until stopped (or, with available_now, until
+    it archived what they hold). A topic dead-lettered whole is reported as failed, with why."""
+    config.catalog.check_reachable()
+    metrics = RouterMetrics(config.pattern)
+    if config.metrics_port is not None:
+        bound = metrics.serve(config.metrics_port, config.metrics_host)
+        log.info("metrics on http://%s:%d/metrics for the topics of %r", config.metrics_host, bound,
+                 config.pattern)  # fmt: skip
+    session = spark or build_spark_session(
+        config.catalog, master=config.spark.master, app_name=f"bergstream-router-{config.name}",
+        conf=config.spark.conf,
+    )  # fmt: skip
+    try:
+        router = PatternRouter(config, load, session, metrics)
+        totals = router.run(available_now)
+        outcomes = []
+        for topic, archive in sorted(router.topics.items()):
+            error = f"dead-lettered whole: {archive.reason}" if isinstance(archive, RejectedTopic) else None
+            outcomes.append(TopicOutcome(topic, totals[topic], error=error))
+        return outcomes
     finally:
         if spark is None:
             session.stop()

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("bergstream.router")
+# Where Spark starts a partition it finds after a query began: its earliest offset.
+EARLIEST_START = "earliest"
 
 
 def batch_range(
@@ -60,13 +62,63 @@ def batch_range(
 
 
 def _logged_offsets(query: StreamingQuery, batch_id: int, topic: str) -> dict[int, int] | None:
+    logged = logged_offsets(query, batch_id)
+    return None if logged is None else logged.get(topic, {})
+
+
+def logged_offsets(query: StreamingQuery, batch_id: int) -> dict[str, dict[int, int]] | None:
+    """The end of batch `batch_id` of every topic the query reads, from its offset log; None when the log
+    does not hold the batch."""
     logged = query._jsq.streamingQuery().offsetLog().get(batch_id)
     if not logged.isDefined():
         return None
     offset = logged.get().offsets().apply(0)
     if not offset.isDefined():
         return None
-    return _per_partition(json.loads(offset.get().json()).get(topic, {}))
+    return {topic: _per_partition(offsets) for topic, offsets in json.loads(offset.get().json()).items()}
+
+
+def topic_ranges(
+    query: StreamingQuery, batch_id: int, starting: str, previous_end: dict[str, dict[int, int]] | None
+) -> dict[str, BatchRange]:
+    """Batch `batch_id`'s range in every topic of a query of many (`router run --pattern`): from its offset
+    log, where a topic missing from the previous batch's end (`previous_end`, else read from the log) is
+    new, read from its earliest offset as Spark reads new partitions."""
+    end = logged_offsets(query, batch_id)
+    if end is None:
+        raise RuntimeError(f"batch {batch_id} is not in the offset log of query {query.name}")
+    previous = previous_end
+    if previous is None and batch_id:
+        previous = logged_offsets(query, batch_id - 1)
+    ranges = {}
+    for topic, offsets in end.items():
+        start: dict[int, int] | str
+        if previous is not None:
+            start = previous.get(topic, EARLIEST_START)
+        else:
+            start = _first_start(_parse_starting(starting, topic))
+        ranges[topic] = BatchRange(start, offsets)
+    return ranges
+
+
+def _first_start(start: dict[int, int] | str) -> dict[int, int] | str:
+    """A first batch's start in one topic: Spark's -2 and -1 (earliest, latest) by name; a topic the
+    query's startingOffsets leave out starts at its earliest offset."""
+    if isinstance(start, str):
+        return start
+    if not start or all(offset == -2 for offset in start.values()):
+        return EARLIEST_START
+    if all(offset == -1 for offset in start.values()):
+        return "latest"
+    return start
+
+
+def may_hold_records(covered: BatchRange) -> bool:
+    """Whether a batch's range in a topic may hold records: it moved, or it starts at a name."""
+    if isinstance(covered.start, str):
+        return True
+    start = covered.start
+    return any(partition not in start or end > start[partition] for partition, end in covered.end.items())
 
 
 def _parse_starting(starting: str, topic: str) -> dict[int, int] | str:

@@ -42,13 +42,15 @@ class ProgressFollower:
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
-    def start(self) -> None:
-        """Begin where the consumer group is, and refresh lag every `refresh_seconds` until `stop`."""
+    def start(self, refresh: bool = True) -> None:
+        """Begin where the consumer group is, and (with `refresh`) refresh lag every `refresh_seconds` until
+        `stop`; without, whoever follows many topics calls `refresh` itself."""
         self._committed = self._kafka.committed()
         self._archived = dict(self._committed)
         self.expired.left_off(self._committed)
         self._stop.clear()
-        threading.Thread(target=self._refresh_forever, name="bergstream-lag", daemon=True).start()
+        if refresh:
+            threading.Thread(target=self._refresh_forever, name="bergstream-lag", daemon=True).start()
 
     def stop(self, query: StreamingQuery | None) -> None:
         """Follow the last progress of `query`, and stop refreshing."""
@@ -68,22 +70,24 @@ class ProgressFollower:
         end_offsets = json.loads(progress.sources[0].json).get("endOffset")
         self.on_progress(json.dumps(end_offsets) if end_offsets else None)
 
-    def on_progress(self, end_offsets_json: str | None) -> None:
-        """Spark checkpointed a batch: the world's view of the router moves forward."""
+    def on_progress(self, end_offsets_json: str | None, measure: bool = True) -> None:
+        """Spark checkpointed a batch: the world's view of the router moves forward; `measure`, the lag
+        too (else at the next `refresh`)."""
         end_offsets = parse_spark_offsets(end_offsets_json, self.topic)
         if end_offsets:
             self._archived = end_offsets
             self.expired.left_off(end_offsets)
-        self.refresh()
+        self.refresh(measure)
 
-    def refresh(self) -> None:
+    def refresh(self, measure: bool = True) -> None:
         """Tell the consumer group where the archive is (a refused commit is tried again next time), and
         measure the lag."""
         with self._lock:
             archived = self._archived
             if archived and archived != self._committed and self._kafka.commit(archived):
                 self._committed = archived
-            self._lag.refresh(archived, self._newest_ingestion())
+            if measure:
+                self._lag.refresh(archived, self._newest_ingestion())
 
     def _refresh_forever(self) -> None:
         while not self._stop.wait(self._refresh_seconds):

@@ -130,7 +130,12 @@ class ArchiveLayout:
         return _create_statements(identifier, self.table_type)
 
     def dead_letter_create_statements(self, identifier: str) -> list[str]:
-        return _create_statements(identifier, DEAD_LETTER_TYPE)
+        return dead_letter_create_statements(identifier)
+
+
+def dead_letter_create_statements(identifier: str) -> list[str]:
+    """Spark SQL that creates the dead-letter table `identifier`: the same for every topic."""
+    return _create_statements(identifier, DEAD_LETTER_TYPE)
 
 
 def _create_statements(identifier: str, columns: T.StructType) -> list[str]:

@@ -1,0 +1,534 @@
+"""`bergstream router run --pattern REGEX`: one streaming query archives every topic whose name matches.
+
+A query per topic pays Spark's fixed cost of a micro-batch once per topic and trigger, whatever the
+topic's traffic; a new topic needs a settings file and a restart. Here one Kafka query reads every
+matching topic (Spark's `subscribePattern`, which finds topics created later at each trigger), and its
+micro-batch is split by topic: each topic's rows are appended to its own archive and dead-letter tables,
+each exactly once per batch under the query's and the batch's ids, with the Kafka range the batch covers
+in that topic (the same snapshot properties as a topic's own router: positions.py). A topic is archived
+as its own router archives it (archiver.py), with its own accounting, metrics and consumer group
+`bergstream-router.<topic>`, committed after each batch.
+
+What costs a batch grows with the topics that have records in it, not with those matched: a quiet topic
+costs nothing but its place in the offset log. The batch is read from Kafka once and kept in memory,
+packed into as many partitions as the driver has cores, so that each topic's append reads its own rows
+of it (the cache's statistics skip the rest); the topics' appends run side by side, several Spark jobs and
+Iceberg commits at once.
+
+A topic's settings are its own file (`<topics dir>/<topic>.yaml`) where one exists, else the defaults
+file (`--defaults`, or the site's `topic_defaults`), each over the site's or the local stack's endpoints.
+Its table is created on its first batch. The query's own settings (Kafka connection, trigger, rate limit,
+checkpoint) come from the defaults file alone. A topic whose settings do not load, or whose schema cannot
+be found, is not dropped and stops no other: its records go to its dead-letter table, whole, each with
+the reason, and its settings are read again every `RETRY_SETTINGS_SECONDS` until they load;
+`bergstream router redrive` then archives the dead letters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import BergstreamError, ConfigError, first_line
+from bergstream.kafka_settings import librdkafka_settings
+from bergstream.kafka_source import kafka_stream
+from bergstream.query import QueryRunner
+from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.archive_tables import ArchiveTables
+from bergstream.router.archiver import BatchArchiver
+from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.config import (
+    RouterConfig,
+    check_kafka_options,
+    check_topic_name,
+    check_trigger_interval,
+    table_for_topic,
+)
+from bergstream.router.consumer_group import GroupCommitter, SharedKafka
+from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.expired import ExpiredOffsets
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
+from bergstream.router.progress import ProgressFollower
+from bergstream.router.resume import starting_offsets
+from bergstream.router.retry import CommitRetrySettings
+from bergstream.router.table import ensure_namespace
+from bergstream.router.write import BatchTableWriter
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
+from bergstream.schemas.parse import ERROR
+from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.stamp import metadata
+from bergstream.settings_file import OptionValue, merge, problems, read_mapping, without_none
+from bergstream.signals import on_stop_signals
+from bergstream.spark import SparkSettings
+
+log = logging.getLogger("bergstream.router.pattern")
+# How often the settings of a topic that is being dead-lettered whole are read again.
+RETRY_SETTINGS_SECONDS = 60.0
+
+
+class PatternConfig(BaseModel):
+    """The query's own settings: from the defaults file over the endpoints, the flags over both. The keys of
+    a topic's settings that concern one topic (its schema, table, maintenance) are for the topics."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    pattern: str
+    kafka: dict[str, OptionValue] = Field(repr=False)
+    cluster: str = "local"
+    trigger_interval: str = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
+    checkpoint_location: str
+    catalog: CatalogConfig
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
+    # How many topics of one batch are appended at once; unset, the driver's cores.
+    parallel_topics: int | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        check_topic_name(name)  # it names the checkpoint's folder as a topic's name does
+        return name
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"{pattern!r} is not a regular expression: {error}") from error
+        return pattern
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka(cls, options: dict[str, str]) -> dict[str, str]:
+        return check_kafka_options(options)
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _interval(cls, interval: str) -> str:
+        return check_trigger_interval(interval)
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+
+def pattern_name(pattern: str) -> str:
+    """The name of a pattern's router when none is given: its Spark query, checkpoint and own group."""
+    return f"pattern-{hashlib.sha256(pattern.encode()).hexdigest()[:10]}"
+
+
+def load_pattern_config(
+    pattern: str,
+    name: str,
+    defaults_file: Path | None,
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+) -> PatternConfig:
+    """The query's settings: `defaults` (the endpoints), the defaults file, `overrides` (the flags)."""
+    from_file: dict[str, Any] = {}
+    if defaults_file is not None:
+        if not defaults_file.is_file():
+            raise ConfigError(f"--defaults {defaults_file}: no such file")
+        from_file = read_mapping(defaults_file)
+        if "topic" in from_file:
+            raise ConfigError(
+                f"{defaults_file}: names topic {from_file['topic']!r}, but the defaults are every topic's; "
+                "leave `topic` out"
+            )
+    if "catalog" in from_file:
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
+    merged = merge(merge(defaults, from_file), without_none(overrides))
+    merged.update(name=name, pattern=pattern)
+    where = defaults_file if defaults_file is not None else f"the router of {pattern!r}"
+    try:
+        return PatternConfig.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(f"{where}: {problems(error)}") from error
+
+
+class TopicArchive:
+    """One topic's share of the query: its tables, archiver, accounting, lag and consumer group."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event,
+        kafka: GroupCommitter,
+    ) -> None:
+        self.config = config
+        self.topic = config.topic
+        self.kafka = kafka
+        self.expired = ExpiredOffsets(config.topic, kafka, metrics)
+        self.accounting = BatchAccounting(config.topic, metrics, self.expired)
+        self.tables = ArchiveTables(spark, config)
+        retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
+        self.archiver = BatchArchiver(spark, config, metrics, self.tables, retry, self.accounting)
+        self.follower = ProgressFollower(
+            config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
+            config.lag_refresh_seconds,
+        )  # fmt: skip
+        self.tables.prepare(self.archiver.layout)
+
+    @property
+    def totals(self) -> RouterTotals:
+        return self.accounting.totals
+
+    def resume(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where the topic starts when the query's checkpoint holds no batch: where its tables end."""
+        archiver = self.archiver
+        return starting_offsets(
+            spark, self.config, self.tables, archiver.layout, archiver.splitter, self.kafka
+        )
+
+    def started(self, query: StreamingQuery) -> None:
+        self.archiver.started(query, "latest")  # each batch is given its range
+        self.follower.start(refresh=False)
+
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        self.archiver.archive(records, batch_id, covered)
+
+
+class RejectedTopic:
+    """A matching topic that cannot be archived (its settings do not load, its schema is not found): each
+    of its records goes to its dead-letter table with `reason`, under the same exactly-once append."""
+
+    def __init__(
+        self,
+        topic: str,
+        reason: str,
+        config: PatternConfig,
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event,
+        kafka: GroupCommitter,
+    ) -> None:
+        self.topic = topic
+        self.reason = reason
+        self.config = config
+        self.spark = spark
+        self.kafka = kafka
+        self.rejected_at = time.monotonic()
+        self.identifier = config.catalog.table_identifier(table_for_topic(topic) + DEAD_LETTER_SUFFIX)
+        self.expired = ExpiredOffsets(topic, kafka, metrics)
+        self.accounting = BatchAccounting(topic, metrics, self.expired)
+        self.retry = CommitRetry(topic, config.commit_retry, metrics, stopping)
+        self.follower = ProgressFollower(
+            topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
+            config.lag_refresh_seconds,
+        )  # fmt: skip
+        self._counting = observed_columns(spark)
+        self._writer: BatchTableWriter | None = None
+        if not spark.catalog.tableExists(self.identifier):
+            for statement in dead_letter_create_statements(self.identifier):
+                spark.sql(statement)
+        log.error("topic %s is dead-lettered whole into %s: %s", topic, self.identifier, reason)
+
+    @property
+    def totals(self) -> RouterTotals:
+        return self.accounting.totals
+
+    def resume(self, spark: SparkSession) -> dict[int, int] | None:
+        return None
+
+    def started(self, query: StreamingQuery) -> None:
+        self._writer = BatchTableWriter(self.spark, self.identifier, str(query.id))
+        self.follower.start(refresh=False)
+
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        writer = self._writer
+        assert writer is not None
+        started = time.monotonic()
+        stamped = records.select("*", F.lit(self.reason).alias(ERROR), metadata(self.config.cluster))
+        observation = Observation(f"bergstream-router-{self.topic}-{batch_id}-{uuid.uuid4().hex}")
+        rows = stamped.observe(observation, *self._counting).select(
+            F.col("key").alias("raw_key"),
+            F.col("value").alias("raw_value"),
+            F.col(ERROR).alias("error"),
+            F.lit(None).cast("string").alias("schema_name"),
+            F.col(METADATA),
+        )
+        properties = covered.properties(self.topic, self.config.cluster)
+        result = self.retry.attempt(
+            self.identifier, batch_id, lambda: writer.append(rows, batch_id, properties)
+        )
+        counts = None if result is None else from_observation(observation.get)
+        phases = {self.identifier.rsplit(".", 1)[-1]: time.monotonic() - started}
+        self.accounting.account(batch_id, counts, [(writer, result)], time.monotonic() - started, phases)
+
+
+Topic = TopicArchive | RejectedTopic
+
+
+class PatternRouter:
+    """The query of every topic `config.pattern` matches. `load(topic)` reads a topic's settings."""
+
+    def __init__(
+        self,
+        config: PatternConfig,
+        load: Callable[[str], RouterConfig],
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.config = config
+        self.spark = spark
+        self.metrics = metrics
+        self._load = load
+        self._stopping = stopping or threading.Event()
+        self.kafka = SharedKafka(config.name, librdkafka_settings(config.kafka, prefix="kafka."))
+        self.topics: dict[str, Topic] = {}
+        self._tables: dict[str, str] = {}  # table name: the topic archived into it
+        self.runner = QueryRunner(f"the router of {config.pattern!r}", self._start, self._stopping)
+        self._query: StreamingQuery | None = None
+        self._started = threading.Event()
+        self._starting = "latest"
+        self._resume: dict[str, dict[int, int]] | None = None
+        self._previous: tuple[int, dict[str, dict[int, int]]] | None = None
+        self._followed_batch: int | None = None
+        workers = config.parallel_topics or spark.sparkContext.defaultParallelism
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bergstream-topic")
+        self._cores = max(1, spark.sparkContext.defaultParallelism)
+
+    @property
+    def running(self) -> bool:
+        return self.runner.running
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self, available_now: bool = False) -> dict[str, RouterTotals]:
+        """Until stopped (with `available_now`, until every matching topic is archived as it is now)."""
+        config = self.config
+        self._available_now = available_now
+        refreshing = threading.Event()
+        try:
+            ensure_namespace(self.spark, config.catalog)
+            matching = self.kafka.topics(config.regex)
+            log.info(
+                "%d topics match %r: %s", len(matching), config.pattern, ", ".join(matching) or "none yet"
+            )
+            for topic in matching:
+                self._add(topic)
+            if not checkpoint_has_batches(self.spark, config.checkpoint_location):
+                self._resume = self._resume_offsets()
+            threading.Thread(
+                target=self._refresh_lag, args=(refreshing,), name="bergstream-lag", daemon=True
+            ).start()
+            log.info("the router of %r checkpoints to %s", config.pattern, config.checkpoint_location)
+            with on_stop_signals(self._stopping.set):
+                self.runner.run(self._follow)
+        finally:
+            refreshing.set()
+            if self.runner.query is not None:
+                self._follow(self.runner.query)
+            self._pool.shutdown(wait=True)
+            self.kafka.close()
+        return {topic: archive.totals for topic, archive in sorted(self.topics.items())}
+
+    def _add(self, topic: str) -> Topic:
+        """The topic's share of the query, its tables made: archived, or dead-lettered whole."""
+        added: Topic
+        try:
+            settings = self._load(topic)
+            owner = self._tables.get(settings.table)
+            if owner is not None and owner != topic:
+                raise ConfigError(
+                    f"table {settings.table} already archives topic {owner}; give {topic} its own"
+                )
+            added = TopicArchive(settings, self.spark, self.metrics, self._stopping,
+                                 self.kafka.committer(topic, settings.consumer_group))  # fmt: skip
+            self._tables[settings.table] = topic
+        except (ConfigError, BergstreamError) as error:
+            committer = self.kafka.committer(topic, f"bergstream-router.{topic}")
+            added = RejectedTopic(
+                topic, first_line(error), self.config, self.spark, self.metrics, self._stopping, committer
+            )
+        self.topics[topic] = added
+        return added
+
+    def _resume_offsets(self) -> dict[str, dict[int, int]] | None:
+        """Per topic and partition, where a query without checkpoint starts: where the topic's tables end;
+        None when no table records a position (the settings' startingOffsets hold)."""
+        resumed = {topic: archive.resume(self.spark) for topic, archive in self.topics.items()}
+        if all(offsets is None for offsets in resumed.values()):
+            return None
+        # Spark takes exact offsets only for every partition of every topic: the others start where the
+        # settings say, by Spark's numbers for earliest (-2) and latest (-1).
+        fallback = -1 if self.config.kafka.get("startingOffsets", "latest") == "latest" else -2
+        starting = {}
+        for topic, offsets in resumed.items():
+            if offsets is None:
+                offsets = dict.fromkeys(self.topics[topic].kafka.partitions(), fallback)
+            starting[topic] = offsets
+        return starting
+
+    def _start(self) -> StreamingQuery:
+        config = self.config
+        options = dict(config.kafka)
+        if self._resume is not None:
+            options["startingOffsets"] = json.dumps(
+                {
+                    topic: {str(p): o for p, o in sorted(offsets.items())}
+                    for topic, offsets in self._resume.items()
+                }
+            )
+        writer = (
+            kafka_stream(self.spark, config.pattern, options, config.max_offsets_per_trigger, pattern=True)
+            .writeStream.queryName(f"bergstream-router-{config.name}")
+            .foreachBatch(self._archive)
+            .option("checkpointLocation", config.checkpoint_location)
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if self._available_now
+            else writer.trigger(processingTime=config.trigger_interval)
+        )
+        query = writer.start()
+        self._query = query
+        self._starting = options.get("startingOffsets", "latest")
+        self._previous = None
+        for archive in self.topics.values():
+            archive.started(query)
+        self._started.set()
+        return query
+
+    def _archive(self, records: DataFrame, batch_id: int) -> None:
+        self._started.wait()
+        query = self._query
+        assert query is not None
+        previous = self._previous[1] if self._previous and self._previous[0] == batch_id - 1 else None
+        ranges = topic_ranges(query, batch_id, self._starting, previous)
+        self._previous = (batch_id, {topic: covered.end for topic, covered in ranges.items()})
+        busy = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
+        if not busy:
+            return
+        for topic in busy:
+            self._topic_for_batch(topic, query)
+        # Read from Kafka once: each topic's append reads its rows from memory.
+        source = records.coalesce(min(self._cores, len(busy))).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            if len(busy) > 1:
+                source.count()
+            futures = {
+                topic: self._pool.submit(
+                    self.topics[topic].archive,
+                    source.where(F.col("topic") == topic),
+                    batch_id,
+                    ranges[topic],
+                )
+                for topic in busy
+            }
+            failed = []
+            for topic, future in futures.items():
+                error = future.exception()
+                if error is not None:
+                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(error))
+                    failed.append(error)
+            if failed:
+                raise failed[0]
+        finally:
+            source.unpersist()
+
+    def _topic_for_batch(self, topic: str, query: StreamingQuery) -> Topic:
+        """The topic's share, added when the query meets it first; a rejected topic's settings read again
+        once in a while."""
+        archive = self.topics.get(topic)
+        if archive is None:
+            log.info("topic %s matches %r: archiving it from its first offset", topic, self.config.pattern)
+            archive = self._add(topic)
+            archive.started(query)
+        elif (
+            isinstance(archive, RejectedTopic)
+            and time.monotonic() - archive.rejected_at > RETRY_SETTINGS_SECONDS
+        ):
+            archive.rejected_at = time.monotonic()
+            again = self._add(topic)
+            if isinstance(again, TopicArchive):
+                log.info("topic %s: its settings load now; archiving it", topic)
+                again.accounting.totals.add(archive.totals)
+            again.started(query)
+            archive = again
+        return archive
+
+    def _follow(self, query: StreamingQuery) -> None:
+        """Commit every topic's consumer group to where Spark checkpointed the query."""
+        progress = query.lastProgress
+        if progress is None or not progress.sources or progress.batchId == self._followed_batch:
+            return
+        self._followed_batch = progress.batchId
+        end_offsets = json.loads(progress.sources[0].json).get("endOffset")
+        if not end_offsets:
+            return
+        text = json.dumps(end_offsets)
+        for topic in end_offsets:
+            archive = self.topics.get(topic)
+            if archive is not None:
+                archive.follower.on_progress(text, measure=False)
+
+    def _refresh_lag(self, stop: threading.Event) -> None:
+        while not stop.wait(self.config.lag_refresh_seconds):
+            for archive in list(self.topics.values()):
+                archive.follower.refresh()
+
+
+def topic_settings(
+    config: PatternConfig,
+    defaults_file: Path | None,
+    topics_dir: Path | None,
+    endpoints: Callable[[str], dict[str, Any]],
+    overrides: dict[str, Any],
+) -> Callable[[str], RouterConfig]:
+    """Reads a matching topic's settings: its own file over `defaults_file` over `endpoints(topic)`, or the
+    defaults file alone; the query's checkpoint and cluster are the topic's."""
+    from bergstream.router.config import load_router_config, topic_file
+
+    def load(topic: str) -> RouterConfig:
+        own = topic_file(topic, topics_dir)
+        if not own.is_file() and defaults_file is None:
+            raise ConfigError(
+                f"topic {topic}: no settings file {own}, and no defaults for topics without one "
+                "(--defaults, or the site's topic_defaults)"
+            )
+        under = endpoints(topic)
+        if own.is_file() and defaults_file is not None:
+            from_defaults = read_mapping(defaults_file)
+            if "catalog" in from_defaults:
+                under = {key: value for key, value in under.items() if key != "catalog"}
+            under = merge(under, from_defaults)
+        path = own if own.is_file() else defaults_file
+        assert path is not None
+        forced = {"checkpoint_location": config.checkpoint_location, "cluster": config.cluster}
+        settings = load_router_config(topic, path, under, {**overrides, **forced})
+        if settings.catalog != config.catalog:
+            raise ConfigError(
+                f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "
+                "topics of one query share their catalog"
+            )
+        return settings
+
+    return load

@@ -1,0 +1,205 @@
+"""`bergstream router run --pattern`: one query for every matching topic, topics created later included."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bergstream.errors import ConfigError
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
+from bergstream.router.config import table_for_topic
+from bergstream.router.pattern import load_pattern_config, pattern_name
+from bergstream.router.positions import _first_start, may_hold_records
+from bergstream.schemas.positions import BatchRange
+from tests.routers import ROOT, archived_offsets, committed_offsets, eventually, produced_offsets
+from tests.services import Services
+
+
+def test_a_topic_name_gives_a_table_name() -> None:
+    assert table_for_topic("playback") == "playback"
+    assert table_for_topic("orders.v1-eu") == "orders_v1_eu"
+    assert table_for_topic("1st") == "_1st"
+
+
+def test_a_batch_range_says_whether_it_may_hold_records() -> None:
+    assert may_hold_records(BatchRange("earliest", {0: 5}))
+    assert may_hold_records(BatchRange({0: 3}, {0: 5}))
+    assert not may_hold_records(BatchRange({0: 5, 1: 2}, {0: 5, 1: 2}))
+    assert may_hold_records(BatchRange({0: 5}, {0: 5, 1: 0}))  # a partition added since
+
+
+def test_a_first_batch_starts_where_the_starting_offsets_say() -> None:
+    assert _first_start({}) == "earliest"  # a topic the startingOffsets leave out
+    assert _first_start({0: -2, 1: -2}) == "earliest"
+    assert _first_start({0: -1}) == "latest"
+    assert _first_start({0: 7, 1: -2}) == {0: 7, 1: -2}
+    assert _first_start("latest") == "latest"
+
+
+def test_the_query_settings_are_refused_with_what_to_fix(tmp_path: Path) -> None:
+    endpoints = {
+        "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
+        "catalog": {"uri": f"jdbc:sqlite:{tmp_path}/catalog.db", "warehouse": str(tmp_path / "warehouse")},
+        "checkpoint_location": str(tmp_path / "checkpoint"),
+    }
+    with pytest.raises(ConfigError, match="not a regular expression"):
+        load_pattern_config("orders.(", "orders", None, endpoints, {})
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(yaml.safe_dump({"topic": "orders", "encoding": "json"}))
+    with pytest.raises(ConfigError, match="leave `topic` out"):
+        load_pattern_config("orders.*", "orders", defaults, endpoints, {})
+    defaults.write_text(yaml.safe_dump({"trigger_interval": "often"}))
+    with pytest.raises(ConfigError, match="trigger_interval"):
+        load_pattern_config("orders.*", "orders", defaults, endpoints, {})
+    with pytest.raises(ConfigError, match="no such file"):
+        load_pattern_config("orders.*", "orders", tmp_path / "missing.yaml", endpoints, {})
+    config = load_pattern_config("orders.*", pattern_name("orders.*"), None, endpoints, {})
+    assert config.name.startswith("pattern-") and config.regex.fullmatch("orders-eu")
+
+
+def metric(text: str, name: str, topic: str) -> float:
+    values = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'topic="{topic}"' in line
+    ]
+    return sum(values)
+
+
+@pytest.mark.integration
+def test_one_query_archives_every_matching_topic_and_those_created_later(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    prefix = topic_name[:40]
+    own, by_default, later, no_schema = (
+        f"{prefix}.{name}" for name in ("own", "default", "later", "noschema")
+    )
+    unmatched = f"{topic_name[:40]}_other"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in (own, by_default, no_schema, unmatched):
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    # A topic with its own file, whose settings win over the defaults; one whose schema does not exist.
+    (topics_dir / f"{own}.yaml").write_text(
+        yaml.safe_dump({"schema": "playback", "encoding": "json", "table": f"{prefix}_own_table"})
+    )
+    (topics_dir / f"{no_schema}.yaml").write_text(
+        yaml.safe_dump({"schema": "no_such_schema", "encoding": "json"})
+    )
+    defaults = tmp_path / "defaults.yaml"
+    (metrics_port,) = free_ports(1)
+    defaults.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "playback",
+                "encoding": "json",
+                "cluster": "test",
+                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+                "trigger_interval": "1 second",
+                "checkpoint_location": str(tmp_path / "checkpoint"),
+                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+                "metrics_port": metrics_port,
+                "metrics_host": "127.0.0.1",
+                "lag_refresh_seconds": 1,
+            }
+        )
+    )
+
+    def send(topic: str, count: int, bad_fraction: float = 0.0, seed: int = 0) -> set[tuple[int, int]]:
+        report = produce(
+            ProduceRequest(topic=topic, count=count, partitions=2, schema="playback",
+                           bad_fraction=bad_fraction, seed=seed),
+            stack.bootstrap_servers, show_progress=False,
+        )  # fmt: skip
+        return produced_offsets(report.offsets)
+
+    sent = {
+        own: send(own, 300),
+        by_default: send(by_default, 200, bad_fraction=0.1),
+        no_schema: send(no_schema, 50),
+    }
+    send(unmatched, 20)
+    command = [
+        sys.executable, "-m", "bergstream", "router", "run", "--pattern", rf"{prefix}\..*",
+        "--defaults", str(defaults), "--topics-dir", str(topics_dir),
+    ]  # fmt: skip
+    log = tmp_path / "router.log"
+    tables = {own: f"{prefix}_own_table", by_default: table_for_topic(by_default),
+              later: table_for_topic(later), no_schema: table_for_topic(no_schema)}  # fmt: skip
+
+    def archived(topic: str) -> set[tuple[int, int]]:
+        try:
+            return set(archived_offsets(stack, tables[topic]))
+        except Exception:  # not created yet
+            return set()
+
+    with log.open("ab") as out:
+        router = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+    try:
+        eventually(lambda: archived(own) == sent[own] and archived(by_default) == sent[by_default],
+                   "both topics archived", timeout=240)  # fmt: skip
+        # A topic created while the router runs: archived without a restart, from its first offset.
+        admin.create_topics([NewTopic(later, 2, 1)])[later].result(30)
+        sent[later] = send(later, 120, seed=3)
+        eventually(lambda: archived(later) == sent[later], "the new topic archived", timeout=180)
+        # The topic whose schema does not exist: every record dead-lettered, with why.
+        catalog = stack.catalog.load()
+        dead_letters = f"{stack.catalog.namespace}.{tables[no_schema]}__dlq"
+        eventually(lambda: len(archived_dead_letters(stack, dead_letters)) == len(sent[no_schema]),
+                   "the topic without a schema dead-lettered whole")  # fmt: skip
+        assert all("no_such_schema" in reason for reason in archived_dead_letters(stack, dead_letters))
+        assert not catalog.table_exists(f"{stack.catalog.namespace}.{table_for_topic(unmatched)}")
+        # Each topic's consumer group says where its archive ends, as a topic's own router's does.
+        for topic in (own, by_default, later, no_schema):
+
+            def committed(topic: str = topic) -> bool:
+                return sum(committed_offsets(stack, topic, [0, 1]).values()) == len(sent[topic])
+
+            eventually(committed, f"group bergstream-router.{topic} committed")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+            exported = answer.read().decode()
+        assert metric(exported, "bergstream_router_records_archived_total", own) == 300
+        bad = metric(exported, "bergstream_router_records_dead_lettered_total", by_default)
+        assert (
+            bad > 0 and metric(exported, "bergstream_router_records_archived_total", by_default) == 200 - bad
+        )
+        assert metric(exported, "bergstream_router_records_dead_lettered_total", no_schema) == 50
+    finally:
+        router.send_signal(signal.SIGINT)
+        router.wait(120)
+    output = log.read_text()
+    assert router.returncode == 1, output[-3000:]  # the topic without a schema archived nothing
+    assert f"{no_schema}: FAILED: dead-lettered whole" in output
+
+    # Started again from its checkpoint: what came meanwhile is archived once, nothing twice.
+    sent[own] |= send(own, 100, seed=7)
+    again = subprocess.run(
+        [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
+    )
+    assert again.returncode == 1, again.stderr[-3000:]
+    rows = archived_offsets(stack, tables[own])
+    assert len(rows) == len(set(rows)) and set(rows) == sent[own]
+
+
+def archived_dead_letters(stack: Services, identifier: str) -> list[str]:
+    return [
+        str(r)
+        for r in stack.catalog.load()
+        .load_table(identifier)
+        .scan(selected_fields=("error",))
+        .to_arrow()
+        .column("error")
+        .to_pylist()
+    ]
