@@ -1,20 +1,27 @@
-"""bench/topics: many topics in one driver against a driver per topic, in memory and throughput.
+"""bench/topics: many topics in one driver, a query per topic or one query for all, against a driver per
+topic, in CPU, memory, throughput and freshness.
 
 For each count of topics (1, 4 and 16 by default), against the embedded stack, on the same events:
   - one driver: `bergstream router run --all` over the topics' files, a query per topic;
+  - one query: `bergstream router run --pattern`, one query for every topic, from one defaults file;
   - separate drivers: one `bergstream router run --topic T` process per topic (up to --separate-max
     topics: each driver is a JVM of its own, and 2 cores start only so many at once).
 Each topic holds a backlog of --events events when its routers start. Measured, from the drivers' own
-metrics endpoints and from /proc:
+metrics endpoints, the tables and /proc:
   - start: seconds from launch to the first archived record;
   - backlog: events/s archived over all topics, from the end of the first batch to the last record (each
     topic's batches hold at most --max-offsets records, so that its backlog takes several);
-  - steady: while the load generator sends --rate events/s spread over the topics for --seconds, the
-    events/s archived, and how long after the last one was sent everything was archived;
+  - steady: while one producer sends --rate-per-topic events/s to every topic (or --rate over all) for
+    --seconds, the events/s archived, and how long after the last one was sent everything was archived;
+  - freshness: seconds from each record's Kafka timestamp to the commit of the snapshot that added it, over
+    the steady run; p99 of all records, and the worst topic's p99;
+  - a new topic (one query only): seconds from the first record of a topic created during the steady run
+    to its first archived row; the other shapes need its settings file and a restart;
   - resident memory (RSS) of every driver's Python process and its JVM, peak and at the end of the steady
-    run; CPU seconds over the steady run.
+    run; CPU seconds per second over the steady run.
 
-    .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--events 20000] [--rate 2000] [--seconds 60]
+    .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes one-driver one-query]
+        [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--trigger 10]
 
 Prints the numbers, writes bench/out/topics-<counts>.json and .png (topics-1-4-16.json by default).
 """
@@ -37,13 +44,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.router.run import machine
+from bench.router.run import freshness, machine, percentile
 from bench.stack import bench_parser
+from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+from bergstream.schemas.event_schema import load_event_schema
 
 OUT = Path(__file__).parent.parent / "out"
 ROOT = Path(__file__).parent.parent.parent
@@ -113,6 +124,9 @@ class Drivers:
     def archived(self) -> float:
         return sum(sum(archived(port).values()) for port in self.ports)
 
+    def archived_of(self, topic: str) -> float:
+        return sum(archived(port).get(topic, 0.0) for port in self.ports)
+
     def pids(self) -> list[int]:
         return [pid for process in self.processes for pid in process_tree(process.pid)]
 
@@ -139,18 +153,20 @@ class Drivers:
                 process.wait()
 
 
-def settings(stack: LocalStack, bootstrap: str, directory: Path, topic: str, max_offsets: int) -> Path:
-    path = directory / f"{topic}.yaml"
-    config = {
-        "topic": topic,
-        "schema": "playback",
+SHAPES = {"one-driver": "one driver", "one-query": "one query", "separate": "separate drivers"}
+
+
+def driver_settings(
+    stack: LocalStack, bootstrap: str, directory: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """What every topic's router shares: Kafka, the catalog, the trigger, Spark."""
+    return {
         "encoding": "json",
-        "table": topic,
+        "schema": "playback",
         "cluster": "bench",
         "kafka": {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"},
-        "trigger_interval": "2 seconds",
-        "max_offsets_per_trigger": max_offsets,
-        "checkpoint_location": str(directory / "checkpoints" / topic),
+        "trigger_interval": f"{args.trigger:g} seconds",
+        "max_offsets_per_trigger": args.max_offsets,
         "catalog": stack.config.catalog.model_dump(mode="json", exclude_none=True),
         "spark": {
             "master": "local[2]",
@@ -158,19 +174,35 @@ def settings(stack: LocalStack, bootstrap: str, directory: Path, topic: str, max
         },
         "lag_refresh_seconds": 5,
     }
+
+
+def settings(shared: dict[str, Any], directory: Path, topic: str) -> Path:
+    path = directory / f"{topic}.yaml"
+    config = {
+        **shared,
+        "topic": topic,
+        "table": topic,
+        "checkpoint_location": str(directory / "checkpoints" / topic),
+    }
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def launch(shape: str, topics: list[str], directory: Path, log: Path) -> Drivers:
+def launch(shape: str, topics: list[str], directory: Path, log: Path, pattern: str) -> Drivers:
     command = [sys.executable, "-m", "bergstream", "router", "run"]
     with log.open("ab") as out:
-        if shape == "one driver":
+        if shape in ("one driver", "one query"):
             (port,) = free_ports(1)
-            flags = ["--all", "--topics-dir", str(directory), "--metrics-port", str(port)]
+            flags = (
+                ["--all", "--topics-dir", str(directory)]
+                if shape == "one driver"
+                else ["--pattern", pattern, "--defaults", str(directory / "defaults.yaml"),
+                      "--topics-dir", str(directory / "none")]
+            )  # fmt: skip
             process = subprocess.Popen(
-                [*command, *flags], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
+                [*command, *flags, "--metrics-port", str(port)],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            )  # fmt: skip
             return Drivers([process], [port])
         ports = free_ports(len(topics))
         processes = [
@@ -194,12 +226,13 @@ def launch(shape: str, topics: list[str], directory: Path, log: Path) -> Drivers
         return Drivers(processes, ports)
 
 
-def wait_for(drivers: Drivers, total: float, timeout: float, what: str) -> float:
-    """Polls until the drivers archived `total` records; returns when, in monotonic seconds."""
+def wait_for(drivers: Drivers, total: float, timeout: float, what: str, topic: str | None = None) -> float:
+    """Polls until the drivers archived `total` records (of `topic`, when given); returns when, in monotonic
+    seconds."""
     deadline = time.monotonic() + timeout
     last_print = 0.0
     while True:
-        done = drivers.archived()
+        done = drivers.archived() if topic is None else drivers.archived_of(topic)
         now = time.monotonic()
         if done >= total:
             return now
@@ -210,69 +243,128 @@ def wait_for(drivers: Drivers, total: float, timeout: float, what: str) -> float
         if now - last_print > 10:
             print(f"  {what}: {done:,.0f} of {total:,.0f} archived", flush=True)
             last_print = now
-        time.sleep(0.5)
+        time.sleep(0.25)
+
+
+def create_topics(bootstrap: str, topics: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1) for topic in topics]).values():
+        future.result(60)
+
+
+def payloads(count: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of `count` playback events as JSON, made once: the steady run only sends them."""
+    schema = load_event_schema("playback")
+    events = EventModel(seed=5).events("playback")
+    made = []
+    for _ in range(count):
+        generated = next(events)
+        made.append((generated.key, schema.encode(generated.event, "json")))
+    return made
+
+
+def send_steady(bootstrap: str, topics: list[str], per_topic: float, seconds: float) -> tuple[int, float]:
+    """One producer sends `per_topic` events/s to every topic, round robin, for `seconds`: the events sent
+    and the seconds it took. Each record's Kafka timestamp is when it was sent."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    made = payloads(997)
+    rate = per_topic * len(topics)
+    total = int(rate * seconds)
+    started = time.monotonic()
+    sent = 0
+    while sent < total:
+        due = min(total, int((time.monotonic() - started) * rate) + 1)
+        while sent < due:
+            key, value = made[sent % len(made)]
+            try:
+                producer.produce(topics[sent % len(topics)], value=value, key=key)
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.005)
+    took = time.monotonic() - started
+    if producer.flush(60):
+        raise RuntimeError("the steady run's producer did not deliver everything in 60 s")
+    return sent, took
+
+
+def topic_freshness(stack: LocalStack, topics: list[str], after_ms: int) -> dict[str, list[float]]:
+    return {topic: freshness(stack, topic, after_ms) for topic in topics}
 
 
 def measure(
     stack: LocalStack, bootstrap: str, shape: str, count: int, args: argparse.Namespace, home: Path
 ) -> dict[str, Any]:
-    slug = "one" if shape == "one driver" else "sep"
-    topics = [f"bench_{slug}{count}_{i:02d}" for i in range(count)]
+    slug = {"one driver": "one", "one query": "pat", "separate drivers": "sep"}[shape]
+    prefix = f"bench_{slug}{count}"
+    topics = [f"{prefix}_{i:03d}" for i in range(count)]
     directory = home / f"{slug}{count}"
     directory.mkdir()
+    shared = driver_settings(stack, bootstrap, directory, args)
+    if shape == "one query":
+        defaults = {**shared, "checkpoint_location": str(directory / "checkpoints" / "pattern")}
+        (directory / "defaults.yaml").write_text(yaml.safe_dump(defaults))
+    else:
+        for topic in topics:
+            settings(shared, directory, topic)
+    create_topics(bootstrap, topics)
     for topic in topics:
-        settings(stack, bootstrap, directory, topic, args.max_offsets)
         request = ProduceRequest(topic=topic, schema="playback", count=args.events, partitions=PARTITIONS)
         produce(request, bootstrap, show_progress=False)
     print(f"{count} topics, {shape}: {count * args.events:,} events of backlog; starting", flush=True)
     launched = time.monotonic()
-    drivers = launch(shape, topics, directory, home / f"{slug}{count}.log")
+    drivers = launch(shape, topics, directory, home / f"{slug}{count}.log", rf"{prefix}_.*")
     drivers.watch(launched)
+    new_topic_seconds = None
     try:
         backlog = count * args.events
         first = wait_for(drivers, 1, args.timeout, "first record")
         at_first = drivers.archived()
         done = wait_for(drivers, backlog, args.timeout, "backlog")
-        rate_per_topic = args.rate / count
+        per_topic = args.rate_per_topic if args.rate_per_topic is not None else args.rate / count
         steady_pids = drivers.pids()
         cpu_before = cpu_seconds(steady_pids)
         steady_started = time.monotonic()
+        steady_ms = int(time.time() * 1000)
         archived_before = drivers.archived()
-        senders = [
-            threading.Thread(
-                target=produce,
-                args=(
-                    ProduceRequest(
-                        topic=topic,
-                        schema="playback",
-                        count=int(rate_per_topic * args.seconds),
-                        rate=rate_per_topic,
-                        partitions=PARTITIONS,
-                        seed=2,
-                    ),
-                    bootstrap,
-                ),
-                kwargs={"show_progress": False},
-            )
-            for topic in topics
-        ]
-        for sender in senders:
-            sender.start()
-        for sender in senders:
-            sender.join()
-        sent_seconds = time.monotonic() - steady_started
+        sent_box: list[tuple[int, float]] = []
+        sender = threading.Thread(
+            target=lambda: sent_box.append(send_steady(bootstrap, topics, per_topic, args.seconds))
+        )
+        sender.start()
+        if shape == "one query":
+            # A topic created while the others run: from its first record to its first archived row.
+            time.sleep(args.seconds / 3)
+            new_topic = f"{prefix}_new"
+            create_topics(bootstrap, [new_topic])
+            made = Producer({"bootstrap.servers": bootstrap})
+            key, value = payloads(1)[0]
+            made.produce(new_topic, value=value, key=key)
+            made.flush(30)
+            first_sent = time.monotonic()
+            arrived = wait_for(drivers, 1, args.timeout, "the new topic's first record", topic=new_topic)
+            new_topic_seconds = arrived - first_sent
+            print(f"  a new topic's first record archived after {new_topic_seconds:.1f}s", flush=True)
+        sender.join()
+        sent, sent_seconds = sent_box[0]
         archived_after = drivers.archived()
         cpu = cpu_seconds(steady_pids) - cpu_before
         end_rss = rss_bytes(drivers.pids())
-        sent = count * int(rate_per_topic * args.seconds)
-        lag = backlog + sent - archived_after
-        caught_up = wait_for(drivers, backlog + sent, args.timeout, "steady run caught up")
+        extra = 1 if new_topic_seconds is not None else 0
+        lag = backlog + sent + extra - archived_after
+        caught_up = wait_for(drivers, backlog + sent + extra, args.timeout, "steady run caught up")
     finally:
         drivers.stop()
+    fresh = topic_freshness(stack, topics, steady_ms)
+    every = [delay for delays in fresh.values() for delay in delays]
+    per_topic_p99 = sorted(percentile(delays, 99) for delays in fresh.values() if delays)
     result = {
         "topics": count,
         "shape": shape,
         "drivers": len(drivers.processes),
+        "trigger_seconds": args.trigger,
         "start_seconds": first - launched,
         "backlog_events": backlog,
         "backlog_events_per_s": (backlog - at_first) / (done - first) if done > first else None,
@@ -281,16 +373,23 @@ def measure(
         "steady_lag_at_end": lag,
         "steady_catch_up_seconds": caught_up - steady_started - sent_seconds,
         "steady_cpu_seconds_per_s": cpu / sent_seconds,
+        "freshness_p50": percentile(every, 50) if every else None,
+        "freshness_p99": percentile(every, 99) if every else None,
+        "freshness_p99_worst_topic": per_topic_p99[-1] if per_topic_p99 else None,
+        "freshness_p99_median_topic": per_topic_p99[len(per_topic_p99) // 2] if per_topic_p99 else None,
+        "new_topic_seconds": new_topic_seconds,
         "rss_peak_mib": drivers.peak_rss / 2**20,
         "rss_steady_end_mib": end_rss / 2**20,
         "samples": drivers.samples,
     }
+    worst = result["freshness_p99_worst_topic"]
+    fresh_text = f"freshness p99 {result['freshness_p99']:.1f}s (worst topic {worst:.1f}s)" if every else "-"
     print(
         f"  start {result['start_seconds']:.0f}s, "
         f"backlog {result['backlog_events_per_s'] or 0:,.0f} events/s, "
         f"steady {result['steady_events_per_s']:,.0f} of {result['steady_rate_sent']:,.0f} events/s sent "
         f"(lag {lag:,.0f} when the last was sent, all archived {result['steady_catch_up_seconds']:.0f}s "
-        f"later), {result['steady_cpu_seconds_per_s']:.2f} CPU s/s, RSS peak "
+        f"later), {fresh_text}, {result['steady_cpu_seconds_per_s']:.2f} CPU s/s, RSS peak "
         f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB",
         flush=True,
     )
@@ -304,7 +403,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (memory, backlog) = plt.subplots(1, 2, figsize=(11, 4))
-    for shape, marker in (("one driver", "o"), ("separate drivers", "s")):
+    for shape, marker in (("one driver", "o"), ("one query", "^"), ("separate drivers", "s")):
         runs = [r for r in results if r["shape"] == shape]
         counts = [r["topics"] for r in runs]
         memory.plot(counts, [r["rss_steady_end_mib"] for r in runs], marker=marker, label=shape)
@@ -323,10 +422,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--topics", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument(
+        "--shapes", nargs="+", choices=sorted(SHAPES), default=["one-driver", "one-query", "separate"]
+    )
     parser.add_argument("--events", type=int, default=100_000, help="backlog per topic")
     parser.add_argument("--max-offsets", type=int, default=25_000, help="max_offsets_per_trigger per topic")
     parser.add_argument("--rate", type=float, default=2000, help="events/s over all topics, steady run")
+    parser.add_argument("--rate-per-topic", type=float, default=None, help="events/s per topic (over --rate)")
     parser.add_argument("--seconds", type=float, default=60, help="length of the steady run")
+    parser.add_argument("--trigger", type=float, default=2, help="the routers' trigger interval, seconds")
     parser.add_argument(
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
     )
@@ -340,13 +444,19 @@ def main() -> None:
     )
     status = stack.up()
     results: list[dict[str, Any]] = []
+    wanted = [SHAPES[shape] for shape in args.shapes]
     try:
         for count in args.topics:
-            shapes = ["one driver"] + (["separate drivers"] if 1 < count <= args.separate_max else [])
+            shapes = [
+                shape for shape in wanted
+                if shape != "separate drivers" or 1 < count <= args.separate_max
+            ]  # fmt: skip
             for shape in shapes:
-                results.append(measure(stack, status.bootstrap_servers, shape, count, args, home))
-                if count == 1:  # one topic: one driver either way
-                    results.append({**results[-1], "shape": "separate drivers"})
+                try:
+                    results.append(measure(stack, status.bootstrap_servers, shape, count, args, home))
+                except RuntimeError as error:  # a shape that cannot keep up is reported, not fatal
+                    print(f"  {count} topics, {shape}: {error}", flush=True)
+                    results.append({"topics": count, "shape": shape, "failed": str(error), "samples": []})
     finally:
         stack.down()
     report = {
@@ -358,7 +468,7 @@ def main() -> None:
     name = "topics-" + "-".join(str(count) for count in args.topics)
     (OUT / f"{name}.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
     print(json.dumps(report, indent=2))
-    plot(results, OUT / f"{name}.png")
+    plot([r for r in results if "failed" not in r], OUT / f"{name}.png")
 
 
 if __name__ == "__main__":
