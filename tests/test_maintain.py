@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -92,11 +93,16 @@ def test_maintain_while_the_router_runs(
         )
         maintained = subprocess.run(
             [".venv/bin/python", "-m", "bergstream", "router", "maintain", "--topic", topic_name,
-             "--config", str(config)],
+             "--config", str(config), "--json"],
             capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
         )  # fmt: skip
         assert maintained.returncode == 0, failure_lines(maintained.stderr)
-        assert "compacted" in maintained.stdout
+        report = json.loads(maintained.stdout)
+        assert report["ok"] and report["topic"] == topic_name
+        compacted = {table["table"]: table for table in report["tables"]}
+        assert (
+            compacted[f"{stack.catalog.name}.{stack.catalog.namespace}.{topic_name}"]["rewritten_files"] > 2
+        )
         stop.set()
         producing.join()
         # The live router goes on to archive all that was produced.

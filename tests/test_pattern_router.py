@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -186,9 +187,15 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
     # Started again from its checkpoint: what came meanwhile is archived once, nothing twice.
     sent[own] |= send(own, 100, seed=7)
     again = subprocess.run(
-        [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
-    )
+        [*command, "--available-now", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+        check=False,
+    )  # fmt: skip
     assert again.returncode == 1, again.stderr[-3000:]
+    report = json.loads(again.stdout)
+    assert report["ok"] is False and no_schema in report["error"]
+    totals = {topic["topic"]: topic for topic in report["topics"]}
+    assert totals[own]["archived"] == 100 and totals[own]["error"] is None
+    assert totals[no_schema]["error"].startswith("dead-lettered whole")
     rows = archived_offsets(stack, tables[own])
     assert len(rows) == len(set(rows)) and set(rows) == sent[own]
 

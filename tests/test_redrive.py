@@ -242,6 +242,19 @@ def test_the_report_says_what_was_done_or_would_be() -> None:
     assert nothing.lines() == [
         "playback: no dead letters waiting in c.archive.playback__dlq, reason containing 'PAUSE'"
     ]
+    # The same report for `router redrive --json`, one JSON document.
+    document = json.loads(json.dumps(report.to_json()))
+    assert (document["examined"], document["redriven"], document["still_failing"]) == (12, 10, 2)
+    assert document["dry_run"] and document["reason_filter"] == "PAUSE" and document["reason_changed"] == 2
+    assert document["finished"] == [
+        {
+            "redrive_id": "20251231T000000Z-00000000",
+            "archive_snapshot": 5,
+            "rows": 4,
+            "dead_letter_snapshot": None,
+        }
+    ]
+    assert [reason["reason"] for reason in document["reasons"]] == [PAUSE, MALFORMED]
 
 
 @pytest.mark.integration

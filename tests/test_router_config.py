@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,42 @@ def test_a_conf_flag_without_a_value_is_refused_before_spark_starts(command: lis
     refused = CliRunner().invoke(cli, [*command, "--conf", "spark.ui.enabled"])
     assert refused.exit_code == 2
     assert "'spark.ui.enabled': write KEY=VALUE" in refused.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["router", "run", "--topic", "playback", "--available-now"],
+        ["router", "run", "--pattern", "playback.*", "--available-now"],
+        ["router", "maintain", "--topic", "playback"],
+        ["router", "redrive", "--topic", "playback"],
+        ["backfill", "run", "--app", "sessionizer", *WINDOW_FLAGS],
+        [
+            "backfill",
+            "replay",
+            "--table",
+            "playback",
+            "--to-topic",
+            "again",
+            *WINDOW_FLAGS,
+            "--bootstrap-servers",
+            "127.0.0.1:9",
+        ],
+        ["app", "run", "--app", "sessionizer", "--available-now"],
+    ],
+)
+def test_a_command_that_fails_says_so_in_its_json_report_and_its_exit_code(
+    command: list[str], tmp_path: Path
+) -> None:
+    """A scheduler reads one JSON document and the exit code, also when the command could not start."""
+    from click.testing import CliRunner
+
+    from bergstream.cli import cli
+
+    missing = tmp_path / "missing.yaml"
+    flag = "--defaults" if "--pattern" in command else "--config"
+    failed = CliRunner().invoke(cli, [*command, flag, str(missing), "--json"])
+    assert failed.exit_code != 0
+    report = json.loads(failed.stdout)
+    assert report["ok"] is False and report["command"] == " ".join(command[:2])
+    assert str(missing) in report["error"], report

@@ -173,6 +173,7 @@ def driver_settings(
             "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
         },
         "lag_refresh_seconds": 5,
+        "metrics_host": "127.0.0.1",
     }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,9 +10,11 @@ import click
 
 from bergstream.cli.options import (
     DATA_DIR,
+    JSON_REPORT,
     SPARK_CONF,
     configure_logging,
-    echo_lines,
+    echo_report,
+    reports_json,
     spark_overrides,
     with_options,
 )
@@ -38,7 +39,7 @@ APP_OPTIONS = [
     click.option("--entry", default=None, help="Run this module:function instead of the file's entry."),
     click.option("--checkpoint", default=None, help="Checkpoint location (default: one per run's request)."),
     click.option("--output-table", default=None, help="Where the application's output goes."),
-    click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+    JSON_REPORT,
     SPARK_CONF,
 ]
 
@@ -50,16 +51,11 @@ def run_application(settings: AppSettings, available_now: bool, as_json: bool) -
 
     with spark_session(settings.catalog, settings.spark, f"bergstream-app-{settings.app}") as spark:
         report = run_app(spark, settings, available_now=available_now, show_progress=sys.stderr.isatty())
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        echo_lines(report.lines())
+    failure = None
     if report.problems:
-        from bergstream.backfill.errors import BackfillError
-
-        raise BackfillError(
-            f"{settings.app}: the {settings.mode} is incomplete: {'; '.join(report.problems)}"
-        )
+        failure = f"{settings.app}: the {settings.mode} is incomplete: {'; '.join(report.problems)}"
+    command = "backfill run" if settings.mode == "backfill" else "app run"
+    echo_report(as_json, command, report.to_json(), report.lines(), failure)
 
 
 @click.group()
@@ -83,6 +79,7 @@ def app() -> None:
     help="With --from: B of the archive phase (15m, 1h; default: the file's backfill.max_misalignment).",
 )
 @DATA_DIR
+@reports_json("app run")
 def app_run(
     app: str,
     config_file: Path | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,12 @@ from bergstream.cli.app import APP_OPTIONS, run_application
 from bergstream.cli.options import (
     CLIENT_CONFIG,
     DATA_DIR,
+    JSON_REPORT,
     configure_logging,
     echo_lines,
+    echo_report,
     key_values,
+    reports_json,
     spark_overrides,
     with_options,
 )
@@ -100,6 +104,7 @@ def backfill_plan(
 @with_options(WINDOW)
 @click.option("--unordered", is_flag=True, help="Read the window in one epoch, in no order.")
 @DATA_DIR
+@reports_json("backfill run")
 def backfill_run(
     app: str,
     config_file: Path | None,
@@ -197,7 +202,9 @@ def backfill_release(
     metavar="KEY=VALUE",
     help="librdkafka producer setting (linger.ms=50, ...), repeatable.",
 )
+@JSON_REPORT
 @DATA_DIR
+@reports_json("backfill replay")
 def backfill_replay(
     table: str,
     start: str,
@@ -214,6 +221,7 @@ def backfill_replay(
     config_file: Path | None,
     client_config: Path | None,
     producer_options: tuple[str, ...],
+    as_json: bool,
     data_dir: Path | None,
 ) -> None:
     """Republish a window of the archive into a Kafka topic in backfill order, for consumers outside Spark.
@@ -240,4 +248,4 @@ def backfill_replay(
         schema=schema, encoding=encoding, partitions=partitions,
         schema_registry=registry_from_file(config_file) if config_file is not None else None,
     )  # fmt: skip
-    click.echo(report.summary())
+    echo_report(as_json, "backfill replay", asdict(report), [report.summary()])

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from bergstream.errors import BergstreamError
 
 DATA_DIR = click.option(
     "--data-dir",
@@ -98,3 +102,51 @@ def echo_mapping(values: dict[str, Any]) -> None:
     width = max(len(key) for key in shown)
     for key, value in shown.items():
         click.echo(f"  {key:<{width}}  {value}")
+
+
+JSON_REPORT = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the report as one JSON document on stdout (a failure too, as ok: false); the exit code "
+    "says whether the command did its work.",
+)  # fmt: skip
+
+
+class ReportedFailure(BergstreamError):
+    """The command did not do its work and has printed its report: said on stderr, not reported again."""
+
+
+def reports_json(command: str) -> Callable[[_Command], _Command]:
+    """With --json, a command that fails before its report prints `{"command", "ok": false, "error"}`, so
+    that whatever reads its output always finds one document; the exit code stays non-zero."""
+
+    def decorate(function: _Command) -> _Command:
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except ReportedFailure:
+                raise
+            except Exception as error:
+                if kwargs.get("as_json"):
+                    click.echo(json.dumps({"command": command, "ok": False, "error": str(error)}, indent=2))
+                raise
+
+        return run  # type: ignore[return-value]
+
+    return decorate
+
+
+def echo_report(
+    as_json: bool, command: str, report: dict[str, Any], lines: list[str], failure: str | None = None
+) -> None:
+    """The command's report: one JSON document with `ok`, or its lines; then, when it did not do its work
+    (`failure`), a non-zero exit with that message on stderr."""
+    if as_json:
+        document = {"command": command, "ok": failure is None}
+        if failure is not None:
+            document["error"] = failure
+        click.echo(json.dumps({**document, **report}, indent=2, default=str))
+    else:
+        echo_lines(lines)
+    if failure is not None:
+        raise ReportedFailure(failure)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,19 +13,21 @@ import click
 
 from bergstream.cli.options import (
     DATA_DIR,
+    JSON_REPORT,
     ROUTER_CONFIG,
     SPARK_CONF,
     TABLE,
     TOPICS_DIR,
     configure_logging,
-    echo_lines,
+    echo_report,
+    reports_json,
     spark_overrides,
 )
-from bergstream.errors import BergstreamError
 
 if TYPE_CHECKING:
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.config import RouterConfig
+    from bergstream.router.fleet import TopicOutcome
 
 
 @click.group()
@@ -94,7 +97,9 @@ def topic_loader(
     "of the topic's file; else 1h).",
 )  # fmt: skip
 @SPARK_CONF
+@JSON_REPORT
 @DATA_DIR
+@reports_json("router run")
 def router_run(
     topics: tuple[str, ...],
     all_topics: bool,
@@ -112,6 +117,7 @@ def router_run(
     metrics_port: int | None,
     maintain_every: str | None,
     spark_conf: tuple[str, ...],
+    as_json: bool,
     data_dir: Path | None,
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
@@ -143,8 +149,9 @@ def router_run(
                     "sets it"
                 )
         configure_logging()
-        run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port, maintain_every,
-                    spark_conf, data_dir)  # fmt: skip
+        outcomes = run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port,
+                               maintain_every, spark_conf, data_dir)  # fmt: skip
+        report_outcomes(outcomes, as_json)
         return
     # One topic's driver is not started again when it fails: whatever runs it (Kubernetes) does that.
     alone = len(topics) == 1 and group is None
@@ -175,11 +182,23 @@ def router_run(
         metrics_port=metrics_port,
         group=group,
     )  # fmt: skip
-    outcomes = launch(request)
-    echo_lines([outcome.summary() for outcome in outcomes])
+    report_outcomes(launch(request), as_json)
+
+
+def report_outcomes(outcomes: list[TopicOutcome], as_json: bool) -> None:
+    """Each topic's totals; a failure when a topic did not end cleanly."""
     failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
-    if failed:
-        raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
+    failure = f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}" if failed else None
+    topics = [
+        {
+            "topic": outcome.topic,
+            "error": outcome.error,
+            "restarts": outcome.restarts,
+            **asdict(outcome.totals),
+        }
+        for outcome in outcomes
+    ]
+    echo_report(as_json, "router run", {"topics": topics}, [o.summary() for o in outcomes], failure)
 
 
 def run_pattern(
@@ -192,7 +211,7 @@ def run_pattern(
     maintain_every: str | None,
     spark_conf: tuple[str, ...],
     data_dir: Path | None,
-) -> None:
+) -> list[TopicOutcome]:
     """`router run --pattern`: one query for every matching topic."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.launch import launch_pattern
@@ -210,11 +229,7 @@ def run_pattern(
     )  # fmt: skip
     overrides = {"spark": spark_overrides(spark_conf)}
     load = topic_settings(config, defaults, topics_dir, endpoints.router_defaults, overrides)
-    outcomes = launch_pattern(config, load, available_now)
-    echo_lines([outcome.summary() for outcome in outcomes])
-    failed = [outcome.topic for outcome in outcomes if outcome.error is not None]
-    if failed:
-        raise BergstreamError(f"{len(failed)} of {len(outcomes)} topics failed: {', '.join(failed)}")
+    return launch_pattern(config, load, available_now)
 
 
 @router.command("maintain")
@@ -222,12 +237,15 @@ def run_pattern(
 @TABLE
 @ROUTER_CONFIG
 @SPARK_CONF
+@JSON_REPORT
 @DATA_DIR
+@reports_json("router maintain")
 def router_maintain(
     topic: str,
     table: str | None,
     config_file: Path | None,
     spark_conf: tuple[str, ...],
+    as_json: bool,
     data_dir: Path | None,
 ) -> None:
     """Compact closed hours, expire old snapshots, remove orphan files; safe while the router runs."""
@@ -240,10 +258,13 @@ def router_maintain(
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
     with spark_session(config.catalog, config.spark, f"bergstream-maintain-{topic}") as spark:
         now = datetime.now(UTC)
-        for result in maintain(spark, config, now):
-            click.echo(result.summary())
-            for pin in result.held:
-                click.echo(f"  {pin.describe(result.table, now)}")
+        results = maintain(spark, config, now)
+    lines = []
+    for result in results:
+        lines.append(result.summary())
+        lines += [f"  {pin.describe(result.table, now)}" for pin in result.held]
+    tables = [asdict(result) for result in results]
+    echo_report(as_json, "router maintain", {"topic": topic, "tables": tables}, lines)
 
 
 @router.command("redrive")
@@ -256,7 +277,9 @@ def router_maintain(
 @TABLE
 @ROUTER_CONFIG
 @SPARK_CONF
+@JSON_REPORT
 @DATA_DIR
+@reports_json("router redrive")
 def router_redrive(
     topic: str,
     reason: str | None,
@@ -265,6 +288,7 @@ def router_redrive(
     table: str | None,
     config_file: Path | None,
     spark_conf: tuple[str, ...],
+    as_json: bool,
     data_dir: Path | None,
 ) -> None:
     """Parse a topic's dead letters again: archive those that parse now, exactly once, and mark them."""
@@ -279,4 +303,4 @@ def router_redrive(
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
     with spark_session(config.catalog, config.spark, f"bergstream-redrive-{topic}") as spark:
         report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
-    echo_lines(report.lines())
+    echo_report(as_json, "router redrive", report.to_json(), report.lines())

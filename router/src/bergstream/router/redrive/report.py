@@ -1,8 +1,9 @@
-"""What a redrive did, or would do in a dry run, as lines for the terminal."""
+"""What a redrive did, or would do in a dry run, as lines for the terminal and as JSON."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from bergstream.router.redrive.counts import RedriveCounts
 
@@ -31,6 +32,28 @@ class RedriveReport:
     archive_snapshot: int | None = None
     marking_snapshot: int | None = None
     seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        counts = self.counts
+        return {
+            "topic": self.topic,
+            "redrive_id": self.redrive_id,
+            "dry_run": self.dry_run,
+            "reason_filter": self.reason_filter,
+            "dead_letter_table": self.dead_letter_table,
+            "archive_table": self.archive_table,
+            "dead_letter_snapshot": self.dead_letter_snapshot,
+            "examined": counts.examined,
+            "redriven": counts.redriven,
+            "already_archived": counts.already_archived,
+            "still_failing": counts.examined - counts.redriven - counts.already_archived,
+            "reason_changed": counts.reason_changed,
+            "reasons": [asdict(reason) for reason in counts.reasons],
+            "archive_snapshot": self.archive_snapshot,
+            "marking_snapshot": self.marking_snapshot,
+            "finished": [asdict(done) for done in self.finished],
+            "seconds": self.seconds,
+        }
 
     def lines(self) -> list[str]:
         lines = []
