@@ -9,9 +9,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -19,7 +22,10 @@ from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
 from bergstream.router.pattern import load_pattern_config, pattern_name
 from bergstream.router.positions import _first_start, may_hold_records
+from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
+from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.spark_types import ddl_columns
 from tests.routers import ROOT, archived_offsets, committed_offsets, eventually, produced_offsets
 from tests.services import Services
 
@@ -77,7 +83,7 @@ def metric(text: str, name: str, topic: str) -> float:
 
 @pytest.mark.integration
 def test_one_query_archives_every_matching_topic_and_those_created_later(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     prefix = topic_name[:40]
     own, by_default, later, no_schema = (
@@ -90,6 +96,16 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
     topics_dir = tmp_path / "topics"
     topics_dir.mkdir()
     # A topic with its own file, whose settings win over the defaults; one whose schema does not exist.
+    # The first one's table exists already, its columns in another order than the router's: its batches
+    # are appended on their own, by Spark's writer, which matches columns by name.
+    layout = ArchiveLayout(load_event_schema("playback"), f"{prefix}_own_table")
+    metadata, *event = reversed(layout.table_type.fields)
+    reordered = T.StructType([metadata, *reversed(event)])
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {stack.catalog.name}.{stack.catalog.namespace}")
+    spark.sql(
+        f"CREATE TABLE {stack.catalog.table_identifier(layout.table)} ({ddl_columns(reordered)}) "
+        f"USING iceberg PARTITIONED BY ({PARTITION_SPEC})"
+    )
     (topics_dir / f"{own}.yaml").write_text(
         yaml.safe_dump({"schema": "playback", "encoding": "json", "table": f"{prefix}_own_table"})
     )
@@ -182,6 +198,22 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
         router.wait(120)
     output = log.read_text()
     assert router.returncode == 1, output[-3000:]  # the topic without a schema archived nothing
+    # The other topics' tables were written together, in one job; the reordered one alone.
+    assert f"{by_default} batch 0: read 200" in output and "(together" in output
+    assert f"batch 0 of topic {own}: writing it with the other topics failed" in output
+    for topic in (by_default, later):
+        table = catalog.load_table(f"{stack.catalog.namespace}.{tables[topic]}")
+        for data_file in table.inspect.files().to_pylist():
+            # Each file holds one hour, the one its partition names, its rows in ingestion-time order.
+            hour = next(iter(data_file["partition"].values()))
+            with table.io.new_input(data_file["file_path"]).open() as stream:
+                stamps = pq.read_table(stream, columns=["__metadata__"]).column(0).combine_chunks()
+            times = [stamp.timestamp() for stamp in stamps.field("kafka_ingestion_ts").to_pylist()]
+            assert times == sorted(times) and {int(t) // 3600 for t in times} == {hour}, data_file[
+                "file_path"
+            ]
+    rows = catalog.load_table(f"{stack.catalog.namespace}.{tables[by_default]}").scan().to_arrow().to_pylist()
+    assert all(row["event_type"] and row["__metadata__"]["cluster"] == "test" for row in rows)
     assert f"{no_schema}: FAILED: dead-lettered whole" in output
 
     # Started again from its checkpoint: what came meanwhile is archived once, nothing twice.

@@ -22,7 +22,7 @@ from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED
-from bergstream.router.write import Appended, BatchTableWriter, write_tasks_for
+from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.positions import BatchRange
 
 log = logging.getLogger("bergstream.router")
@@ -143,6 +143,65 @@ class BatchArchiver:
         self._expect_dead_letters = counts is None or counts.dead_lettered > 0
         self._previous_read = None if counts is None else counts.read
         self.accounting.account(batch_id, counts, appended, time.monotonic() - started, phases)
+
+    # A batch of many topics (router/pattern.py) writes every topic's tables in one Spark job, each topic's
+    # rows given by `combined_rows`, and accounts each topic's part with `written_together`.
+
+    def replayed(self, batch_id: int) -> bool:
+        """Whether either table already holds batch `batch_id`: a replay, archived one topic at a time."""
+        self._started.wait()
+        assert self._writers is not None
+        return any(writer.last_committed >= batch_id for writer in self._writers)
+
+    def forget_commits(self) -> None:
+        """A write may have committed, or not: the next batch reads the tables' snapshots again."""
+        for writer in self._writers or ():
+            writer.committed(None)
+
+    def combined_rows(self, records: DataFrame, batch_id: int) -> DataFrame:
+        """The batch's records as archive rows or dead letters in one frame (RecordSplitter.combined_rows),
+        parsed with the schema registry's versions known for this batch."""
+        if self.registry is not None:
+            self.registry.before_batch(records, batch_id, self.tables.evolve)
+            self.layout, self.splitter = self.registry.layout, self.registry.splitter
+        return self.splitter.combined_rows(self.splitter.stamp(records))
+
+    @property
+    def identifiers(self) -> tuple[str, str]:
+        """The archive table and the dead-letter table."""
+        self._started.wait()
+        assert self._writers is not None
+        return self._writers[0].identifier, self._writers[1].identifier
+
+    def batch_properties(self, batch_id: int, covered: BatchRange) -> dict[str, str]:
+        """The snapshot summary of the batch's appends: the query's and batch's ids, and its range."""
+        assert self._writers is not None
+        return {
+            QUERY_ID: self._writers[0].query_id,
+            BATCH_ID: str(batch_id),
+            **covered.properties(self.config.topic, self.config.cluster),
+        }
+
+    def written_together(
+        self,
+        batch_id: int,
+        counts: BatchCounts,
+        archived: Appended,
+        dead_lettered: Appended,
+        seconds: float,
+    ) -> None:
+        """Batch `batch_id` was written and committed with other topics': count it as `archive` would."""
+        assert self._writers is not None
+        archive_writer, dead_letter_writer = self._writers
+        for writer in self._writers:
+            writer.committed(batch_id)
+        self._expect_dead_letters = counts.dead_lettered > 0
+        self._previous_read = counts.read
+        appended: list[tuple[BatchTableWriter, Appended | None]] = [
+            (archive_writer, archived),
+            (dead_letter_writer, dead_lettered),
+        ]
+        self.accounting.account(batch_id, counts, appended, seconds, {"together": seconds})
 
     def _append(
         self,

@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from bergstream.router.config import (
     table_for_topic,
 )
 from bergstream.router.consumer_group import GroupCommitter, SharedKafka
-from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.counts import BatchCounts, PartitionRead, from_observation, observed_columns
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
@@ -69,7 +70,7 @@ from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import starting_offsets
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.router.table import ensure_namespace
-from bergstream.router.write import BatchTableWriter
+from bergstream.router.write import Appended, BatchTableWriter
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
 from bergstream.schemas.parse import ERROR
 from bergstream.schemas.positions import BatchRange
@@ -81,6 +82,36 @@ from bergstream.spark import SparkSettings
 log = logging.getLogger("bergstream.router.pattern")
 # How often the settings of a topic that is being dead-lettered whole are read again.
 RETRY_SETTINGS_SECONDS = 60.0
+# The Iceberg commits of one batch's topics made at once.
+COMMIT_THREADS = 8
+_TOPIC_TABLES = "io.bergstream.router.TopicTables"
+
+
+def _counts(outcome: Any) -> tuple[BatchCounts, Appended, Appended]:
+    """A topic's counts of a batch written together with others' (TopicTables.Outcome), and what its
+    archive and dead-letter appends added."""
+    archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest = (
+        int(value) for value in outcome.totals()
+    )
+    partitions = tuple(
+        PartitionRead(int(partition), int(read), int(first), int(last))
+        for partition, (read, first, last) in sorted(outcome.partitionList().items())
+    )
+    counts = BatchCounts(
+        read=sum(p.read for p in partitions),
+        archived=archived,
+        newest=None if newest == _NO_TIME else datetime.fromtimestamp(newest / 1e6, UTC),
+        partitions=partitions,
+    )
+    return (
+        counts,
+        Appended(archived, archive_files, archive_bytes),
+        Appended(dead_lettered, dead_files, dead_bytes),
+    )
+
+
+# Java's Long.MIN_VALUE: no record, no time.
+_NO_TIME = -(2**63)
 
 
 class PatternConfig(BaseModel):
@@ -313,6 +344,8 @@ class PatternRouter:
         workers = config.parallel_topics or spark.sparkContext.defaultParallelism
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bergstream-topic")
         self._cores = max(1, spark.sparkContext.defaultParallelism)
+        # Commits are mostly waits on the catalog and the object store: more at once than cores.
+        self._commit_threads = max(COMMIT_THREADS, workers)
 
     @property
     def running(self) -> bool:
@@ -434,6 +467,7 @@ class PatternRouter:
         try:
             if len(busy) > 1:
                 source.count()
+            alone = self._write_together(source, batch_id, ranges, busy)
             futures = {
                 topic: self._pool.submit(
                     self.topics[topic].archive,
@@ -441,7 +475,7 @@ class PatternRouter:
                     batch_id,
                     ranges[topic],
                 )
-                for topic in busy
+                for topic in alone
             }
             failed = []
             for topic, future in futures.items():
@@ -453,6 +487,54 @@ class PatternRouter:
                 raise failed[0]
         finally:
             source.unpersist()
+
+    def _write_together(
+        self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: list[str]
+    ) -> list[str]:
+        """Write the busy topics' tables in one Spark job and commit them, several at once (TopicTables, in
+        router/jvm); the topics left to archive one by one: dead-lettered whole, replayed (a table holds
+        the batch already), or whose write failed (their archiver tries again, and finds what landed)."""
+        started = time.monotonic()
+        together = [
+            topic for topic in busy
+            if isinstance(self.topics[topic], TopicArchive)
+            and not self.topics[topic].archiver.replayed(batch_id)  # type: ignore[union-attr]
+        ]  # fmt: skip
+        alone = [topic for topic in busy if topic not in together]
+        if not together:
+            return alone
+        archivers = [self.topics[topic].archiver for topic in together]  # type: ignore[union-attr]
+        frames = [
+            archiver.combined_rows(source.where(F.col("topic") == topic), batch_id)
+            for topic, archiver in zip(together, archivers, strict=True)
+        ]
+        identifiers = [archiver.identifiers for archiver in archivers]
+        properties = [
+            archiver.batch_properties(batch_id, ranges[topic])
+            for topic, archiver in zip(together, archivers, strict=True)
+        ]
+        jvm = self.spark._jvm
+        assert jvm is not None
+        outcomes = getattr(jvm, _TOPIC_TABLES).append(
+            self.spark._jsparkSession,
+            together,
+            [frame._jdf for frame in frames],
+            [archive for archive, _ in identifiers],
+            [dead_letters for _, dead_letters in identifiers],
+            properties,
+            self._commit_threads,
+        )
+        seconds = time.monotonic() - started
+        for topic, archiver, outcome in zip(together, archivers, outcomes, strict=True):
+            error = outcome.error()
+            if error is not None:
+                log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
+                            batch_id, topic, error)  # fmt: skip
+                archiver.forget_commits()
+                alone.append(topic)
+                continue
+            archiver.written_together(batch_id, *_counts(outcome), seconds)
+        return alone
 
     def _topic_for_batch(self, topic: str, query: StreamingQuery) -> Topic:
         """The topic's share, added when the query meets it first; a rejected topic's settings read again

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from bergstream.schemas.archive import METADATA, ArchiveLayout
+from bergstream.schemas.archive import METADATA, REDRIVE_ID, REDRIVEN_AT, ArchiveLayout
 from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.parse import ERROR, Parser, WireSchemas, explain
 from bergstream.schemas.stamp import archive_columns, metadata
@@ -58,3 +58,17 @@ class RecordSplitter:
         """The invalid rows, as dead-letter rows; `observation` gets their number, as DEAD_LETTERED."""
         counted = stamped.observe(observation, F.count(F.when(~self.valid, 1)).alias(DEAD_LETTERED))
         return counted.where(~self.valid).select(*self.dead_letter_columns)
+
+    def combined_rows(self, stamped: DataFrame) -> DataFrame:
+        """Each stamped record as one of two structs: `a`, its archive row, when it parsed, else `d`, its
+        dead letter, with every column of the dead-letter table; for a write of both tables in one pass
+        (router/pattern.py)."""
+        dead_letter = F.struct(
+            *self.dead_letter_columns,
+            F.lit(None).cast("timestamp").alias(REDRIVEN_AT),
+            F.lit(None).cast("string").alias(REDRIVE_ID),
+        )
+        return stamped.select(
+            F.when(self.valid, F.struct(*self.archive_columns)).alias("a"),
+            F.when(~self.valid, dead_letter).alias("d"),
+        )

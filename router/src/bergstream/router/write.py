@@ -93,6 +93,11 @@ class BatchTableWriter:
             self._last_committed = max(batches, default=-1)
         return self._last_committed
 
+    def committed(self, batch_id: int | None) -> None:
+        """Batch `batch_id` was committed to the table by another writer of this query; None: what was
+        committed is not known (read the table's snapshots again)."""
+        self._last_committed = batch_id
+
     def append(
         self, rows: DataFrame, batch_id: int, properties: dict[str, str] | None = None
     ) -> Appended | None:

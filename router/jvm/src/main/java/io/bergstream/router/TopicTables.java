@@ -1,0 +1,433 @@
+package io.bergstream.router;
+
+import java.io.IOException;
+import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import org.apache.iceberg.AppendFiles;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.PartitionField;
+import org.apache.iceberg.PartitionKey;
+import org.apache.iceberg.PartitionSpec;
+import org.apache.iceberg.Schema;
+import org.apache.iceberg.SerializableTable;
+import org.apache.iceberg.SortOrder;
+import org.apache.iceberg.StructLike;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.TableProperties;
+import org.apache.iceberg.deletes.EqualityDeleteWriter;
+import org.apache.iceberg.deletes.PositionDeleteWriter;
+import org.apache.iceberg.encryption.EncryptedOutputFile;
+import org.apache.iceberg.io.DataWriter;
+import org.apache.iceberg.io.FanoutDataWriter;
+import org.apache.iceberg.io.FileWriterFactory;
+import org.apache.iceberg.io.OutputFileFactory;
+import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.spark.Spark3Util;
+import org.apache.iceberg.spark.SparkSchemaUtil;
+import org.apache.iceberg.spark.data.SparkParquetWriters;
+import org.apache.iceberg.util.PropertyUtil;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.api.java.function.Function2;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * The appends of many topics' tables in one micro-batch: one Spark job writes every topic's files, then
+ * each table gets one commit, several at once.
+ *
+ * <p>A router of many topics in one query (`router run --pattern`) would otherwise run a Spark write job
+ * and an Iceberg commit per table and batch, one after another: their fixed cost, not the records, would
+ * bound how many topics a driver keeps up with. Here each topic's rows come as a frame of two structs,
+ * {@code a} (the archive row, in the archive table's column order) and {@code d} (the dead letter, in the
+ * dead-letter table's), exactly one of them set per record; every frame's partitions are tasks of the
+ * same job. A task writes the archive rows and the dead letters of its part of one topic into Parquet
+ * files of their tables' hours, sorted by ingestion time (the tables' order), with Iceberg's own Parquet
+ * writer, and counts what it read per Kafka partition. The driver then appends each table's files with
+ * the batch's snapshot properties: the archive table before the dead-letter table, as the router of one
+ * topic does.
+ */
+public final class TopicTables {
+  private TopicTables() {}
+
+  /** The metadata struct's fields that the counts read: ingestion time, partition, offset. */
+  private static final int INGESTION_TS = 0;
+  private static final int PARTITION = 2;
+  private static final int OFFSET = 3;
+  /** Where the metadata struct is in a dead letter. */
+  private static final int DEAD_LETTER_METADATA = 4;
+  private static final long MICROS_PER_HOUR = 3_600_000_000L;
+
+  /** What one topic's part of the batch came to, for its accounting. */
+  public static final class Outcome implements Serializable {
+    private static final long serialVersionUID = 1L;
+    public final String topic;
+    public long archived;
+    public long deadLettered;
+    public long archiveFiles;
+    public long archiveBytes;
+    public long deadLetterFiles;
+    public long deadLetterBytes;
+    /** The newest ingestion time read, in microseconds; Long.MIN_VALUE when none. */
+    public long newestMicros = Long.MIN_VALUE;
+    /** Per Kafka partition: {records read, first offset, last offset}. */
+    public final Map<Integer, long[]> partitions = new HashMap<>();
+    /** Why the topic's commits failed; null when they succeeded. */
+    public String error;
+
+    Outcome(String topic) {
+      this.topic = topic;
+    }
+
+    void read(int partition, long offset) {
+      long[] range = partitions.get(partition);
+      if (range == null) {
+        partitions.put(partition, new long[] {1, offset, offset});
+      } else {
+        range[0] += 1;
+        range[1] = Math.min(range[1], offset);
+        range[2] = Math.max(range[2], offset);
+      }
+    }
+
+    void add(Outcome other) {
+      archived += other.archived;
+      deadLettered += other.deadLettered;
+      newestMicros = Math.max(newestMicros, other.newestMicros);
+      other.partitions.forEach(
+          (partition, range) -> {
+            long[] mine = partitions.get(partition);
+            if (mine == null) {
+              partitions.put(partition, range.clone());
+            } else {
+              mine[0] += range[0];
+              mine[1] = Math.min(mine[1], range[1]);
+              mine[2] = Math.max(mine[2], range[2]);
+            }
+          });
+    }
+
+    // Read from Python through py4j, which calls methods, not fields.
+
+    public String error() {
+      return error;
+    }
+
+    public long[] totals() {
+      return new long[] {
+        archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros
+      };
+    }
+
+    /** Python reads the partitions as {partition: [read, first, last]}. */
+    public Map<Integer, List<Long>> partitionList() {
+      Map<Integer, List<Long>> listed = new HashMap<>();
+      partitions.forEach((p, range) -> listed.put(p, List.of(range[0], range[1], range[2])));
+      return listed;
+    }
+  }
+
+  /** What a task wrote: its topic's index, its files, its counts. */
+  static final class Written implements Serializable {
+    private static final long serialVersionUID = 1L;
+    final int topic;
+    final List<DataFile> archive;
+    final List<DataFile> deadLetters;
+    final Outcome counts;
+
+    Written(int topic, List<DataFile> archive, List<DataFile> deadLetters, Outcome counts) {
+      this.topic = topic;
+      this.archive = archive;
+      this.deadLetters = deadLetters;
+      this.counts = counts;
+    }
+  }
+
+  /**
+   * Writes and commits batch {@code batchId} of every topic: {@code frames[i]}'s rows into {@code
+   * archives[i]} and {@code deadLetters[i]}, each commit with {@code properties[i]} in its snapshot
+   * summary; at most {@code threads} commits at once. A topic whose commit fails has its error in its
+   * outcome; the others are committed regardless.
+   */
+  public static List<Outcome> append(
+      SparkSession spark,
+      List<String> topics,
+      List<Dataset<Row>> frames,
+      List<String> archives,
+      List<String> deadLetters,
+      List<Map<String, String>> properties,
+      int threads)
+      throws Exception {
+    int count = topics.size();
+    List<Table> archiveTables = new ArrayList<>(count);
+    List<Table> deadLetterTables = new ArrayList<>(count);
+    List<JavaRDD<Written>> written = new ArrayList<>(count);
+    List<Outcome> outcomes = new ArrayList<>(count);
+    List<List<DataFile>> archiveFiles = new ArrayList<>(count);
+    List<List<DataFile>> deadLetterFiles = new ArrayList<>(count);
+    String operation = UUID.randomUUID().toString();
+    for (int i = 0; i < count; i++) {
+      Outcome outcome = new Outcome(topics.get(i));
+      outcomes.add(outcome);
+      archiveFiles.add(new ArrayList<>());
+      deadLetterFiles.add(new ArrayList<>());
+      Table archive = Spark3Util.loadIcebergTable(spark, archives.get(i));
+      Table deadLetter = Spark3Util.loadIcebergTable(spark, deadLetters.get(i));
+      archiveTables.add(archive);
+      deadLetterTables.add(deadLetter);
+      StructType rows = (StructType) frames.get(i).schema().apply("a").dataType();
+      StructType dead = (StructType) frames.get(i).schema().apply("d").dataType();
+      String refused = unwritable(archive, archives.get(i), rows);
+      if (refused == null) {
+        refused = unwritable(deadLetter, deadLetters.get(i), dead);
+      }
+      if (refused != null) {
+        outcome.error = refused; // written on its own, by Spark's writer
+        continue;
+      }
+      WriteTask task =
+          new WriteTask(
+              i,
+              topics.get(i),
+              operation,
+              SerializableTable.copyOf(archive),
+              SerializableTable.copyOf(deadLetter),
+              rows,
+              dead);
+      written.add(frames.get(i).queryExecution().toRdd().toJavaRDD().mapPartitionsWithIndex(task, false));
+    }
+    if (!written.isEmpty()) {
+      JavaSparkContext context = JavaSparkContext.fromSparkContext(spark.sparkContext());
+      JavaRDD<Written> every =
+          written.size() == 1 ? written.get(0) : context.union(written.toArray(new JavaRDD[0]));
+      for (Written part : every.collect()) {
+        outcomes.get(part.topic).add(part.counts);
+        archiveFiles.get(part.topic).addAll(part.archive);
+        deadLetterFiles.get(part.topic).addAll(part.deadLetters);
+      }
+    }
+    ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(threads, count)));
+    try {
+      List<Future<?>> commits = new ArrayList<>(count);
+      for (int i = 0; i < count; i++) {
+        int topic = i;
+        if (outcomes.get(i).error != null) {
+          continue;
+        }
+        commits.add(
+            pool.submit(
+                () -> {
+                  Outcome outcome = outcomes.get(topic);
+                  try {
+                    long[] archived = commit(archiveTables.get(topic), archiveFiles.get(topic),
+                        properties.get(topic));
+                    outcome.archiveFiles = archived[0];
+                    outcome.archiveBytes = archived[1];
+                    long[] dead = commit(deadLetterTables.get(topic), deadLetterFiles.get(topic),
+                        properties.get(topic));
+                    outcome.deadLetterFiles = dead[0];
+                    outcome.deadLetterBytes = dead[1];
+                  } catch (RuntimeException error) {
+                    outcome.error = error.toString();
+                  }
+                }));
+      }
+      for (Future<?> commit : commits) {
+        commit.get();
+      }
+    } finally {
+      pool.shutdown();
+    }
+    return outcomes;
+  }
+
+  /** Appends {@code files} with {@code properties}; {files, bytes}. No files: no snapshot. */
+  private static long[] commit(Table table, List<DataFile> files, Map<String, String> properties) {
+    if (files.isEmpty()) {
+      return new long[] {0, 0};
+    }
+    AppendFiles append = table.newAppend();
+    long bytes = 0;
+    for (DataFile file : files) {
+      append.appendFile(file);
+      bytes += file.fileSizeInBytes();
+    }
+    properties.forEach(append::set);
+    append.commit();
+    return new long[] {files.size(), bytes};
+  }
+
+  /**
+   * Why this writer cannot write {@code rows} to {@code table}; null when it can: the table is partitioned
+   * by the hour of the ingestion time alone, as bergstream makes it, and has the rows' columns in their
+   * order.
+   */
+  private static String unwritable(Table table, String name, StructType rows) {
+    List<PartitionField> fields = table.spec().fields();
+    if (fields.size() != 1 || !fields.get(0).transform().toString().equals("hour")) {
+      return name + " is not partitioned by the hour of its ingestion time alone";
+    }
+    StructType expected = SparkSchemaUtil.convert(table.schema());
+    if (!sameNames(expected, rows)) {
+      return name + "'s columns are " + expected.simpleString() + ", the rows' " + rows.simpleString();
+    }
+    return null;
+  }
+
+  private static boolean sameNames(StructType expected, StructType rows) {
+    return expected.length() == rows.length()
+        && java.util.Arrays.equals(expected.fieldNames(), rows.fieldNames())
+        && expected.sameType(rows);
+  }
+
+  /** A task's writing: one topic's rows of one partition of the batch. */
+  static final class WriteTask
+      implements Function2<Integer, Iterator<InternalRow>, Iterator<Written>> {
+    private static final long serialVersionUID = 1L;
+    private final int index;
+    private final String topic;
+    private final String operation;
+    private final Table archive;
+    private final Table deadLetters;
+    private final StructType archiveType;
+    private final StructType deadLetterType;
+
+    WriteTask(int index, String topic, String operation, Table archive, Table deadLetters,
+        StructType archiveType, StructType deadLetterType) {
+      this.index = index;
+      this.topic = topic;
+      this.operation = operation;
+      this.archive = archive;
+      this.deadLetters = deadLetters;
+      this.archiveType = archiveType;
+      this.deadLetterType = deadLetterType;
+    }
+
+    @Override
+    public Iterator<Written> call(Integer partition, Iterator<InternalRow> rows) throws IOException {
+      Outcome counts = new Outcome(topic);
+      List<InternalRow> archived = new ArrayList<>();
+      List<InternalRow> dead = new ArrayList<>();
+      int archiveWidth = archiveType.length();
+      int deadWidth = deadLetterType.length();
+      while (rows.hasNext()) {
+        InternalRow row = rows.next();
+        InternalRow kept;
+        InternalRow metadata;
+        if (!row.isNullAt(0)) {
+          kept = row.getStruct(0, archiveWidth).copy();
+          metadata = kept.getStruct(archiveWidth - 1, 10);
+          archived.add(kept);
+          counts.archived++;
+        } else {
+          kept = row.getStruct(1, deadWidth).copy();
+          metadata = kept.getStruct(DEAD_LETTER_METADATA, 10);
+          dead.add(kept);
+          counts.deadLettered++;
+        }
+        counts.read(metadata.getInt(PARTITION), metadata.getLong(OFFSET));
+        counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(INGESTION_TS));
+      }
+      TaskContext context = TaskContext.get();
+      long taskId = context == null ? 0 : context.taskAttemptId();
+      List<DataFile> archiveFiles =
+          write(archive, archiveType, archived, archiveWidth - 1, partition, taskId);
+      List<DataFile> deadLetterFiles =
+          write(deadLetters, deadLetterType, dead, DEAD_LETTER_METADATA, partition, taskId);
+      return List.of(new Written(index, archiveFiles, deadLetterFiles, counts)).iterator();
+    }
+
+    private List<DataFile> write(Table table, StructType type, List<InternalRow> rows, int metadata,
+        int partition, long taskId) throws IOException {
+      if (rows.isEmpty()) {
+        return List.of();
+      }
+      Comparator<InternalRow> byIngestion =
+          Comparator.comparingLong(row -> row.getStruct(metadata, 10).getLong(INGESTION_TS));
+      rows.sort(byIngestion);
+      OutputFileFactory files =
+          OutputFileFactory.builderFor(table, partition, taskId)
+              .format(FileFormat.PARQUET)
+              .operationId(operation)
+              .build();
+      long targetSize =
+          PropertyUtil.propertyAsLong(
+              table.properties(),
+              TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+              TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT);
+      PartitionSpec spec = table.spec();
+      PartitionKey key = new PartitionKey(spec, table.schema());
+      FanoutDataWriter<InternalRow> writer =
+          new FanoutDataWriter<>(new ParquetRows(table, type), files, table.io(), targetSize);
+      try {
+        for (InternalRow row : rows) {
+          long micros = row.getStruct(metadata, 10).getLong(INGESTION_TS);
+          key.set(0, (int) Math.floorDiv(micros, MICROS_PER_HOUR));
+          writer.write(row, spec, key);
+        }
+      } finally {
+        writer.close();
+      }
+      return writer.result().dataFiles();
+    }
+  }
+
+  /** Iceberg's Parquet data files of a table, from Spark's internal rows of its columns. */
+  static final class ParquetRows implements FileWriterFactory<InternalRow>, Serializable {
+    private static final long serialVersionUID = 1L;
+    private final Table table;
+    private final StructType type;
+
+    ParquetRows(Table table, StructType type) {
+      this.table = table;
+      this.type = type;
+    }
+
+    @Override
+    public DataWriter<InternalRow> newDataWriter(
+        EncryptedOutputFile file, PartitionSpec spec, StructLike partition) {
+      Schema schema = table.schema();
+      SortOrder order = table.sortOrder();
+      try {
+        return Parquet.writeData(file)
+            .forTable(table)
+            .schema(schema)
+            .withSpec(spec)
+            .withPartition(partition)
+            .withSortOrder(order)
+            .createWriterFunc(message -> SparkParquetWriters.buildWriter(type, message))
+            .overwrite()
+            .build();
+      } catch (IOException error) {
+        throw new UncheckedIOException(error);
+      }
+    }
+
+    @Override
+    public EqualityDeleteWriter<InternalRow> newEqualityDeleteWriter(
+        EncryptedOutputFile file, PartitionSpec spec, StructLike partition) {
+      throw new UnsupportedOperationException("the archive is appended to, never deleted from");
+    }
+
+    @Override
+    public PositionDeleteWriter<InternalRow> newPositionDeleteWriter(
+        EncryptedOutputFile file, PartitionSpec spec, StructLike partition) {
+      throw new UnsupportedOperationException("the archive is appended to, never deleted from");
+    }
+  }
+}
