@@ -513,19 +513,28 @@ class PatternRouter:
             archiver.batch_properties(batch_id, ranges[topic])
             for topic, archiver in zip(together, archivers, strict=True)
         ]
+        planned = time.monotonic()
         jvm = self.spark._jvm
         assert jvm is not None
-        outcomes = getattr(jvm, _TOPIC_TABLES).append(
+        written = getattr(jvm, _TOPIC_TABLES).append(
             self.spark._jsparkSession,
             together,
             [frame._jdf for frame in frames],
             [archive for archive, _ in identifiers],
             [dead_letters for _, dead_letters in identifiers],
             properties,
+            self._cores,
             self._commit_threads,
         )
         seconds = time.monotonic() - started
-        for topic, archiver, outcome in zip(together, archivers, outcomes, strict=True):
+        tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
+        log.info(
+            "batch %d: %d topics written together in %.1fs: their rows planned in %.1fs, their tables "
+            "loaded and their writes planned in %.1fs, one job of %.1fs, %d commits in %.1fs", batch_id,
+            len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
+            commit_ms / 1000,
+        )  # fmt: skip
+        for topic, archiver, outcome in zip(together, archivers, written.outcomes(), strict=True):
             error = outcome.error()
             if error is not None:
                 log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",

@@ -142,6 +142,30 @@ public final class TopicTables {
     }
   }
 
+  /** What a batch's write came to: each topic's outcome, and where its time went. */
+  public static final class BatchWrite {
+    private final List<Outcome> outcomes;
+    private final long tablesMillis;
+    private final long jobMillis;
+    private final long commitMillis;
+
+    BatchWrite(List<Outcome> outcomes, long tablesMillis, long jobMillis, long commitMillis) {
+      this.outcomes = outcomes;
+      this.tablesMillis = tablesMillis;
+      this.jobMillis = jobMillis;
+      this.commitMillis = commitMillis;
+    }
+
+    public List<Outcome> outcomes() {
+      return outcomes;
+    }
+
+    /** Milliseconds loading the tables and planning each topic's rows; the write job; the commits. */
+    public long[] millis() {
+      return new long[] {tablesMillis, jobMillis, commitMillis};
+    }
+  }
+
   /** What a task wrote: its topic's index, its files, its counts. */
   static final class Written implements Serializable {
     private static final long serialVersionUID = 1L;
@@ -161,18 +185,20 @@ public final class TopicTables {
   /**
    * Writes and commits batch {@code batchId} of every topic: {@code frames[i]}'s rows into {@code
    * archives[i]} and {@code deadLetters[i]}, each commit with {@code properties[i]} in its snapshot
-   * summary; at most {@code threads} commits at once. A topic whose commit fails has its error in its
+   * summary; in at most {@code tasks} tasks, at most {@code threads} commits at once. A topic whose commit fails has its error in its
    * outcome; the others are committed regardless.
    */
-  public static List<Outcome> append(
+  public static BatchWrite append(
       SparkSession spark,
       List<String> topics,
       List<Dataset<Row>> frames,
       List<String> archives,
       List<String> deadLetters,
       List<Map<String, String>> properties,
+      int tasks,
       int threads)
       throws Exception {
+    long started = System.nanoTime();
     int count = topics.size();
     List<Table> archiveTables = new ArrayList<>(count);
     List<Table> deadLetterTables = new ArrayList<>(count);
@@ -211,16 +237,23 @@ public final class TopicTables {
               dead);
       written.add(frames.get(i).queryExecution().toRdd().toJavaRDD().mapPartitionsWithIndex(task, false));
     }
+    long planned = System.nanoTime();
     if (!written.isEmpty()) {
       JavaSparkContext context = JavaSparkContext.fromSparkContext(spark.sparkContext());
+      // As many tasks as cores, each writing its share of the topics in turn: every task deserializes the
+      // stage's whole lineage (every topic's plan and tables), so a task per topic and partition would
+      // cost the square of the topics.
       JavaRDD<Written> every =
-          written.size() == 1 ? written.get(0) : context.union(written.toArray(new JavaRDD[0]));
+          context
+              .union(written.toArray(new JavaRDD[0]))
+              .coalesce(Math.max(1, Math.min(tasks, written.size())), false);
       for (Written part : every.collect()) {
         outcomes.get(part.topic).add(part.counts);
         archiveFiles.get(part.topic).addAll(part.archive);
         deadLetterFiles.get(part.topic).addAll(part.deadLetters);
       }
     }
+    long wrote = System.nanoTime();
     ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(threads, count)));
     try {
       List<Future<?>> commits = new ArrayList<>(count);
@@ -253,7 +286,12 @@ public final class TopicTables {
     } finally {
       pool.shutdown();
     }
-    return outcomes;
+    long committed = System.nanoTime();
+    return new BatchWrite(
+        outcomes,
+        (planned - started) / 1_000_000,
+        (wrote - planned) / 1_000_000,
+        (committed - wrote) / 1_000_000);
   }
 
   /** Appends {@code files} with {@code properties}; {files, bytes}. No files: no snapshot. */
