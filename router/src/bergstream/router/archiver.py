@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -21,11 +22,12 @@ from bergstream.router.counts import BatchCounts, count_batch, from_observation,
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
-from bergstream.router.transform import DEAD_LETTERED
+from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.positions import BatchRange
 
 log = logging.getLogger("bergstream.router")
+_TOPIC_ROWS = "io.bergstream.router.TopicRows"
 
 
 class BatchArchiver:
@@ -58,6 +60,8 @@ class BatchArchiver:
         self._expect_dead_letters = False
         self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
         self._previous_read: int | None = None
+        # The plan of the topic's rows for a batch of many topics, and the splitter it was made from.
+        self._rows_plan: tuple[RecordSplitter, Any] | None = None
 
     def started(self, query: StreamingQuery, starting: str) -> None:
         """`query` started, from `starting` (its startingOffsets) when it has no checkpoint: its batches are
@@ -158,13 +162,19 @@ class BatchArchiver:
         for writer in self._writers or ():
             writer.committed(None)
 
-    def combined_rows(self, records: DataFrame, batch_id: int) -> DataFrame:
-        """The batch's records as archive rows or dead letters in one frame (RecordSplitter.combined_rows),
-        parsed with the schema registry's versions known for this batch."""
+    def topic_rows(self, records: DataFrame, batch_id: int) -> Any:
+        """The plan of the topic's rows from its records (TopicRows, in router/jvm: its archive rows and
+        dead letters, RecordSplitter.combined_rows), made once per schema of the topic; with a schema
+        registry, its versions are brought up to date for this batch first."""
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
-        return self.splitter.combined_rows(self.splitter.stamp(records))
+        if self._rows_plan is None or self._rows_plan[0] is not self.splitter:
+            spark = records.sparkSession
+            template = spark.createDataFrame([], records.schema)
+            frame = self.splitter.combined_rows(self.splitter.stamp(template))
+            self._rows_plan = (self.splitter, getattr(spark._jvm, _TOPIC_ROWS).of(frame._jdf))
+        return self._rows_plan[1]
 
     @property
     def identifiers(self) -> tuple[str, str]:

@@ -503,11 +503,22 @@ class PatternRouter:
         alone = [topic for topic in busy if topic not in together]
         if not together:
             return alone
-        archivers = [self.topics[topic].archiver for topic in together]  # type: ignore[union-attr]
-        frames = [
-            archiver.combined_rows(source.where(F.col("topic") == topic), batch_id)
-            for topic, archiver in zip(together, archivers, strict=True)
-        ]
+        archivers = []
+        plans = []
+        for topic in list(together):
+            archiver = self.topics[topic].archiver  # type: ignore[union-attr]
+            records = source.where(F.col("topic") == topic) if archiver.registry is not None else source
+            try:
+                plans.append(archiver.topic_rows(records, batch_id))
+            except Exception as error:  # a parse Spark cannot plan apart: that topic goes alone
+                log.warning("topic %s: its rows cannot be planned apart (%s); archived alone",
+                            topic, first_line(error))  # fmt: skip
+                together.remove(topic)
+                alone.append(topic)
+                continue
+            archivers.append(archiver)
+        if not together:
+            return alone
         identifiers = [archiver.identifiers for archiver in archivers]
         properties = [
             archiver.batch_properties(batch_id, ranges[topic])
@@ -518,27 +529,30 @@ class PatternRouter:
         assert jvm is not None
         written = getattr(jvm, _TOPIC_TABLES).append(
             self.spark._jsparkSession,
+            source._jdf,
+            source.columns.index("topic"),
             together,
-            [frame._jdf for frame in frames],
+            plans,
             [archive for archive, _ in identifiers],
             [dead_letters for _, dead_letters in identifiers],
             properties,
+            int(time.time() * 1_000_000),
             self._cores,
             self._commit_threads,
         )
         seconds = time.monotonic() - started
         tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
         log.info(
-            "batch %d: %d topics written together in %.1fs: their rows planned in %.1fs, their tables "
-            "loaded and their writes planned in %.1fs, one job of %.1fs, %d commits in %.1fs", batch_id,
+            "batch %d: %d topics written together in %.1fs: their plans in %.1fs, their tables loaded "
+            "in %.1fs, one job of %.1fs, %d commits in %.1fs", batch_id,
             len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
             commit_ms / 1000,
         )  # fmt: skip
         for topic, archiver, outcome in zip(together, archivers, written.outcomes(), strict=True):
-            error = outcome.error()
-            if error is not None:
+            refused = outcome.error()
+            if refused is not None:
                 log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
-                            batch_id, topic, error)  # fmt: skip
+                            batch_id, topic, refused)  # fmt: skip
                 archiver.forget_commits()
                 alone.append(topic)
                 continue

@@ -46,6 +46,7 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * The appends of many topics' tables in one micro-batch: one Spark job writes every topic's files, then
@@ -69,6 +70,8 @@ public final class TopicTables {
   private static final int INGESTION_TS = 0;
   private static final int PARTITION = 2;
   private static final int OFFSET = 3;
+  private static final int WRITE_TS = 8;
+  private static final int METADATA_FIELDS = 10;
   /** Where the metadata struct is in a dead letter. */
   private static final int DEAD_LETTER_METADATA = 4;
   private static final long MICROS_PER_HOUR = 3_600_000_000L;
@@ -183,18 +186,24 @@ public final class TopicTables {
   }
 
   /**
-   * Writes and commits batch {@code batchId} of every topic: {@code frames[i]}'s rows into {@code
-   * archives[i]} and {@code deadLetters[i]}, each commit with {@code properties[i]} in its snapshot
-   * summary; in at most {@code tasks} tasks, at most {@code threads} commits at once. A topic whose commit fails has its error in its
-   * outcome; the others are committed regardless.
+   * Writes and commits every topic's part of {@code records} (the micro-batch, whose column {@code
+   * topicColumn} names each record's topic): {@code rows[i]} makes the rows of {@code topics[i]}'s
+   * records, written into {@code archives[i]} and {@code deadLetters[i]}, each commit with {@code
+   * properties[i]} in its snapshot summary and {@code writeMicros} as every row's router_write_ts. One
+   * job of at most {@code tasks} tasks, at most {@code threads} commits at once. A topic whose tables
+   * cannot be written this way, or whose commit fails, has the reason in its outcome; the others are
+   * committed regardless.
    */
   public static BatchWrite append(
       SparkSession spark,
+      Dataset<Row> records,
+      int topicColumn,
       List<String> topics,
-      List<Dataset<Row>> frames,
+      List<TopicRows> rows,
       List<String> archives,
       List<String> deadLetters,
       List<Map<String, String>> properties,
+      long writeMicros,
       int tasks,
       int threads)
       throws Exception {
@@ -202,10 +211,12 @@ public final class TopicTables {
     int count = topics.size();
     List<Table> archiveTables = new ArrayList<>(count);
     List<Table> deadLetterTables = new ArrayList<>(count);
-    List<JavaRDD<Written>> written = new ArrayList<>(count);
     List<Outcome> outcomes = new ArrayList<>(count);
     List<List<DataFile>> archiveFiles = new ArrayList<>(count);
     List<List<DataFile>> deadLetterFiles = new ArrayList<>(count);
+    Map<String, Integer> writable = new HashMap<>();
+    List<Table> archiveCopies = new ArrayList<>(count);
+    List<Table> deadLetterCopies = new ArrayList<>(count);
     String operation = UUID.randomUUID().toString();
     for (int i = 0; i < count; i++) {
       Outcome outcome = new Outcome(topics.get(i));
@@ -216,38 +227,29 @@ public final class TopicTables {
       Table deadLetter = Spark3Util.loadIcebergTable(spark, deadLetters.get(i));
       archiveTables.add(archive);
       deadLetterTables.add(deadLetter);
-      StructType rows = (StructType) frames.get(i).schema().apply("a").dataType();
-      StructType dead = (StructType) frames.get(i).schema().apply("d").dataType();
-      String refused = unwritable(archive, archives.get(i), rows);
+      String refused = unwritable(archive, archives.get(i), rows.get(i).archiveType());
       if (refused == null) {
-        refused = unwritable(deadLetter, deadLetters.get(i), dead);
+        refused = unwritable(deadLetter, deadLetters.get(i), rows.get(i).deadLetterType());
       }
+      archiveCopies.add(refused == null ? SerializableTable.copyOf(archive) : null);
+      deadLetterCopies.add(refused == null ? SerializableTable.copyOf(deadLetter) : null);
       if (refused != null) {
         outcome.error = refused; // written on its own, by Spark's writer
-        continue;
+      } else {
+        writable.put(topics.get(i), i);
       }
-      WriteTask task =
-          new WriteTask(
-              i,
-              topics.get(i),
-              operation,
-              SerializableTable.copyOf(archive),
-              SerializableTable.copyOf(deadLetter),
-              rows,
-              dead);
-      written.add(frames.get(i).queryExecution().toRdd().toJavaRDD().mapPartitionsWithIndex(task, false));
     }
     long planned = System.nanoTime();
-    if (!written.isEmpty()) {
-      JavaSparkContext context = JavaSparkContext.fromSparkContext(spark.sparkContext());
-      // As many tasks as cores, each writing its share of the topics in turn: every task deserializes the
-      // stage's whole lineage (every topic's plan and tables), so a task per topic and partition would
-      // cost the square of the topics.
-      JavaRDD<Written> every =
-          context
-              .union(written.toArray(new JavaRDD[0]))
-              .coalesce(Math.max(1, Math.min(tasks, written.size())), false);
-      for (Written part : every.collect()) {
+    if (!writable.isEmpty()) {
+      DispatchTask task =
+          new DispatchTask(topicColumn, writable, rows, archiveCopies, deadLetterCopies, operation,
+              writeMicros);
+      JavaRDD<InternalRow> read = records.queryExecution().toRdd().toJavaRDD();
+      int partitions = read.getNumPartitions();
+      if (partitions > tasks) {
+        read = read.coalesce(Math.max(1, tasks), false);
+      }
+      for (Written part : read.mapPartitionsWithIndex(task, false).collect()) {
         outcomes.get(part.topic).add(part.counts);
         archiveFiles.get(part.topic).addAll(part.archive);
         deadLetterFiles.get(part.topic).addAll(part.deadLetters);
@@ -333,61 +335,93 @@ public final class TopicTables {
         && expected.sameType(rows);
   }
 
-  /** A task's writing: one topic's rows of one partition of the batch. */
-  static final class WriteTask
+  /** A task's writing: each record of its part of the batch into its topic's rows and files. */
+  static final class DispatchTask
       implements Function2<Integer, Iterator<InternalRow>, Iterator<Written>> {
     private static final long serialVersionUID = 1L;
-    private final int index;
-    private final String topic;
+    private final int topicColumn;
+    private final Map<String, Integer> topics;
+    private final List<TopicRows> rows;
+    private final List<Table> archives;
+    private final List<Table> deadLetters;
     private final String operation;
-    private final Table archive;
-    private final Table deadLetters;
-    private final StructType archiveType;
-    private final StructType deadLetterType;
+    private final long writeMicros;
 
-    WriteTask(int index, String topic, String operation, Table archive, Table deadLetters,
-        StructType archiveType, StructType deadLetterType) {
-      this.index = index;
-      this.topic = topic;
+    DispatchTask(int topicColumn, Map<String, Integer> topics, List<TopicRows> rows, List<Table> archives,
+        List<Table> deadLetters, String operation, long writeMicros) {
+      this.topicColumn = topicColumn;
+      this.topics = new HashMap<>(topics);
+      this.rows = new ArrayList<>(rows);
+      this.archives = new ArrayList<>(archives);
+      this.deadLetters = new ArrayList<>(deadLetters);
       this.operation = operation;
-      this.archive = archive;
-      this.deadLetters = deadLetters;
-      this.archiveType = archiveType;
-      this.deadLetterType = deadLetterType;
+      this.writeMicros = writeMicros;
     }
 
     @Override
-    public Iterator<Written> call(Integer partition, Iterator<InternalRow> rows) throws IOException {
-      Outcome counts = new Outcome(topic);
-      List<InternalRow> archived = new ArrayList<>();
-      List<InternalRow> dead = new ArrayList<>();
-      int archiveWidth = archiveType.length();
-      int deadWidth = deadLetterType.length();
-      while (rows.hasNext()) {
-        InternalRow row = rows.next();
-        InternalRow kept;
-        InternalRow metadata;
-        if (!row.isNullAt(0)) {
-          kept = row.getStruct(0, archiveWidth).copy();
-          metadata = kept.getStruct(archiveWidth - 1, 10);
-          archived.add(kept);
-          counts.archived++;
-        } else {
-          kept = row.getStruct(1, deadWidth).copy();
-          metadata = kept.getStruct(DEAD_LETTER_METADATA, 10);
-          dead.add(kept);
-          counts.deadLettered++;
+    public Iterator<Written> call(Integer partition, Iterator<InternalRow> records) throws IOException {
+      Map<Integer, Part> parts = new HashMap<>();
+      UTF8String lastName = null;
+      Part last = null;
+      while (records.hasNext()) {
+        InternalRow record = records.next();
+        UTF8String name = record.getUTF8String(topicColumn);
+        if (lastName == null || !lastName.equals(name)) {
+          lastName = name.clone();
+          Integer index = topics.get(name.toString());
+          last = index == null ? null : parts.computeIfAbsent(index, i -> new Part(i, rows.get(i)));
         }
-        counts.read(metadata.getInt(PARTITION), metadata.getLong(OFFSET));
-        counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(INGESTION_TS));
+        if (last != null) {
+          last.add(last.rows.apply(record, partition), writeMicros);
+        }
       }
       TaskContext context = TaskContext.get();
       long taskId = context == null ? 0 : context.taskAttemptId();
-      List<DataFile> archiveFiles =
-          write(archive, archiveType, archived, archiveWidth - 1, partition, taskId);
-      List<DataFile> deadLetterFiles =
-          write(deadLetters, deadLetterType, dead, DEAD_LETTER_METADATA, partition, taskId);
-      return List.of(new Written(index, archiveFiles, deadLetterFiles, counts)).iterator();
+      List<Written> written = new ArrayList<>(parts.size());
+      for (Part part : parts.values()) {
+        int index = part.index;
+        List<DataFile> archiveFiles = write(archives.get(index), part.rows.archiveType(), part.archived,
+            part.rows.archiveType().length() - 1, partition, taskId);
+        List<DataFile> deadLetterFiles = write(deadLetters.get(index), part.rows.deadLetterType(),
+            part.dead, DEAD_LETTER_METADATA, partition, taskId);
+        written.add(new Written(index, archiveFiles, deadLetterFiles, part.counts));
+      }
+      return written.iterator();
+    }
+
+    /** One topic's rows in this task. */
+    private static final class Part {
+      final int index;
+      final TopicRows rows;
+      final Outcome counts = new Outcome("");
+      final List<InternalRow> archived = new ArrayList<>();
+      final List<InternalRow> dead = new ArrayList<>();
+
+      Part(int index, TopicRows rows) {
+        this.index = index;
+        this.rows = rows;
+      }
+
+      void add(InternalRow row, long writeMicros) {
+        InternalRow kept;
+        InternalRow metadata;
+        if (!row.isNullAt(0)) {
+          int width = rows.archiveType().length();
+          kept = row.getStruct(0, width).copy();
+          metadata = kept.getStruct(width - 1, METADATA_FIELDS);
+          archived.add(kept);
+          counts.archived++;
+        } else {
+          kept = row.getStruct(1, rows.deadLetterType().length()).copy();
+          metadata = kept.getStruct(DEAD_LETTER_METADATA, METADATA_FIELDS);
+          dead.add(kept);
+          counts.deadLettered++;
+        }
+        // One time for the whole batch, as the router of one topic stamps it.
+        metadata.setLong(WRITE_TS, writeMicros);
+        counts.read(metadata.getInt(PARTITION), metadata.getLong(OFFSET));
+        counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(INGESTION_TS));
+      }
     }
 
     private List<DataFile> write(Table table, StructType type, List<InternalRow> rows, int metadata,
@@ -396,7 +430,7 @@ public final class TopicTables {
         return List.of();
       }
       Comparator<InternalRow> byIngestion =
-          Comparator.comparingLong(row -> row.getStruct(metadata, 10).getLong(INGESTION_TS));
+          Comparator.comparingLong(row -> row.getStruct(metadata, METADATA_FIELDS).getLong(INGESTION_TS));
       rows.sort(byIngestion);
       OutputFileFactory files =
           OutputFileFactory.builderFor(table, partition, taskId)
@@ -414,7 +448,7 @@ public final class TopicTables {
           new FanoutDataWriter<>(new ParquetRows(table, type), files, table.io(), targetSize);
       try {
         for (InternalRow row : rows) {
-          long micros = row.getStruct(metadata, 10).getLong(INGESTION_TS);
+          long micros = row.getStruct(metadata, METADATA_FIELDS).getLong(INGESTION_TS);
           key.set(0, (int) Math.floorDiv(micros, MICROS_PER_HOUR));
           writer.write(row, spec, key);
         }

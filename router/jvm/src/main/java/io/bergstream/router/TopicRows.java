@@ -1,0 +1,89 @@
+package io.bergstream.router;
+
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Attribute;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.optimizer.ReplaceExpressions$;
+import org.apache.spark.sql.catalyst.plans.logical.LeafNode;
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
+import org.apache.spark.sql.catalyst.plans.logical.Project;
+import org.apache.spark.sql.types.StructType;
+import scala.collection.immutable.Seq;
+
+/**
+ * One topic's rows from Kafka records, planned once: the projections of a frame built over an empty
+ * relation of the Kafka source's columns, in their order (the router's parse, check and stamp, as {@code a} and {@code
+ * d}: TopicTables), applied in turn to each record of the topic inside a task.
+ *
+ * <p>Building a topic's frame over each micro-batch would cost Spark's analysis and planning every batch
+ * for every topic with records: for a router of hundreds of topics, most of the driver's time. The plan
+ * depends only on the topic's schema; it is kept until that changes.
+ */
+public final class TopicRows implements Serializable {
+  private static final long serialVersionUID = 1L;
+  /** Each projection's expressions and its input's attributes, from the records up. */
+  private final List<Seq<Expression>> expressions;
+  private final List<Seq<Attribute>> inputs;
+  private final StructType archiveType;
+  private final StructType deadLetterType;
+  private transient List<UnsafeProjection> projections;
+
+  private TopicRows(List<Seq<Expression>> expressions, List<Seq<Attribute>> inputs, StructType output) {
+    this.expressions = expressions;
+    this.inputs = inputs;
+    this.archiveType = (StructType) output.apply("a").dataType();
+    this.deadLetterType = (StructType) output.apply("d").dataType();
+  }
+
+  /** The plan of {@code template}: projections only, over a relation of the records' columns. */
+  @SuppressWarnings("unchecked")
+  public static TopicRows of(Dataset<Row> template) {
+    LogicalPlan plan = ReplaceExpressions$.MODULE$.apply(template.queryExecution().analyzed());
+    List<Seq<Expression>> expressions = new ArrayList<>();
+    List<Seq<Attribute>> inputs = new ArrayList<>();
+    while (plan instanceof Project project) {
+      expressions.add((Seq<Expression>) (Seq<?>) project.projectList());
+      inputs.add(project.child().output());
+      plan = project.child();
+    }
+    if (!(plan instanceof LeafNode) || expressions.isEmpty()) {
+      throw new IllegalArgumentException(
+          "a topic's rows must be projections of the records alone, not " + plan.nodeName());
+    }
+    Collections.reverse(expressions);
+    Collections.reverse(inputs);
+    return new TopicRows(expressions, inputs, template.schema());
+  }
+
+  StructType archiveType() {
+    return archiveType;
+  }
+
+  StructType deadLetterType() {
+    return deadLetterType;
+  }
+
+  /** The record's {@code (a, d)} row; valid until the next call. */
+  InternalRow apply(InternalRow record, int partition) {
+    if (projections == null) {
+      projections = new ArrayList<>(expressions.size());
+      for (int i = 0; i < expressions.size(); i++) {
+        UnsafeProjection projection = UnsafeProjection.create(expressions.get(i), inputs.get(i));
+        projection.initialize(partition);
+        projections.add(projection);
+      }
+    }
+    InternalRow row = record;
+    for (UnsafeProjection projection : projections) {
+      row = projection.apply(row);
+    }
+    return row;
+  }
+}
