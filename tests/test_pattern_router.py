@@ -214,6 +214,7 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
             ]
     rows = catalog.load_table(f"{stack.catalog.namespace}.{tables[by_default]}").scan().to_arrow().to_pylist()
     assert all(row["event_type"] and row["__metadata__"]["cluster"] == "test" for row in rows)
+    assert all(row["__metadata__"]["router_write_ts"] is not None for row in rows)
     assert f"{no_schema}: FAILED: dead-lettered whole" in output
 
     # Started again from its checkpoint: what came meanwhile is archived once, nothing twice.

@@ -10,7 +10,6 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
-import org.apache.spark.sql.catalyst.optimizer.ReplaceExpressions$;
 import org.apache.spark.sql.catalyst.plans.logical.LeafNode;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
@@ -45,7 +44,9 @@ public final class TopicRows implements Serializable {
   /** The plan of {@code template}: projections only, over a relation of the records' columns. */
   @SuppressWarnings("unchecked")
   public static TopicRows of(Dataset<Row> template) {
-    LogicalPlan plan = ReplaceExpressions$.MODULE$.apply(template.queryExecution().analyzed());
+    // Optimized, as Spark runs a frame: projections collapsed where that parses nothing twice, constants
+    // folded (the write time among them: TopicTables sets it per batch).
+    LogicalPlan plan = template.queryExecution().optimizedPlan();
     List<Seq<Expression>> expressions = new ArrayList<>();
     List<Seq<Attribute>> inputs = new ArrayList<>();
     while (plan instanceof Project project) {
