@@ -29,6 +29,9 @@ from bergstream.router.pattern import PatternConfig, PatternRouter, RejectedTopi
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bergstream.router.launch")
+# A query of many topics reads many partitions each batch: Spark's pool of Kafka consumers (64 by default)
+# would close and open consumers every batch.
+PATTERN_SPARK_CONF = {"spark.kafka.consumer.cache.capacity": "4096"}
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def launch_pattern(
                  config.pattern)  # fmt: skip
     session = spark or build_spark_session(
         config.catalog, master=config.spark.master, app_name=f"bergstream-router-{config.name}",
-        conf=config.spark.conf,
+        conf={**PATTERN_SPARK_CONF, **config.spark.conf},
     )  # fmt: skip
     try:
         router = PatternRouter(config, load, session, metrics)

@@ -3,7 +3,10 @@ package io.bergstream.router;
 import java.io.Serializable;
 import java.util.ArrayList;
 import java.util.Collections;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
+import java.util.UUID;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -32,7 +35,25 @@ public final class TopicRows implements Serializable {
   private final List<Seq<Attribute>> inputs;
   private final StructType archiveType;
   private final StructType deadLetterType;
+  /** Names this plan in the executors' threads' caches of its compiled projections. */
+  private final String id = UUID.randomUUID().toString();
   private transient List<UnsafeProjection> projections;
+  private transient int initializedFor = -1;
+  /**
+   * Each executor thread's compiled projections, by plan: generating a topic's code costs tens of
+   * milliseconds, paid once per thread instead of once per task and topic. Projections hold their
+   * output row, so a thread's are its own.
+   */
+  private static final ThreadLocal<Map<String, List<UnsafeProjection>>> COMPILED =
+      ThreadLocal.withInitial(
+          () ->
+              new LinkedHashMap<>(16, 0.75f, true) {
+                @Override
+                protected boolean removeEldestEntry(Map.Entry<String, List<UnsafeProjection>> eldest) {
+                  return size() > MOST_COMPILED; // plans of schemas since replaced
+                }
+              });
+  private static final int MOST_COMPILED = 4096;
 
   private TopicRows(List<Seq<Expression>> expressions, List<Seq<Attribute>> inputs, StructType output) {
     this.expressions = expressions;
@@ -74,12 +95,24 @@ public final class TopicRows implements Serializable {
   /** The record's {@code (a, d)} row; valid until the next call. */
   InternalRow apply(InternalRow record, int partition) {
     if (projections == null) {
-      projections = new ArrayList<>(expressions.size());
-      for (int i = 0; i < expressions.size(); i++) {
-        UnsafeProjection projection = UnsafeProjection.create(expressions.get(i), inputs.get(i));
+      projections =
+          COMPILED
+              .get()
+              .computeIfAbsent(
+                  id,
+                  key -> {
+                    List<UnsafeProjection> made = new ArrayList<>(expressions.size());
+                    for (int i = 0; i < expressions.size(); i++) {
+                      made.add(UnsafeProjection.create(expressions.get(i), inputs.get(i)));
+                    }
+                    return made;
+                  });
+    }
+    if (initializedFor != partition) {
+      for (UnsafeProjection projection : projections) {
         projection.initialize(partition);
-        projections.add(projection);
       }
+      initializedFor = partition;
     }
     InternalRow row = record;
     for (UnsafeProjection projection : projections) {
