@@ -37,8 +37,6 @@ public final class TopicRows implements Serializable {
   private final StructType deadLetterType;
   /** Names this plan in the executors' threads' caches of its compiled projections. */
   private final String id = UUID.randomUUID().toString();
-  private transient List<UnsafeProjection> projections;
-  private transient int initializedFor = -1;
   /**
    * Each executor thread's compiled projections, by plan: generating a topic's code costs tens of
    * milliseconds, paid once per thread instead of once per task and topic. Projections hold their
@@ -84,6 +82,10 @@ public final class TopicRows implements Serializable {
     return new TopicRows(expressions, inputs, template.schema());
   }
 
+  String id() {
+    return id;
+  }
+
   StructType archiveType() {
     return archiveType;
   }
@@ -92,28 +94,31 @@ public final class TopicRows implements Serializable {
     return deadLetterType;
   }
 
-  /** The record's {@code (a, d)} row; valid until the next call. */
-  InternalRow apply(InternalRow record, int partition) {
-    if (projections == null) {
-      projections =
-          COMPILED
-              .get()
-              .computeIfAbsent(
-                  id,
-                  key -> {
-                    List<UnsafeProjection> made = new ArrayList<>(expressions.size());
-                    for (int i = 0; i < expressions.size(); i++) {
-                      made.add(UnsafeProjection.create(expressions.get(i), inputs.get(i)));
-                    }
-                    return made;
-                  });
+  /**
+   * This thread's compiled projections of the plan, initialized for the task's {@code partition}: the
+   * plan itself is shared by every task of the executor (a broadcast), its projections are not.
+   */
+  List<UnsafeProjection> projections(int partition) {
+    List<UnsafeProjection> compiled =
+        COMPILED
+            .get()
+            .computeIfAbsent(
+                id,
+                key -> {
+                  List<UnsafeProjection> made = new ArrayList<>(expressions.size());
+                  for (int i = 0; i < expressions.size(); i++) {
+                    made.add(UnsafeProjection.create(expressions.get(i), inputs.get(i)));
+                  }
+                  return made;
+                });
+    for (UnsafeProjection projection : compiled) {
+      projection.initialize(partition);
     }
-    if (initializedFor != partition) {
-      for (UnsafeProjection projection : projections) {
-        projection.initialize(partition);
-      }
-      initializedFor = partition;
-    }
+    return compiled;
+  }
+
+  /** The record's {@code (a, d)} row through {@code projections}; valid until the next call. */
+  static InternalRow apply(List<UnsafeProjection> projections, InternalRow record) {
     InternalRow row = record;
     for (UnsafeProjection projection : projections) {
       row = projection.apply(row);

@@ -10,6 +10,7 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
@@ -41,6 +42,8 @@ import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.Function2;
+import org.apache.spark.broadcast.Broadcast;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
@@ -194,6 +197,45 @@ public final class TopicTables {
    * cannot be written this way, or whose commit fails, has the reason in its outcome; the others are
    * committed regardless.
    */
+  /**
+   * What the tasks need of each plan and table, broadcast once and kept while they stay the same: a
+   * closure holding hundreds of topics' plans and tables would be serialized, checked and shipped again
+   * for every batch.
+   */
+  private static final Map<String, Map.Entry<String, Broadcast<TopicRows>>> PLANS =
+      new ConcurrentHashMap<>();
+  private static final Map<String, Map.Entry<String, Broadcast<Table>>> TABLES = new ConcurrentHashMap<>();
+
+  private static Broadcast<TopicRows> plan(JavaSparkContext context, String topic, TopicRows rows) {
+    Map.Entry<String, Broadcast<TopicRows>> known = PLANS.get(topic);
+    if (known != null && known.getKey().equals(rows.id())) {
+      return known.getValue();
+    }
+    Broadcast<TopicRows> made = context.broadcast(rows);
+    PLANS.put(topic, Map.entry(rows.id(), made));
+    if (known != null) {
+      known.getValue().destroy(false);
+    }
+    return made;
+  }
+
+  private static Broadcast<Table> table(JavaSparkContext context, String name, Table table) {
+    // What writing a file needs of a table; its snapshots change with every commit, and do not matter.
+    String version =
+        table.schema().schemaId() + "/" + table.spec().specId() + "/" + table.sortOrder().orderId()
+            + "/" + table.properties().hashCode() + "/" + table.location();
+    Map.Entry<String, Broadcast<Table>> known = TABLES.get(name);
+    if (known != null && known.getKey().equals(version)) {
+      return known.getValue();
+    }
+    Broadcast<Table> made = context.broadcast(SerializableTable.copyOf(table));
+    TABLES.put(name, Map.entry(version, made));
+    if (known != null) {
+      known.getValue().destroy(false);
+    }
+    return made;
+  }
+
   public static BatchWrite append(
       SparkSession spark,
       Dataset<Row> records,
@@ -215,8 +257,10 @@ public final class TopicTables {
     List<List<DataFile>> archiveFiles = new ArrayList<>(count);
     List<List<DataFile>> deadLetterFiles = new ArrayList<>(count);
     Map<String, Integer> writable = new HashMap<>();
-    List<Table> archiveCopies = new ArrayList<>(count);
-    List<Table> deadLetterCopies = new ArrayList<>(count);
+    JavaSparkContext context = JavaSparkContext.fromSparkContext(spark.sparkContext());
+    List<Broadcast<TopicRows>> plans = new ArrayList<>(count);
+    List<Broadcast<Table>> archiveCopies = new ArrayList<>(count);
+    List<Broadcast<Table>> deadLetterCopies = new ArrayList<>(count);
     String operation = UUID.randomUUID().toString();
     for (int i = 0; i < count; i++) {
       Outcome outcome = new Outcome(topics.get(i));
@@ -231,8 +275,9 @@ public final class TopicTables {
       if (refused == null) {
         refused = unwritable(deadLetter, deadLetters.get(i), rows.get(i).deadLetterType());
       }
-      archiveCopies.add(refused == null ? SerializableTable.copyOf(archive) : null);
-      deadLetterCopies.add(refused == null ? SerializableTable.copyOf(deadLetter) : null);
+      plans.add(refused == null ? plan(context, topics.get(i), rows.get(i)) : null);
+      archiveCopies.add(refused == null ? table(context, archives.get(i), archive) : null);
+      deadLetterCopies.add(refused == null ? table(context, deadLetters.get(i), deadLetter) : null);
       if (refused != null) {
         outcome.error = refused; // written on its own, by Spark's writer
       } else {
@@ -242,7 +287,7 @@ public final class TopicTables {
     long planned = System.nanoTime();
     if (!writable.isEmpty()) {
       DispatchTask task =
-          new DispatchTask(topicColumn, writable, rows, archiveCopies, deadLetterCopies, operation,
+          new DispatchTask(topicColumn, writable, plans, archiveCopies, deadLetterCopies, operation,
               writeMicros);
       JavaRDD<InternalRow> read = records.queryExecution().toRdd().toJavaRDD();
       int partitions = read.getNumPartitions();
@@ -341,14 +386,15 @@ public final class TopicTables {
     private static final long serialVersionUID = 1L;
     private final int topicColumn;
     private final Map<String, Integer> topics;
-    private final List<TopicRows> rows;
-    private final List<Table> archives;
-    private final List<Table> deadLetters;
+    private final List<Broadcast<TopicRows>> rows;
+    private final List<Broadcast<Table>> archives;
+    private final List<Broadcast<Table>> deadLetters;
     private final String operation;
     private final long writeMicros;
 
-    DispatchTask(int topicColumn, Map<String, Integer> topics, List<TopicRows> rows, List<Table> archives,
-        List<Table> deadLetters, String operation, long writeMicros) {
+    DispatchTask(int topicColumn, Map<String, Integer> topics, List<Broadcast<TopicRows>> rows,
+        List<Broadcast<Table>> archives, List<Broadcast<Table>> deadLetters, String operation,
+        long writeMicros) {
       this.topicColumn = topicColumn;
       this.topics = new HashMap<>(topics);
       this.rows = new ArrayList<>(rows);
@@ -369,10 +415,13 @@ public final class TopicTables {
         if (lastName == null || !lastName.equals(name)) {
           lastName = name.clone();
           Integer index = topics.get(name.toString());
-          last = index == null ? null : parts.computeIfAbsent(index, i -> new Part(i, rows.get(i)));
+          last =
+              index == null
+                  ? null
+                  : parts.computeIfAbsent(index, i -> new Part(i, rows.get(i).value(), partition));
         }
         if (last != null) {
-          last.add(last.rows.apply(record, partition), writeMicros);
+          last.add(TopicRows.apply(last.projections, record), writeMicros);
         }
       }
       TaskContext context = TaskContext.get();
@@ -380,9 +429,9 @@ public final class TopicTables {
       List<Written> written = new ArrayList<>(parts.size());
       for (Part part : parts.values()) {
         int index = part.index;
-        List<DataFile> archiveFiles = write(archives.get(index), part.rows.archiveType(), part.archived,
-            part.rows.archiveType().length() - 1, partition, taskId);
-        List<DataFile> deadLetterFiles = write(deadLetters.get(index), part.rows.deadLetterType(),
+        List<DataFile> archiveFiles = write(archives.get(index).value(), part.rows.archiveType(),
+            part.archived, part.rows.archiveType().length() - 1, partition, taskId);
+        List<DataFile> deadLetterFiles = write(deadLetters.get(index).value(), part.rows.deadLetterType(),
             part.dead, DEAD_LETTER_METADATA, partition, taskId);
         written.add(new Written(index, archiveFiles, deadLetterFiles, part.counts));
       }
@@ -393,13 +442,15 @@ public final class TopicTables {
     private static final class Part {
       final int index;
       final TopicRows rows;
+      final List<UnsafeProjection> projections;
       final Outcome counts = new Outcome("");
       final List<InternalRow> archived = new ArrayList<>();
       final List<InternalRow> dead = new ArrayList<>();
 
-      Part(int index, TopicRows rows) {
+      Part(int index, TopicRows rows, int partition) {
         this.index = index;
         this.rows = rows;
+        this.projections = rows.projections(partition);
       }
 
       void add(InternalRow row, long writeMicros) {
