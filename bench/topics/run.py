@@ -23,7 +23,7 @@ metrics endpoints, the tables and /proc:
     .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes one-driver one-query]
         [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--trigger 10]
 
-Prints the numbers, writes bench/out/topics-<counts>.json and .png (topics-1-4-16.json by default).
+Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png.
 """
 
 from __future__ import annotations
@@ -466,7 +466,7 @@ def main() -> None:
         "arguments": vars(args),
         "runs": [{k: v for k, v in run.items() if k != "samples"} for run in results],
     }
-    name = "topics-" + "-".join(str(count) for count in args.topics)
+    name = "topics-" + "-".join(str(count) for count in args.topics) + "-" + "-".join(args.shapes)
     (OUT / f"{name}.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
     print(json.dumps(report, indent=2))
     plot([r for r in results if "failed" not in r], OUT / f"{name}.png")
