@@ -87,15 +87,15 @@ COMMIT_THREADS = 8
 _TOPIC_TABLES = "io.bergstream.router.TopicTables"
 
 
-def _counts(outcome: Any) -> tuple[BatchCounts, Appended, Appended]:
-    """A topic's counts of a batch written together with others' (TopicTables.Outcome), and what its
-    archive and dead-letter appends added."""
+def _counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appended]:
+    """A topic's counts of a batch written together with others' (TopicTables.BatchWrite.json), and what
+    its archive and dead-letter appends added."""
     archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest = (
-        int(value) for value in outcome.totals()
+        int(value) for value in outcome["totals"]
     )
     partitions = tuple(
         PartitionRead(int(partition), int(read), int(first), int(last))
-        for partition, (read, first, last) in sorted(outcome.partitionList().items())
+        for partition, (read, first, last) in sorted(outcome["partitions"].items(), key=lambda p: int(p[0]))
     )
     counts = BatchCounts(
         read=sum(p.read for p in partitions),
@@ -548,8 +548,8 @@ class PatternRouter:
             len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
             commit_ms / 1000,
         )  # fmt: skip
-        for topic, archiver, outcome in zip(together, archivers, written.outcomes(), strict=True):
-            refused = outcome.error()
+        for topic, archiver, outcome in zip(together, archivers, json.loads(written.json()), strict=True):
+            refused = outcome["error"]
             if refused is not None:
                 log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
                             batch_id, topic, refused)  # fmt: skip
