@@ -305,7 +305,12 @@ def measure(
     directory.mkdir()
     shared = driver_settings(stack, bootstrap, directory, args)
     if shape == "one query":
-        defaults = {**shared, "checkpoint_location": str(directory / "checkpoints" / "pattern")}
+        # Spark's rate limit is the query's: as many offsets a batch over all topics as the topics' own.
+        defaults = {
+            **shared,
+            "checkpoint_location": str(directory / "checkpoints" / "pattern"),
+            "max_offsets_per_trigger": args.max_offsets * count,
+        }
         (directory / "defaults.yaml").write_text(yaml.safe_dump(defaults))
     else:
         for topic in topics:
