@@ -145,3 +145,62 @@ def test_the_default_catalog_is_the_sites_else_the_one_the_local_stack_wrote(
     assert default_catalog() == CatalogConfig(
         type="rest", uri="http://catalog:8181", warehouse="s3://archive/wh"
     )
+
+
+SECRET_SESSION = """
+import json, os, sys
+from pathlib import Path
+from bergstream.catalog import CatalogConfig
+from bergstream.spark import build_spark_session
+
+folder = Path(sys.argv[1])
+catalog = CatalogConfig(uri=f"jdbc:sqlite:{folder}/c.db", warehouse=(folder / "wh").as_uri(), user="u",
+                        password=sys.argv[2])
+spark = build_spark_session(catalog, master="local[1]", conf={"spark.ui.enabled": "false"})
+spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.archive")
+loaded = spark._jsparkSession.sessionState().catalogManager().catalog("bergstream").icebergCatalog()
+commands = []
+for child in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+    for pid in child.read_text().split():
+        commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode())
+print(json.dumps({"password": loaded.properties().get("jdbc.password"), "jvm": commands}))
+"""
+
+
+@pytest.mark.integration
+def test_a_catalog_password_reaches_the_catalog_but_not_the_jvms_command_line(tmp_path: Path) -> None:
+    """What PySpark hands its JVM at launch is on the command line, which `ps` shows to every user."""
+    import json
+    import subprocess
+    import sys
+
+    secret = "s3cr3t-not-on-the-command-line"
+    done = subprocess.run(
+        [sys.executable, "-c", SECRET_SESSION, str(tmp_path), secret],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["password"] == secret
+    assert seen["jvm"] and any("org.apache.spark" in command for command in seen["jvm"]), seen["jvm"]
+    assert not any(secret in command for command in seen["jvm"])
+
+
+def test_a_setting_may_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bergstream.settings_file import read_mapping
+
+    path = tmp_path / "playback.yaml"
+    path.write_text("catalog:\n  password: ${BERGSTREAM_TEST_PASSWORD}\n  uri: jdbc:${BERGSTREAM_TEST_DB}\n")
+    monkeypatch.setenv("BERGSTREAM_TEST_PASSWORD", "p@ss ${NOT_EXPANDED_AGAIN}")
+    monkeypatch.setenv("BERGSTREAM_TEST_DB", "sqlite:/tmp/c.db")
+    assert read_mapping(path)["catalog"] == {
+        "password": "p@ss ${NOT_EXPANDED_AGAIN}",
+        "uri": "jdbc:sqlite:/tmp/c.db",
+    }
+    monkeypatch.delenv("BERGSTREAM_TEST_DB")
+    with pytest.raises(ConfigError) as refused:
+        read_mapping(path)
+    assert str(refused.value) == (
+        f"{path}: catalog.uri names the environment variable BERGSTREAM_TEST_DB, which is not set; set it, "
+        "or write the value"
+    )

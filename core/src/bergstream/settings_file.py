@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,15 +28,42 @@ def option_string(value: Any) -> Any:
 OptionValue = Annotated[str, BeforeValidator(option_string)]
 
 
+# `${NAME}` in a value: the environment variable's value, so that a secret (a catalog's password, a
+# registry's login, a JAAS configuration) need not be written into the file.
+_ENVIRONMENT_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
-    """The file's settings; an empty file has none."""
+    """The file's settings, each `${NAME}` in a text value replaced by the environment variable's value;
+    an empty file has none."""
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
-    return loaded or {}
+    settings: dict[str, Any] = _from_environment(loaded or {}, path, "")
+    return settings
+
+
+def _from_environment(value: Any, path: Path, key: str) -> Any:
+    if isinstance(value, dict):
+        return {name: _from_environment(item, path, f"{key}{name}.") for name, item in value.items()}
+    if isinstance(value, list):
+        return [_from_environment(item, path, key) for item in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def variable(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ConfigError(
+                f"{path}: {key.rstrip('.') or 'a value'} names the environment variable {name}, which is not "
+                "set; set it, or write the value"
+            )
+        return os.environ[name]
+
+    return _ENVIRONMENT_REFERENCE.sub(variable, value)
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

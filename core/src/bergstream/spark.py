@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -136,11 +137,22 @@ def build_spark_session(
         # A local session talks to itself over loopback, whatever the host name resolves to.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
-    for key, value in session_conf(catalog, master, app_name, conf).items():
-        builder = builder.config(key, value)
+    settings = session_conf(catalog, master, app_name, conf)
+    # Secrets (the catalog's password, an object store's secret key) are set once the session runs, before
+    # its catalog is first used: what the builder is given is on the JVM's command line, which `ps` shows.
+    secrets = {key: value for key, value in settings.items() if _SECRET_SETTING.search(key)}
+    for key, value in settings.items():
+        if key not in secrets:
+            builder = builder.config(key, value)
     session = builder.getOrCreate()
+    for key, value in secrets.items():
+        session.conf.set(key, value)
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+# Spark settings whose values are secrets: a catalog's `jdbc.password`, `s3.secret-access-key`, tokens.
+_SECRET_SETTING = re.compile(r"^spark\.sql\.catalog\..*(secret|password|token|credential)", re.IGNORECASE)
 
 
 @contextmanager
