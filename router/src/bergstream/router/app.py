@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import first_line
@@ -121,20 +122,38 @@ class Router:
         if self._resume is not None:
             resume = {str(partition): offset for partition, offset in sorted(self._resume.items())}
             options["startingOffsets"] = json.dumps({config.topic: resume})
-        writer = (
-            kafka_stream(self.spark, config.topic, options, config.max_offsets_per_trigger)
-            .writeStream.queryName(f"bergstream-router-{config.topic}")
-            .foreachBatch(self.archiver.archive)
-            .option("checkpointLocation", config.checkpoint_location)
-        )
-        writer = (
-            writer.trigger(availableNow=True)
-            if self._available_now
-            else writer.trigger(processingTime=config.trigger_interval)
-        )
-        query = writer.start()
+        interval = None if self._available_now else config.trigger_interval
+        query = start_archive_query(
+            self.spark, config.topic, options, config.max_offsets_per_trigger, config.topic,
+            self.archiver.archive, config.checkpoint_location, interval,
+        )  # fmt: skip
         self.archiver.started(query, options.get("startingOffsets", "latest"))
         return query
+
+
+def start_archive_query(
+    spark: SparkSession,
+    subscription: str,
+    options: dict[str, str],
+    max_offsets_per_trigger: int | None,
+    name: str,
+    archive: Callable[[DataFrame, int], None],
+    checkpoint: str,
+    trigger_interval: str | None,
+    pattern: bool = False,
+) -> StreamingQuery:
+    """The router's query `bergstream-router-<name>`: the Kafka records of `subscription` (a topic, or with
+    `pattern` a regular expression), each micro-batch handed to `archive`, on a processing-time trigger of
+    `trigger_interval`, or, None, what is there now."""
+    writer = (
+        kafka_stream(spark, subscription, options, max_offsets_per_trigger, pattern=pattern)
+        .writeStream.queryName(f"bergstream-router-{name}")
+        .foreachBatch(archive)
+        .option("checkpointLocation", checkpoint)
+    )
+    if trigger_interval is None:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=trigger_interval).start()
 
 
 def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:

@@ -12,9 +12,17 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
@@ -59,6 +67,11 @@ DEFAULT_SNAPSHOT_RETENTION_HOURS = 72.0
 # A retention that keeps more snapshots than this makes every commit rewrite a long list: metadata.json
 # holds about 1 KB per retained snapshot, written whole by every commit (bench/commits).
 MANY_SNAPSHOTS = 10_000
+
+
+# The options of Spark's Kafka source a router may set, and a processing-time trigger's interval.
+KafkaOptions = Annotated[dict[str, OptionValue], AfterValidator(lambda options: check_kafka_options(options))]
+TriggerInterval = Annotated[str, AfterValidator(lambda interval: check_trigger_interval(interval))]
 
 
 class MaintenanceSettings(BaseModel):
@@ -134,8 +147,8 @@ class RouterConfig(BaseModel):
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     cluster: str = "local"
     # Never printed: kafka.sasl.jaas.config holds a password.
-    kafka: dict[str, OptionValue] = Field(repr=False)
-    trigger_interval: str = "30 seconds"
+    kafka: KafkaOptions = Field(repr=False)
+    trigger_interval: TriggerInterval = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     # At most this many tasks write a micro-batch; Spark's Kafka source makes one per partition, and each
@@ -168,16 +181,6 @@ class RouterConfig(BaseModel):
         if table.endswith(DEAD_LETTER_SUFFIX):
             raise ValueError(f"{table!r} ends in {DEAD_LETTER_SUFFIX}, which names the dead-letter tables")
         return table
-
-    @field_validator("kafka")
-    @classmethod
-    def _kafka_options(cls, options: dict[str, str]) -> dict[str, str]:
-        return check_kafka_options(options)
-
-    @field_validator("trigger_interval")
-    @classmethod
-    def _interval(cls, interval: str) -> str:
-        return check_trigger_interval(interval)
 
     @model_validator(mode="after")
     def _schema_exists(self) -> RouterConfig:

@@ -48,17 +48,17 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError, ConfigError, first_line
 from bergstream.kafka_settings import librdkafka_settings
-from bergstream.kafka_source import kafka_stream
 from bergstream.query import QueryRunner
 from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.app import start_archive_query
 from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.archiver import BatchArchiver
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import (
+    KafkaOptions,
     RouterConfig,
-    check_kafka_options,
+    TriggerInterval,
     check_topic_name,
-    check_trigger_interval,
     table_for_topic,
 )
 from bergstream.router.consumer_group import GroupCommitter, SharedKafka
@@ -75,7 +75,7 @@ from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter
 from bergstream.schemas.parse import ERROR
 from bergstream.schemas.positions import BatchRange
 from bergstream.schemas.stamp import metadata
-from bergstream.settings_file import OptionValue, merge, problems, read_mapping, without_none
+from bergstream.settings_file import merge, problems, read_mapping, without_none
 from bergstream.signals import on_stop_signals
 from bergstream.spark import SparkSettings
 
@@ -122,9 +122,9 @@ class PatternConfig(BaseModel):
 
     name: str
     pattern: str
-    kafka: dict[str, OptionValue] = Field(repr=False)
+    kafka: KafkaOptions = Field(repr=False)
     cluster: str = "local"
-    trigger_interval: str = "30 seconds"
+    trigger_interval: TriggerInterval = "30 seconds"
     max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     checkpoint_location: str
     catalog: CatalogConfig
@@ -150,16 +150,6 @@ class PatternConfig(BaseModel):
         except re.error as error:
             raise ValueError(f"{pattern!r} is not a regular expression: {error}") from error
         return pattern
-
-    @field_validator("kafka")
-    @classmethod
-    def _kafka(cls, options: dict[str, str]) -> dict[str, str]:
-        return check_kafka_options(options)
-
-    @field_validator("trigger_interval")
-    @classmethod
-    def _interval(cls, interval: str) -> str:
-        return check_trigger_interval(interval)
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -431,18 +421,11 @@ class PatternRouter:
                     for topic, offsets in self._resume.items()
                 }
             )
-        writer = (
-            kafka_stream(self.spark, config.pattern, options, config.max_offsets_per_trigger, pattern=True)
-            .writeStream.queryName(f"bergstream-router-{config.name}")
-            .foreachBatch(self._archive)
-            .option("checkpointLocation", config.checkpoint_location)
-        )
-        writer = (
-            writer.trigger(availableNow=True)
-            if self._available_now
-            else writer.trigger(processingTime=config.trigger_interval)
-        )
-        query = writer.start()
+        interval = None if self._available_now else config.trigger_interval
+        query = start_archive_query(
+            self.spark, config.pattern, options, config.max_offsets_per_trigger, config.name, self._archive,
+            config.checkpoint_location, interval, pattern=True,
+        )  # fmt: skip
         self._query = query
         self._starting = options.get("startingOffsets", "latest")
         self._previous = None
