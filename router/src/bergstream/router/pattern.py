@@ -64,6 +64,7 @@ from bergstream.router.config import (
 from bergstream.router.consumer_group import GroupCommitter, SharedKafka
 from bergstream.router.counts import BatchCounts, PartitionRead, from_observation, observed_columns
 from bergstream.router.expired import ExpiredOffsets
+from bergstream.router.fleet import failure_reason
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
 from bergstream.router.progress import ProgressFollower
@@ -511,19 +512,28 @@ class PatternRouter:
         planned = time.monotonic()
         jvm = self.spark._jvm
         assert jvm is not None
-        written = getattr(jvm, _TOPIC_TABLES).append(
-            self.spark._jsparkSession,
-            source._jdf,
-            source.columns.index("topic"),
-            together,
-            plans,
-            [archive for archive, _ in identifiers],
-            [dead_letters for _, dead_letters in identifiers],
-            properties,
-            int(time.time() * 1_000_000),
-            self._cores,
-            self._commit_threads,
-        )
+        try:
+            written = getattr(jvm, _TOPIC_TABLES).append(
+                self.spark._jsparkSession,
+                source._jdf,
+                source.columns.index("topic"),
+                together,
+                plans,
+                [archive for archive, _ in identifiers],
+                [dead_letters for _, dead_letters in identifiers],
+                properties,
+                int(time.time() * 1_000_000),
+                self._cores,
+                self._commit_threads,
+            )
+        except Exception as error:
+            # The catalog or the warehouse out, most often: each topic alone waits the outage out
+            # (CommitRetry), and finds what landed before it.
+            log.warning("batch %d: writing %d topics together failed (%s); each alone now", batch_id,
+                        len(together), failure_reason(error))  # fmt: skip
+            for archiver in archivers:
+                archiver.forget_commits()
+            return alone + together
         seconds = time.monotonic() - started
         tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
         log.info(
