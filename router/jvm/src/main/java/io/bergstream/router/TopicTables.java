@@ -129,23 +129,11 @@ public final class TopicTables {
           });
     }
 
-    // Read from Python through py4j, which calls methods, not fields.
-
-    public String error() {
-      return error;
-    }
-
+    /** {archived, dead-lettered, archive files and bytes, dead-letter files and bytes, newest micros}. */
     public long[] totals() {
       return new long[] {
         archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros
       };
-    }
-
-    /** Python reads the partitions as {partition: [read, first, last]}. */
-    public Map<Integer, List<Long>> partitionList() {
-      Map<Integer, List<Long>> listed = new HashMap<>();
-      partitions.forEach((p, range) -> listed.put(p, List.of(range[0], range[1], range[2])));
-      return listed;
     }
   }
 
@@ -161,10 +149,6 @@ public final class TopicTables {
       this.tablesMillis = tablesMillis;
       this.jobMillis = jobMillis;
       this.commitMillis = commitMillis;
-    }
-
-    public List<Outcome> outcomes() {
-      return outcomes;
     }
 
     /**
