@@ -56,9 +56,10 @@ $(INSTALLED): pyproject.toml constraints.txt $(BIN)/uv | $(PYSPARK_WHEEL)
 		$(addprefix $(CURDIR)/,$(subst :, ,$(SOURCE_ROOTS)))
 	@touch $@
 
+# The jars alone: the Go-built parts of the local stack (versitygw, the schema registry) are built on first use
+# by what runs them (`local up --object-store s3`, `--schema-registry`, the tests of them), or by `local install`.
 setup: $(INSTALLED)
 	$(BIN)/bergstream jars resolve
-	$(BIN)/bergstream local install
 
 demo: setup
 	$(BIN)/bergstream demo

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bergstream.errors import StackError
 from bergstream.jars import spark_home_jars
 from bergstream.local import processes
@@ -54,18 +56,15 @@ class SparkCluster:
         An executor that starts a process (Hadoop's local file system runs `chmod`) has, for a moment, a
         forked child with its command line and folder; a process whose parent is an executor is not one."""
         parents: dict[int, int] = {}
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
+        for process in psutil.process_iter():
             try:
-                command = (proc / "cmdline").read_bytes().split(b"\0")
-                folder = (proc / "cwd").resolve()
-                stat = (proc / "stat").read_text()
-            except OSError:  # ended meanwhile, or not ours to read
+                command = process.cmdline()
+                folder = Path(process.cwd())
+                parent = process.ppid()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # ended meanwhile, or not ours to read
                 continue
-            if EXECUTOR_CLASS.encode() in command and folder.is_relative_to(self.work_dir):
-                # The parent's pid is the second field after the command name, which ends at the last ')'.
-                parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            if EXECUTOR_CLASS in command and folder.is_relative_to(self.work_dir):
+                parents[process.pid] = parent
         return sorted(pid for pid, parent in parents.items() if parent not in parents)
 
     def alive_workers(self) -> int:

@@ -148,7 +148,8 @@ def test_the_default_catalog_is_the_sites_else_the_one_the_local_stack_wrote(
 
 
 SECRET_SESSION = """
-import json, os, sys
+import json, sys
+import psutil
 from pathlib import Path
 from bergstream.catalog import CatalogConfig
 from bergstream.spark import build_spark_session
@@ -160,9 +161,8 @@ spark = build_spark_session(catalog, master="local[1]", conf={"spark.ui.enabled"
 spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.archive")
 loaded = spark._jsparkSession.sessionState().catalogManager().catalog("bergstream").icebergCatalog()
 commands = []
-for child in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-    for pid in child.read_text().split():
-        commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode())
+for child in psutil.Process().children():
+    commands.append(" ".join(child.cmdline()))
 print(json.dumps({"password": loaded.properties().get("jdbc.password"), "jvm": commands}))
 """
 

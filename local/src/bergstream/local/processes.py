@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from bergstream.errors import StackError
 
 
@@ -48,18 +50,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Whether process `pid` runs; a zombie left by a parent that has not reaped it yet does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:  # another user's: it exists
         return True
-    # A zombie left by a parent that has not reaped it yet is not running.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
 
 
 def read_pid(pid_file: Path) -> int | None:
@@ -78,8 +75,8 @@ def running_pid(pid_file: Path, command_marker: str) -> int | None:
     if pid is None or not alive(pid):
         return None
     try:
-        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        command_line = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
     return pid if command_marker in command_line else None
 
