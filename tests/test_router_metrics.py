@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,15 +28,19 @@ pytestmark = pytest.mark.integration
 def test_prometheus_sees_reads_archives_dead_letters_and_lag(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
-    (port,) = free_ports(1)
-    config = write_config(
-        stack, tmp_path, topic_name, metrics_port=port, metrics_host="127.0.0.1", lag_refresh_seconds=1
-    )
+    port, ui_port = free_ports(2)
+    spark = {
+        "master": "local[2]",
+        "conf": {"spark.ui.port": str(ui_port), "spark.sql.shuffle.partitions": "2"},
+    }
+    config = write_config(stack, tmp_path, topic_name, metrics_port=port, metrics_host="127.0.0.1",
+                          lag_refresh_seconds=1, spark=spark)  # fmt: skip
     request = ProduceRequest(topic=topic_name, schema="playback", count=3000, bad_fraction=0.02, partitions=2)
     first = produce(request, stack.bootstrap_servers, show_progress=False)
     router = start_router(topic_name, config, tmp_path / "router.log")
     try:
-        with prometheus_server([f"127.0.0.1:{port}"]) as prometheus:
+        spark_ui = [f"127.0.0.1:{ui_port}"]
+        with prometheus_server([f"127.0.0.1:{port}"], spark_targets=spark_ui) as prometheus:
             topic = f'topic="{topic_name}"'
 
             def total(metric: str) -> float:
@@ -60,6 +65,24 @@ def test_prometheus_sees_reads_archives_dead_letters_and_lag(
             eventually(lambda: total("lag_offsets") == 0, "the lag back to zero")
             per_partition = prometheus.query(f"bergstream_router_records_read_total{{{topic}}}")
             assert {sample["metric"]["partition"] for sample in per_partition} == {"0", "1"}
+            # The lag series join kafka-lag-exporter's on its labels: consumer group and cluster name.
+            lags = prometheus.query(f"bergstream_router_lag_offsets{{{topic}}}")
+            assert {
+                (s["metric"]["partition"], s["metric"]["group"], s["metric"]["cluster_name"]) for s in lags
+            } == {(partition, f"bergstream-router.{topic_name}", "test") for partition in ("0", "1")}
+
+            # Spark's own metrics, scraped from the router's Spark UI: its streaming query's rates and the
+            # executors' memory.
+            query_name = f"bergstream-router-{topic_name}".replace("-", "_")
+            prefix = f"metrics_bergstream_router_driver_spark_streaming_{query_name}_"
+            streaming = f'{{job="spark-driver", __name__=~"{prefix}.*"}}'
+            eventually(lambda: bool(prometheus.query(streaming)), "the router's streaming query's metrics")
+            names = {sample["metric"]["__name__"] for sample in prometheus.query(streaming)}
+            assert any("inputRate" in name for name in names), names
+            executors = prometheus.query('{job="spark-executors", __name__=~"metrics_executor_.*"}')
+            assert any(s["metric"]["__name__"] == "metrics_executor_memoryUsed_bytes" for s in executors), [
+                s["metric"]["__name__"] for s in executors
+            ]
 
             # Every panel of the Grafana dashboard answers from what this Prometheus scraped; only
             # expired offsets, which this router never met, have no series.
@@ -87,10 +110,10 @@ def router_metrics(port: int, name: str) -> dict[str, float]:
 
 def spark_jvm(router: subprocess.Popen[bytes]) -> int:
     """The pid of the router's JVM, the child that runs Spark's driver."""
-    children = Path(f"/proc/{router.pid}/task/{router.pid}/children").read_text().split()
-    for child in map(int, children):
-        if b"java" in Path(f"/proc/{child}/cmdline").read_bytes():
-            return child
+    children = psutil.Process(router.pid).children()
+    for child in children:
+        if "java" in " ".join(child.cmdline()):
+            return child.pid
     raise AssertionError(f"router {router.pid} has no JVM among its children {children}")
 
 

@@ -177,8 +177,14 @@ def local_burrow(data_dir: Path | None, http_port: int) -> None:
 @click.option(
     "--port", type=int, default=9090, show_default=True, help="Port of Prometheus's web UI and API."
 )
+@click.option(
+    "--spark-target", "spark_targets", multiple=True,
+    help="A router's Spark UI, host:port (repeatable): Spark's own metrics of its driver and executors.",
+)  # fmt: skip
 @click.option("--scrape-interval", default="15s", show_default=True)
-def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) -> None:
+def local_prometheus(
+    targets: tuple[str, ...], spark_targets: tuple[str, ...], port: int, scrape_interval: str
+) -> None:
     """Run Prometheus (the machine's binary) scraping routers' metrics, with the alert rules of
     bergstream/deploy/prometheus/alerts.yml, until Ctrl-C or SIGTERM."""
     from bergstream.deploy import ALERT_RULES
@@ -186,9 +192,11 @@ def local_prometheus(targets: tuple[str, ...], port: int, scrape_interval: str) 
 
     with (
         _until_stopped() as stopped,
-        prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port) as server,
-    ):
-        click.echo(f"Prometheus scrapes {', '.join(targets)} every {scrape_interval}: {server.url}/alerts")
+        prometheus_server(list(targets), scrape_interval, rules=ALERT_RULES, port=port,
+                          spark_targets=list(spark_targets)) as server,
+    ):  # fmt: skip
+        scraped = ", ".join([*targets, *spark_targets])
+        click.echo(f"Prometheus scrapes {scraped} every {scrape_interval}: {server.url}/alerts")
         click.echo(f"  time lag: {server.url}/graph?g0.expr=max+by+(topic)(bergstream_router_lag_seconds)")
         click.echo("Ctrl-C or SIGTERM stops it")
         stopped.wait()

@@ -39,12 +39,26 @@ class PrometheusServer:
         return float(result[0]["value"][1]) if result else None
 
 
+def spark_scrape_configs(targets: list[str]) -> list[dict[str, Any]]:
+    """Prometheus's jobs for the metrics a router's Spark UI serves (router.launch.SPARK_PROMETHEUS_CONF)."""
+    return [
+        {"job_name": job, "metrics_path": path, "static_configs": [{"targets": targets}]}
+        for job, path in (("spark-driver", "/metrics/prometheus"),
+                          ("spark-executors", "/metrics/executors/prometheus"))
+    ]  # fmt: skip
+
+
 @contextmanager
 def prometheus_server(
-    targets: list[str], scrape_interval: str = "1s", rules: Path | None = None, port: int | None = None
+    targets: list[str],
+    scrape_interval: str = "1s",
+    rules: Path | None = None,
+    port: int | None = None,
+    spark_targets: list[str] | None = None,
 ) -> Iterator[PrometheusServer]:
-    """Prometheus scraping `targets` as the job bergstream-router, with the alert `rules` file if given, on
-    `port` (a free one by default), until the block ends."""
+    """Prometheus scraping `targets` as the job bergstream-router, and the Spark UIs of `spark_targets` as
+    the jobs spark-driver and spark-executors, with the alert `rules` file if given, on `port` (a free one by
+    default), until the block ends."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise MissingToolError("'prometheus' was not found; install it (Debian: apt-get install prometheus)")
@@ -57,6 +71,8 @@ def prometheus_server(
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [{"job_name": "bergstream-router", "static_configs": [{"targets": targets}]}],
     }
+    if spark_targets:
+        config["scrape_configs"] += spark_scrape_configs(spark_targets)
     if rules is not None:
         shutil.copy(rules, home / "alerts.yml")
         config["rule_files"] = ["alerts.yml"]

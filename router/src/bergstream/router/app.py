@@ -66,7 +66,7 @@ class Router:
             raise
         self.follower = ProgressFollower(
             config.topic, self._kafka, metrics, expired, lambda: self.accounting.newest_ingestion,
-            config.lag_refresh_seconds,
+            config.lag_refresh_seconds, cluster=config.cluster,
         )  # fmt: skip
         self.runner = QueryRunner(f"the router for {config.topic}", self._start, stopping)
         self._available_now = False

@@ -15,10 +15,14 @@ log = logging.getLogger(__name__)
 class LagReporter:
     """Reads each partition's log end, keeps when it was seen where (LogEndSamples), and sets the lag metrics
     from the offsets the archive holds: records behind, seconds behind, and the age of the newest archived
-    record, which grows on a quiet topic even when nothing is behind."""
+    record, which grows on a quiet topic even when nothing is behind.
 
-    def __init__(self, topic: str, kafka: GroupCommitter, metrics: RouterMetrics) -> None:
+    The lag series carry the consumer group and the cluster's name as kafka-lag-exporter labels its own
+    (`group`, `cluster_name`), so dashboards and alerts built on it join them."""
+
+    def __init__(self, topic: str, cluster: str, kafka: GroupCommitter, metrics: RouterMetrics) -> None:
         self.topic = topic
+        self.cluster = cluster
         self._kafka = kafka
         self._metrics = metrics
         self._samples: dict[int, LogEndSamples] = {}
@@ -51,9 +55,10 @@ class LagReporter:
         for partition, behind in lag(archived, log_start, log_end).items():
             samples, offset = self._samples[partition], next_offsets[partition]
             label = str(partition)
-            metrics.lag_offsets.labels(topic, label).set(behind)
+            lag_labels = (topic, label, self._kafka.group, self.cluster)
+            metrics.lag_offsets.labels(*lag_labels).set(behind)
             seconds = time_lag(offset, log_end[partition], samples, timestamps.get(partition), now)
-            metrics.lag_seconds.labels(topic, label).set(seconds)
+            metrics.lag_seconds.labels(*lag_labels).set(seconds)
             # Every partition's read counter exists from the start, at 0: "nothing read lately" is then a
             # query over a series rather than over an absent one.
             metrics.records_read.labels(topic, label)

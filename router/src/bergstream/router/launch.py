@@ -32,6 +32,18 @@ log = logging.getLogger("bergstream.router.launch")
 # A query of many topics reads many partitions each batch: Spark's pool of Kafka consumers (64 by default)
 # would close and open consumers every batch.
 PATTERN_SPARK_CONF = {"spark.kafka.consumer.cache.capacity": "4096"}
+# Spark's own metrics for Prometheus, served by the driver's UI (port 4040, or spark.ui.port) beside the
+# router's: /metrics/prometheus holds the driver's (JVM, scheduler, block manager, and each streaming query's
+# input and processing rates, latency and event-time watermark), /metrics/executors/prometheus every
+# executor's. The namespace keeps their names the same from one run to the next, instead of Spark's default,
+# the application's id. A router's --conf or spark.conf can turn any of them off.
+SPARK_PROMETHEUS_CONF = {
+    "spark.ui.prometheus.enabled": "true",
+    "spark.metrics.conf.*.sink.prometheusServlet.class": "org.apache.spark.metrics.sink.PrometheusServlet",
+    "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus",
+    "spark.metrics.namespace": "bergstream_router",
+    "spark.sql.streaming.metricsEnabled": "true",
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,8 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
         log.info("metrics on http://%s:%d/metrics%s", driver.metrics_host, bound, many)
     session = spark or build_spark_session(
         driver.catalog, master=driver.spark.master, app_name=fleet_app_name(topics, request.group),
-        conf=fleet_spark_conf(driver.spark.conf) if len(topics) > 1 else driver.spark.conf,
+        conf={**SPARK_PROMETHEUS_CONF,
+              **(fleet_spark_conf(driver.spark.conf) if len(topics) > 1 else driver.spark.conf)},
     )  # fmt: skip
     try:
         # Topics that are started again are checked again: their access may have changed meanwhile.
@@ -112,7 +125,7 @@ def launch_pattern(
                  config.pattern)  # fmt: skip
     session = spark or build_spark_session(
         config.catalog, master=config.spark.master, app_name=f"bergstream-router-{config.name}",
-        conf={**PATTERN_SPARK_CONF, **config.spark.conf},
+        conf={**SPARK_PROMETHEUS_CONF, **PATTERN_SPARK_CONF, **config.spark.conf},
     )  # fmt: skip
     try:
         router = PatternRouter(config, load, session, metrics)

@@ -21,6 +21,8 @@ from bergstream.errors import BergstreamError
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _MAINTENANCE_SECONDS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# The lag series' labels: kafka-lag-exporter's `group` and `cluster_name` beside the topic and partition.
+_LAG_LABELS = ("topic", "partition", "group", "cluster_name")
 
 
 def _version(package: str) -> str:
@@ -82,14 +84,14 @@ class RouterMetrics:
         self.lag_offsets = Gauge(
             "bergstream_router_lag_offsets",
             "Records in Kafka not yet archived",
-            ["topic", "partition"],
+            _LAG_LABELS,
             registry=r,
         )
         self.lag_seconds = Gauge(
             "bergstream_router_lag_seconds",
             "How long the first record not yet archived has waited since it was produced; 0 when all is "
             "archived",
-            ["topic", "partition"],
+            _LAG_LABELS,
             registry=r,
         )
         self.newest_ingestion = Gauge(

@@ -212,7 +212,7 @@ class TopicArchive:
         self.archiver = BatchArchiver(spark, config, metrics, self.tables, retry, self.accounting)
         self.follower = ProgressFollower(
             config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
-            config.lag_refresh_seconds,
+            config.lag_refresh_seconds, cluster=config.cluster,
         )  # fmt: skip
         self.tables.prepare(self.archiver.layout)
 
@@ -261,7 +261,7 @@ class RejectedTopic:
         self.retry = CommitRetry(topic, config.commit_retry, metrics, stopping)
         self.follower = ProgressFollower(
             topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
-            config.lag_refresh_seconds,
+            config.lag_refresh_seconds, cluster=config.cluster,
         )  # fmt: skip
         self._counting = observed_columns(spark)
         self._writer: BatchTableWriter | None = None

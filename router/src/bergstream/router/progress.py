@@ -27,11 +27,12 @@ class ProgressFollower:
         expired: ExpiredOffsets,
         newest_ingestion: Callable[[], float | None],
         refresh_seconds: float,
+        cluster: str,
     ) -> None:
         self.topic = topic
         self.expired = expired
         self._kafka = kafka
-        self._lag = LagReporter(topic, kafka, metrics)
+        self._lag = LagReporter(topic, cluster, kafka, metrics)
         self._newest_ingestion = newest_ingestion
         self._refresh_seconds = refresh_seconds
         # Where the archive is, as Spark checkpointed it; and where the consumer group was told it is.
