@@ -68,3 +68,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("bergstream-*.whl")
     return built
+
+
+@pytest.fixture(scope="session", params=["2", "3"], ids=["promtool2", "promtool3"])
+def promtool(request: pytest.FixtureRequest) -> str:
+    """promtool of Prometheus 2 (Debian's package) and of Prometheus 3 (built with `go install` once): the
+    alert rules and scrape configurations must pass both."""
+    if request.param == "2":
+        found = shutil.which("promtool")
+        assert found, "promtool is missing: Debian's prometheus package has it"
+        return found
+    from bergstream.local.go_install import PROMTOOL_3
+
+    return str(PROMTOOL_3.install())

@@ -141,7 +141,9 @@ def test_service_names_in_site_settings_are_services_with_those_ports(compose: d
     assert master in services
 
 
-def test_prometheus_loads_the_rules_of_deploy_prometheus(compose: dict[str, Any], tmp_path: Path) -> None:
+def test_prometheus_loads_the_rules_of_deploy_prometheus(
+    compose: dict[str, Any], tmp_path: Path, promtool: str
+) -> None:
     prometheus = _services(compose)["prometheus"]
     config = _host_path(prometheus, "/etc/prometheus/prometheus.yml")
     rules = _host_path(prometheus, "/etc/prometheus/alerts.yml")
@@ -150,7 +152,7 @@ def test_prometheus_loads_the_rules_of_deploy_prometheus(compose: dict[str, Any]
     shutil.copy(config, tmp_path / "prometheus.yml")
     shutil.copy(rules, tmp_path / "alerts.yml")
     checked = subprocess.run(
-        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "1 rules found" not in checked.stdout and "rules found" in checked.stdout

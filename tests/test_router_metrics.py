@@ -178,22 +178,22 @@ def test_time_lag_dates_a_backlog_reads_zero_caught_up_and_grows_while_the_route
     assert router.returncode == 0, (tmp_path / "router.log").read_text()[-3000:]
 
 
-def test_alert_rules_and_scrape_config_are_valid() -> None:
+def test_alert_rules_and_scrape_config_are_valid(promtool: str) -> None:
     done = subprocess.run(
-        ["promtool", "check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
+        [promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 7 rules found" in done.stdout + done.stderr
 
 
-def test_every_alert_fires_and_stays_quiet_in_its_unit_tests() -> None:
+def test_every_alert_fires_and_stays_quiet_in_its_unit_tests(promtool: str) -> None:
     """promtool runs bergstream/deploy/prometheus/alerts.test.yml: a stuck router alerts, a quiet topic all
     archived does not, and so on for every alert of alerts.yml, each with a case that fires and one that
     does not."""
     folder = PROMETHEUS_DIR
     done = subprocess.run(
-        ["promtool", "test", "rules", "alerts.test.yml"],
+        [promtool, "test", "rules", "alerts.test.yml"],
         cwd=folder,
         capture_output=True,
         text=True,

@@ -9,26 +9,24 @@ S3FileSystem (pyiceberg) with path-style requests.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import SecretStr
 
-from bergstream import jars
-from bergstream.errors import BergstreamError, StackError
+from bergstream.errors import StackError
 from bergstream.local import processes
+from bergstream.local.go_install import GoProgram
 
 VERSITYGW_PACKAGE = "github.com/versity/versitygw/cmd/versitygw"
 VERSITYGW_VERSION = "v1.8.0"
 # The Go release versitygw's go.mod asks for: older ones cannot build it, and no toolchain is downloaded.
 GO_NEEDED = "1.25"
+VERSITYGW = GoProgram("versitygw", VERSITYGW_PACKAGE, VERSITYGW_VERSION, GO_NEEDED)
 DEFAULT_PORT = 7070
 DEFAULT_BUCKET = "bergstream"
 REGION = "us-east-1"
@@ -39,40 +37,16 @@ S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 
 def binary() -> Path:
     """Where the pinned versitygw is built: the cache beside the jars."""
-    return jars.cache_root().parent / "versitygw" / VERSITYGW_VERSION / "versitygw"
+    return VERSITYGW.binary
 
 
 def installed() -> bool:
-    return binary().exists()
+    return VERSITYGW.installed()
 
 
 def install() -> Path:
     """Build the pinned versitygw with `go install`, once; a no-op when the cache has it."""
-    target = binary()
-    if target.exists():
-        return target
-    go = jars.require_tool("go", f"build the S3 object store versitygw (Go {GO_NEEDED} or newer)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    # GOTOOLCHAIN=local: a Go too old for versitygw says so, instead of downloading another Go.
-    environment = {**os.environ, "GOBIN": str(staging), "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
-    try:
-        done = subprocess.run(
-            [go, "install", f"{VERSITYGW_PACKAGE}@{VERSITYGW_VERSION}"],
-            capture_output=True, text=True, check=False, env=environment,
-        )  # fmt: skip
-        if done.returncode != 0:
-            output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-            reason = next((line for line in reversed(output) if "go:" in line or "error" in line.lower()),
-                          output[-1] if output else "no output")  # fmt: skip
-            raise BergstreamError(
-                f"`go install {VERSITYGW_PACKAGE}@{VERSITYGW_VERSION}` failed: {reason[:400]}"
-            )
-        with contextlib.suppress(OSError):  # another build finished first: its binary is as good
-            (staging / "versitygw").rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return VERSITYGW.install()
 
 
 @dataclass(frozen=True)
