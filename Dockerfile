@@ -37,6 +37,8 @@ COPY . .
 RUN if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
     && /opt/bergstream/venv/bin/pip install -q --no-deps "$@" . \
     && /opt/bergstream/venv/bin/bergstream jars resolve \
+    && ln -s "$(/opt/bergstream/venv/bin/python -c 'import bergstream.deploy.render as r; print(r.SUBMIT_ENTRY)')" \
+        /opt/bergstream/submit.py \
     && chmod -R a+rX /opt/bergstream
 
 FROM ${BASE_IMAGE}
@@ -55,5 +57,8 @@ ENV PATH=/opt/bergstream/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER bergstream
 WORKDIR /var/lib/bergstream
-ENTRYPOINT ["/usr/bin/tini", "--"]
+# Spark on Kubernetes starts the executor pods of a router (and a SparkApplication's driver pod) from this
+# image with `executor` or `driver` and its settings in the environment: bergstream.deploy.pod turns them
+# into the JVM and spark-submit commands of the image's Spark. Any other command runs as given.
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/bergstream/venv/bin/python", "-m", "bergstream.deploy.pod"]
 CMD ["bergstream", "--help"]

@@ -67,6 +67,13 @@ class SparkCluster:
                 parents[process.pid] = parent
         return sorted(pid for pid, parent in parents.items() if parent not in parents)
 
+    def answers(self) -> bool:
+        try:
+            self.state()
+        except OSError:
+            return False
+        return True
+
     def alive_workers(self) -> int:
         try:
             workers = self.state().get("workers", [])
@@ -76,8 +83,11 @@ class SparkCluster:
 
 
 @contextmanager
-def spark_cluster(home: Path, worker_cores: int = 1, worker_memory: str = "1g") -> Iterator[SparkCluster]:
-    """Yield the cluster once a worker has registered with the master; stop both after."""
+def spark_cluster(
+    home: Path, worker_cores: int = 1, worker_memory: str = "1g", workers: int = 1
+) -> Iterator[SparkCluster]:
+    """Yield the cluster once its worker (`workers`: 1 or 0) has registered with the master, or the master
+    answers; stop them after."""
     home.mkdir(parents=True, exist_ok=True)
     port, ui_port, worker_ui_port = processes.free_ports(3)
     cluster = SparkCluster(
@@ -87,15 +97,26 @@ def spark_cluster(home: Path, worker_cores: int = 1, worker_memory: str = "1g") 
     )
     master_url = cluster.master_url
     started = [
-        _start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                "--webui-port", str(ui_port)], home / "master.log"),
-        _start(["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
+        _start(
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui_port),
+            ],
+            home / "master.log",
+        ),
+    ]
+    if workers:
+        started.append(_start(["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
                 "--cores", str(worker_cores), "--memory", worker_memory, "--webui-port", str(worker_ui_port),
-                "--work-dir", str(cluster.work_dir)], home / "worker.log"),
-    ]  # fmt: skip
+                "--work-dir", str(cluster.work_dir)], home / "worker.log"))  # fmt: skip
     try:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while cluster.alive_workers() < 1:
+        while not (cluster.alive_workers() >= workers and cluster.answers()):
             if time.monotonic() > deadline or any(p.poll() is not None for p in started):
                 raise StackError(
                     f"the Spark standalone cluster at {master_url} did not get a worker; "

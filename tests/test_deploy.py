@@ -4,6 +4,7 @@ manifests hang together and carry settings the router accepts."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -29,8 +31,15 @@ from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.spark import REDACTION_REGEX
 from tests.routers import ROOT, archived_offsets, write_config
 from tests.services import Services
+
+
+def pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def production_config(**deploy: Any) -> RouterConfig:
@@ -64,7 +73,9 @@ def by_kind(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_kubernetes_manifests_hang_together(tmp_path: Path) -> None:
     config = production_config(executor_instances=6, driver_memory="4g")
     objects = by_kind(list(yaml.safe_load_all(manifests_yaml(kubernetes_manifests(config)))))
-    assert set(objects) == {"ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "Deployment"}
+    assert set(objects) == {
+        "ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "Deployment", "ServiceMonitor"
+    }  # fmt: skip
     name = "bergstream-router-playback-eu"
     assert {m["metadata"]["name"] for m in objects.values()} == {name}
     assert {m["metadata"]["namespace"] for m in objects.values()} == {"archive"}
@@ -80,8 +91,18 @@ def test_kubernetes_manifests_hang_together(tmp_path: Path) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "registry.example/bergstream:1.0"
     assert container["resources"]["requests"]["memory"] == f"{4096 + 409}Mi"
-    port_names = {p["name"] for p in container["ports"]}
-    assert {p["targetPort"] for p in objects["Service"]["spec"]["ports"]} == port_names
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["name"]: p["targetPort"] for p in objects["Service"]["spec"]["ports"]} == container_ports
+    # Prometheus Operator scrapes the router's metrics and Spark's, through the Service's named ports.
+    monitor = objects["ServiceMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"] == objects["Service"]["metadata"]["labels"]
+    assert monitor["namespaceSelector"] == {"matchNames": ["archive"]}
+    assert {(e["port"], e["path"]) for e in monitor["endpoints"]} == {
+        ("metrics", "/metrics"),
+        ("spark-ui", "/metrics/prometheus"),
+        ("spark-ui", "/metrics/executors/prometheus"),
+    }
+    assert container_ports["spark-ui"] == 4040
     annotations = objects["Service"]["metadata"]["annotations"]
     metrics_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
     assert annotations["prometheus.io/port"] == str(metrics_port)
@@ -272,3 +293,129 @@ def test_deploy_refuses_an_ambiguous_shape_naming_the_flag(arguments: list[str],
     done = CliRunner().invoke(cli, ["deploy", "kubernetes", *arguments])
     assert done.exit_code == 2
     assert message in done.output
+
+
+POD_DRIVER = """
+import os, sys, time
+from pyspark.sql import SparkSession
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+spark = (SparkSession.builder.master(sys.argv[1]).appName("bergstream-pod-test")
+         .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+         .config("spark.cores.max", "1").getOrCreate())
+context = spark.sparkContext
+print("ready", context.applicationId, context.getConf().get("spark.driver.port"), flush=True)
+scala = context._jsc.sc()
+deadline = time.monotonic() + 120
+while "7" not in [str(scala.getExecutorIds().apply(i)) for i in range(scala.getExecutorIds().size())]:
+    if time.monotonic() > deadline:
+        sys.exit("executor 7 never registered")
+    time.sleep(0.2)
+print("sum", context.parallelize(range(100), 4).map(lambda x: x * 2).sum(), flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.integration
+def test_the_image_entrypoint_starts_an_executor_as_spark_on_kubernetes_asks(tmp_path: Path) -> None:
+    """`executor`, with the environment Spark's executor pods get, joins the driver and runs its Python
+    tasks: here a driver of a standalone master with no worker, so every task runs on that executor."""
+    from tests.spark_cluster import spark_cluster
+
+    with spark_cluster(tmp_path / "spark", workers=0) as cluster:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", POD_DRIVER, cluster.master_url], stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )  # fmt: skip
+        assert driver.stdout is not None
+        executor = None
+        try:
+            _, application, port = driver.stdout.readline().split()
+            environment = {
+                **os.environ, "SPARK_DRIVER_URL": f"spark://CoarseGrainedScheduler@127.0.0.1:{port}",
+                "SPARK_EXECUTOR_ID": "7", "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": application,
+                "SPARK_EXECUTOR_POD_IP": "127.0.0.1", "SPARK_EXECUTOR_MEMORY": "512m",
+                "SPARK_JAVA_OPT_0": "-Dbergstream.pod.test=yes",
+            }  # fmt: skip
+            log = tmp_path / "executor.log"
+            with log.open("w") as output:
+                command = [sys.executable, "-m", "bergstream.deploy.pod", "executor"]
+                executor = subprocess.Popen(command, env=environment, stdout=output, stderr=subprocess.STDOUT)
+            # The executor's JVM in place of the entrypoint's process, with the driver's Java options.
+            summed = driver.stdout.readline().strip()
+            assert summed == "sum 9900", log.read_text()[-3000:]
+            java = psutil.Process(executor.pid).cmdline()
+            assert "-Dbergstream.pod.test=yes" in java and "-Xmx512m" in java, java
+            assert driver.wait(120) == 0
+        finally:
+            driver.kill()
+            if executor is not None:
+                executor.kill()
+                executor.wait()
+
+
+def test_a_pod_started_without_sparks_environment_says_what_is_missing() -> None:
+    done = subprocess.run([sys.executable, "-m", "bergstream.deploy.pod", "executor"], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"]}, timeout=60)  # fmt: skip
+    assert done.returncode != 0
+    assert "executor pod: SPARK_EXECUTOR_MEMORY is not set" in done.stderr, done.stderr
+
+
+def test_a_spark_application_runs_the_router_through_the_spark_operator(tmp_path: Path) -> None:
+    """The Spark Operator's SparkApplication: the image's submit file runs `router run` with the topic's
+    settings from the Secret it mounts, the driver pod carries the labels the Service and PodMonitor select,
+    and no secret is among the Spark settings the operator shows."""
+    config = production_config(workload="SparkApplication", monitor="PodMonitor", executor_instances=3)
+    objects = by_kind(list(yaml.safe_load_all(manifests_yaml(kubernetes_manifests(config)))))
+    assert set(objects) == {
+        "ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "SparkApplication", "PodMonitor"
+    }  # fmt: skip
+    application = objects["SparkApplication"]
+    assert application["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
+    spec = application["spec"]
+    assert (spec["type"], spec["mode"], spec["image"]) == (
+        "Python",
+        "cluster",
+        "registry.example/bergstream:1.0",
+    )
+    assert spec["mainApplicationFile"] == "local:///opt/bergstream/submit.py"
+    assert spec["sparkVersion"] == pyspark_version()
+    assert spec["restartPolicy"]["type"] == "Always"
+    driver, executor = spec["driver"], spec["executor"]
+    name = application["metadata"]["name"]
+    assert driver["serviceAccount"] == objects["RoleBinding"]["subjects"][0]["name"] == name
+    assert (
+        driver["labels"]
+        == objects["Service"]["spec"]["selector"]
+        == objects["PodMonitor"]["spec"]["selector"]["matchLabels"]
+    )
+    assert (executor["instances"], executor["cores"], executor["memory"]) == (3, 2, "4g")
+    assert driver["memory"] == "2g"
+    assert not any(re.search(REDACTION_REGEX, key) for key in spec["sparkConf"])
+    assert "pw" not in yaml.safe_dump(spec)
+    # Prometheus finds the router's metrics port on the driver pod, Spark's UI under Spark's own name.
+    assert [p["name"] for p in driver["ports"]] == ["metrics"]
+    assert {e["port"] for e in objects["PodMonitor"]["spec"]["podMetricsEndpoints"]} == {
+        "metrics",
+        "spark-ui",
+    }
+
+    # The arguments run the topic's router with the settings file the Secret puts where they say.
+    arguments = spec["arguments"]
+    assert arguments[:2] == ["router", "run"]
+    ((secret,),) = [driver["secrets"]]
+    assert secret["name"] == objects["Secret"]["metadata"]["name"] and secret["secretType"] == "Generic"
+    ((file_name, settings),) = objects["Secret"]["stringData"].items()
+    assert arguments[arguments.index("--config") + 1] == f"{secret['path']}/{file_name}"
+    (tmp_path / file_name).write_text(settings)
+    inside = load_router_config("Playback.EU", tmp_path / file_name, defaults={}, overrides={})
+    # The submission gives the driver pod its address: the Deployment's settings for it are not carried.
+    assert "spark.driver.host" not in inside.spark.conf and "spark.driver.port" not in inside.spark.conf
+    assert inside.spark.conf["spark.kubernetes.container.image"] == spec["image"]
+    assert inside.catalog.password is not None and inside.catalog.password.get_secret_value() == "pw"
+
+
+def test_without_the_prometheus_operator_the_service_annotations_alone_remain() -> None:
+    objects = by_kind(kubernetes_manifests(production_config(monitor="none")))
+    assert "ServiceMonitor" not in objects and "PodMonitor" not in objects
+    assert objects["Service"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"

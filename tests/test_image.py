@@ -93,6 +93,13 @@ def test_the_image_holds_the_pinned_versions_and_runs_as_a_plain_user(image: str
     for version in (pinned.spark, pinned.iceberg, pinned.kafka):
         assert version in versions, versions
     assert _docker("run", "--rm", image, "id", "-u").stdout.strip() == "10001"
+    # A SparkApplication's mainApplicationFile (deploy/render.py's IMAGE_SUBMIT_FILE).
+    assert (
+        _docker("run", "--rm", image, "test", "-f", "/opt/bergstream/submit.py", check=False).returncode == 0
+    )
+    # Spark's executor pods start the image with `executor` and their settings in the environment.
+    bare = _docker("run", "--rm", image, "executor", check=False)
+    assert bare.returncode != 0 and "SPARK_EXECUTOR_MEMORY is not set" in bare.stderr, bare.stderr
 
 
 def test_the_image_runs_the_demo_archive_and_backfill(image: str) -> None:

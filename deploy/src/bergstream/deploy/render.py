@@ -37,6 +37,14 @@ DRIVER_PORT, BLOCK_MANAGER_PORT = 7078, 7079
 GRACE_SECONDS = 300
 # Set by spark-submit itself, or by the cluster manager.
 _SUBMIT_FLAGS = {"spark.master", "spark.app.name"}
+SPARK_UI_PORT = 4040
+# Where the image (Dockerfile) keeps the file spark-submit runs: a SparkApplication's mainApplicationFile.
+IMAGE_SUBMIT_FILE = "/opt/bergstream/submit.py"
+# Settings a SparkApplication carries in fields of its own, or that the image's entrypoint sets.
+_SPARK_APPLICATION_FIELDS = {
+    "spark.driver.memory", "spark.executor.instances", "spark.executor.cores", "spark.executor.memory",
+    "spark.kubernetes.namespace", "spark.kubernetes.container.image",
+}  # fmt: skip
 
 
 def app_name(topic: str) -> str:
@@ -148,14 +156,19 @@ def kubernetes_config(config: RouterConfig, name: str | None = None) -> RouterCo
     master = (
         config.spark.master if config.spark.master.startswith("k8s://") else f"k8s://{deploy.kubernetes_api}"
     )
-    conf = {
-        "spark.kubernetes.namespace": deploy.namespace,
-        "spark.kubernetes.container.image": deploy.image,
-        "spark.kubernetes.executor.podNamePrefix": name,
+    # The driver pod of a Deployment is reached through the headless Service; a SparkApplication's
+    # submission gives its driver pod a service and these settings of its own.
+    reached = {
         "spark.driver.host": f"{name}.{deploy.namespace}.svc",
         "spark.driver.bindAddress": "0.0.0.0",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.blockManager.port": str(BLOCK_MANAGER_PORT),
+    }
+    conf = {
+        "spark.kubernetes.namespace": deploy.namespace,
+        "spark.kubernetes.container.image": deploy.image,
+        "spark.kubernetes.executor.podNamePrefix": name,
+        **(reached if deploy.workload == "Deployment" else {}),
         "spark.driver.memory": deploy.driver_memory,
         "spark.executor.instances": str(deploy.executor_instances),
         "spark.executor.cores": str(deploy.executor_cores),
@@ -207,26 +220,21 @@ def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> 
     namespace = deploy.namespace
     labels = {"app.kubernetes.io/name": "bergstream-router", "app.kubernetes.io/instance": name}
     metadata = {"name": name, "namespace": namespace, "labels": labels}
+    ui_port = int(inside.spark.conf.get("spark.ui.port", SPARK_UI_PORT))
     ports = [
         {"name": "metrics", "containerPort": port},
+        {"name": "spark-ui", "containerPort": ui_port},
         {"name": "driver", "containerPort": DRIVER_PORT},
         {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT},
     ]
-    container: dict[str, Any] = {
-        "name": "router",
-        "image": deploy.image,
-        "args": ["bergstream", "router", "run", *arguments, "--metrics-port", str(port)],
-        "ports": ports,
-        "resources": {
-            "requests": {
-                "cpu": deploy.driver_cpu,
-                "memory": _with_overhead(inside.spark.conf["spark.driver.memory"]),
-            }
-        },
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
-        "volumeMounts": [{"name": "settings", "mountPath": CONFIG_MOUNT, "readOnly": True}],
-    }
-    return [
+    command = ["router", "run", *arguments, "--metrics-port", str(port)]
+    if deploy.workload == "SparkApplication":
+        # Spark's submission names the driver's own ports; the Service reaches the router's and the UI's.
+        ports = ports[:2]
+        workload = _spark_application(metadata, inside, command, ports)
+    else:
+        workload = _deployment(metadata, inside, command, ports)
+    objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -271,32 +279,133 @@ def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> 
                 "clusterIP": "None",
                 "selector": labels,
                 "ports": [
-                    {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"]}
+                    {"name": port["name"], "port": port["containerPort"], "targetPort": port["containerPort"]}
                     for port in ports
                 ],
             },
         },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata,
-            "spec": {
-                # One router per topic, ever: a new pod starts only after the old one stopped.
-                "replicas": 1,
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": name,
-                        "terminationGracePeriodSeconds": GRACE_SECONDS,
-                        "containers": [container],
-                        "volumes": [{"name": "settings", "secret": {"secretName": name}}],
-                    },
+        workload,
+    ]
+    if deploy.monitor != "none":
+        objects.append(_monitor(deploy.monitor, metadata))
+    return objects
+
+
+def _deployment(
+    metadata: dict[str, Any], inside: RouterConfig, command: list[str], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The driver as a Deployment's one pod."""
+    name, labels, deploy = metadata["name"], metadata["labels"], inside.deploy
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": deploy.image,
+        "args": ["bergstream", *command],
+        "ports": ports,
+        "resources": {
+            "requests": {
+                "cpu": deploy.driver_cpu,
+                "memory": _with_overhead(inside.spark.conf["spark.driver.memory"]),
+            }
+        },
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
+        "volumeMounts": [{"name": "settings", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            # One router per topic, ever: a new pod starts only after the old one stopped.
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": name,
+                    "terminationGracePeriodSeconds": GRACE_SECONDS,
+                    "containers": [container],
+                    "volumes": [{"name": "settings", "secret": {"secretName": name}}],
                 },
             },
         },
+    }
+
+
+def _spark_application(
+    metadata: dict[str, Any], inside: RouterConfig, command: list[str], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The driver as the Spark Operator's SparkApplication: the operator submits `bergstream router run`
+    in cluster mode and submits it again whenever it ends. The image's entrypoint (bergstream.deploy.pod)
+    starts the driver and executor pods; the driver pod carries the Service's labels and the Secret."""
+    name, labels, deploy = metadata["name"], metadata["labels"], inside.deploy
+    conf = inside.spark.conf
+    spark_conf = {
+        key: value for key, value in conf.items() if key not in _SPARK_APPLICATION_FIELDS
+        and not re.search(REDACTION_REGEX, key)
+    }  # fmt: skip
+    driver_ports = [{"name": p["name"], "containerPort": p["containerPort"], "protocol": "TCP"}
+                    for p in ports if p["name"] == "metrics"]  # fmt: skip
+    return {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": metadata,
+        "spec": {
+            "type": "Python",
+            "pythonVersion": "3",
+            "mode": "cluster",
+            "image": deploy.image,
+            "sparkVersion": _pyspark_version(),
+            "mainApplicationFile": f"local://{IMAGE_SUBMIT_FILE}",
+            "arguments": command,
+            "sparkConf": spark_conf,
+            # A router runs until it is stopped: whenever its driver ends, it is submitted again.
+            "restartPolicy": {
+                "type": "Always",
+                "onFailureRetryInterval": 10,
+                "onSubmissionFailureRetryInterval": 20,
+            },
+            "driver": {
+                "cores": 1,
+                "coreRequest": deploy.driver_cpu,
+                "memory": conf["spark.driver.memory"],
+                "serviceAccount": name,
+                "labels": labels,
+                "ports": driver_ports,
+                "secrets": [{"name": name, "path": CONFIG_MOUNT, "secretType": "Generic"}],
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
+            },
+            "executor": {
+                "instances": int(conf["spark.executor.instances"]),
+                "cores": int(conf["spark.executor.cores"]),
+                "memory": conf["spark.executor.memory"],
+                "labels": labels,
+            },
+        },
+    }
+
+
+def _monitor(kind: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The Prometheus Operator's ServiceMonitor or PodMonitor of the router's metrics and Spark's (the
+    driver's, its streaming queries', the executors': router.launch.SPARK_PROMETHEUS_CONF)."""
+    endpoints = [
+        {"port": "metrics", "path": "/metrics"},
+        {"port": "spark-ui", "path": "/metrics/prometheus"},
+        {"port": "spark-ui", "path": "/metrics/executors/prometheus"},
     ]
+    selector = {"matchLabels": metadata["labels"]}
+    spec: dict[str, Any] = {
+        "selector": selector,
+        "namespaceSelector": {"matchNames": [metadata["namespace"]]},
+    }
+    spec["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"] = endpoints
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def _pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def _with_overhead(memory: str) -> str:

@@ -12,7 +12,7 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -131,6 +131,12 @@ class DeploySettings(BaseModel):
     driver_memory: str = Field(default="2g", pattern=r"^\d+[kmgt]?$")
     driver_cpu: str = "1"
     metrics_port: int = Field(default=9464, gt=0, le=65535)
+    # What runs the driver: a one-replica Deployment whose pod is the driver, or the Spark Operator's
+    # SparkApplication (sparkoperator.k8s.io/v1beta2), which submits it and restarts it.
+    workload: Literal["Deployment", "SparkApplication"] = "Deployment"
+    # How the Prometheus Operator finds the router's and Spark's metrics; `none` leaves only the Service's
+    # prometheus.io annotations, for a cluster without that operator.
+    monitor: Literal["ServiceMonitor", "PodMonitor", "none"] = "ServiceMonitor"
 
 
 class RouterConfig(BaseModel):
