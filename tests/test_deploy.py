@@ -419,3 +419,25 @@ def test_without_the_prometheus_operator_the_service_annotations_alone_remain() 
     objects = by_kind(kubernetes_manifests(production_config(monitor="none")))
     assert "ServiceMonitor" not in objects and "PodMonitor" not in objects
     assert objects["Service"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_a_driver_pod_runs_spark_submit_in_client_mode_with_the_images_jars() -> None:
+    from bergstream import jars
+    from bergstream.deploy.pod import driver_command
+
+    given = ["--properties-file", "/opt/spark/conf/spark.properties", "local:///opt/bergstream/submit.py",
+             "router", "run", "--topic", "playback"]  # fmt: skip
+    command = driver_command({"SPARK_DRIVER_BIND_ADDRESS": "10.0.0.7"}, given, "/venv/bin/spark-submit")
+    assert command[:3] == ["/venv/bin/spark-submit", "--deploy-mode", "client"]
+    assert command[-len(given) :] == given
+    settings = dict(value.split("=", 1) for flag, value in zip(command, command[1:]) if flag == "--conf")
+    assert settings["spark.driver.bindAddress"] == "10.0.0.7"
+    assert settings["spark.jars"] == jars.spark_jar_conf()["spark.jars"]
+    # The Avro decoders' limits, which a JVM takes only at its start.
+    assert "org.apache.avro.limits.string.maxLength" in settings["spark.driver.extraJavaOptions"]
+
+
+def test_any_other_command_runs_as_given() -> None:
+    done = subprocess.run([sys.executable, "-m", "bergstream.deploy.pod", "echo", "archived"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "archived\n")
