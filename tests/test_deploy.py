@@ -3,6 +3,7 @@ manifests hang together and carry settings the router accepts."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -430,7 +431,7 @@ def test_a_driver_pod_runs_spark_submit_in_client_mode_with_the_images_jars() ->
     command = driver_command({"SPARK_DRIVER_BIND_ADDRESS": "10.0.0.7"}, given, "/venv/bin/spark-submit")
     assert command[:3] == ["/venv/bin/spark-submit", "--deploy-mode", "client"]
     assert command[-len(given) :] == given
-    settings = dict(value.split("=", 1) for flag, value in zip(command, command[1:]) if flag == "--conf")
+    settings = dict(value.split("=", 1) for flag, value in itertools.pairwise(command) if flag == "--conf")
     assert settings["spark.driver.bindAddress"] == "10.0.0.7"
     assert settings["spark.jars"] == jars.spark_jar_conf()["spark.jars"]
     # The Avro decoders' limits, which a JVM takes only at its start.
