@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -14,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
+from bergstream.router.config import table_for_topic
 from bergstream.router.retry import CommitRetrySettings, JavaCause, transient_reason
 from tests.postgres import USER, postgres_server
 from tests.routers import archived_offsets, eventually, produced_offsets, start_router, write_config
@@ -131,6 +135,87 @@ def test_a_catalog_database_down_past_the_backoff_cap_loses_and_repeats_nothing(
         seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), topic_name)
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
     assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
+
+
+@pytest.mark.integration
+def test_a_pattern_router_waits_out_a_catalog_outage_topic_by_topic_and_loses_and_repeats_nothing(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """One query for several topics: a batch whose write of every topic together fails on a catalog that
+    is down goes topic by topic, each waiting for the catalog with its own retries; once it is back, every
+    offset of every topic is archived once."""
+    prefix = topic_name[:40]
+    topics = [f"{prefix}.{name}" for name in ("a", "b", "c")]
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in topics:
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+
+    def batch(seed: int) -> dict[str, set[tuple[int, int]]]:
+        return {
+            topic: produced_offsets(produce(
+                ProduceRequest(topic=topic, schema="playback", count=300, partitions=2, seed=seed + number),
+                stack.bootstrap_servers, show_progress=False,
+            ).offsets)
+            for number, topic in enumerate(topics)
+        }  # fmt: skip
+
+    with postgres_server() as postgres:
+        catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(tmp_path / "warehouse").as_uri(), user=USER)
+        (port,) = free_ports(1)
+        defaults = tmp_path / "defaults.yaml"
+        defaults.write_text(yaml.safe_dump({
+            "schema": "playback", "encoding": "json", "cluster": "test",
+            "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+            "trigger_interval": "1 second", "checkpoint_location": str(tmp_path / "checkpoint"),
+            "catalog": catalog.model_dump(mode="json", exclude_none=True),
+            "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+            "metrics_port": port, "metrics_host": "127.0.0.1",
+            "commit_retry": {"initial_backoff_seconds": 0.5, "max_backoff_seconds": 2},
+        }))  # fmt: skip
+        log = tmp_path / "router.log"
+        command = [sys.executable, "-m", "bergstream", "router", "run", "--pattern", rf"{prefix}\..*",
+                   "--defaults", str(defaults), "--topics-dir", str(tmp_path / "no-files")]  # fmt: skip
+        sent = batch(1)
+        with log.open("ab") as out:
+            router = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def archived() -> float:
+            try:
+                return scrape(port).get("bergstream_router_records_archived_total", 0.0)
+            except OSError:
+                return 0.0
+
+        def retrying_topics() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                families = text_string_to_metric_families(answer.read().decode())
+            return len({
+                sample.labels["topic"] for family in families for sample in family.samples
+                if sample.name == "bergstream_router_commit_retries_total" and sample.value > 0
+            })  # fmt: skip
+
+        try:
+            eventually(lambda: archived() == 900, "the first 900 records archived", timeout=240)
+            postgres.stop(mode="immediate")
+            for topic, offsets in batch(10).items():
+                sent[topic] |= offsets
+            # Each topic of the batch waits for the catalog on its own (the records of the outage may reach
+            # the query in two batches: the first holds two topics at least).
+            eventually(lambda: retrying_topics() >= 2, "the batch's topics each retrying its commit")
+            assert archived() == 900, "nothing can be committed while the catalog is down"
+            postgres.start()
+            eventually(lambda: archived() == 1800, "the records of the outage archived", timeout=180)
+        finally:
+            router.send_signal(signal.SIGTERM)
+            router.wait(120)
+        output = log.read_text()
+        assert router.returncode == 0, output[-3000:]
+        assert "topics together failed" in output and "each alone now" in output, output[-3000:]
+        for topic in topics:
+            seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), table_for_topic(topic))
+            assert len(seen) == len(set(seen)), (
+                f"{topic}: {len(seen) - len(set(seen))} offsets archived twice"
+            )
+            assert set(seen) == sent[topic], f"{topic}: {len(sent[topic] - set(seen))} offsets lost"
 
 
 @contextmanager
