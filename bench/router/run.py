@@ -56,6 +56,7 @@ from bench.router.peers import (
     wait_for_rows,
 )
 from bench.stack import add_workload, bench_parser
+from bergstream.catalog import CatalogConfig
 from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
@@ -128,11 +129,11 @@ def spark_noop(
 
 
 def freshness(
-    stack: LocalStack, table_name: str, after_ms: int, stamp: tuple[str, ...] = (METADATA, INGESTION_TS)
+    catalog: CatalogConfig, table_name: str, after_ms: int, stamp: tuple[str, ...] = (METADATA, INGESTION_TS)
 ) -> list[float]:
     """Seconds from each record's Kafka timestamp (the column at `stamp`) to the commit of the snapshot
     that added it."""
-    table = stack.config.catalog.load().load_table(f"archive.{table_name}")
+    table = catalog.load().load_table(f"archive.{table_name}")
     committed = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
     delays = []
     for entry in table.inspect.entries().to_pylist():
@@ -502,7 +503,7 @@ def steady_run(
         tail = time.monotonic() - produced
     finally:
         peer.stop()
-    delays = freshness(stack, table, started_ms, peer.stamp)
+    delays = freshness(stack.config.catalog, table, started_ms, peer.stamp)
     storage = table_storage(stack, table, sent)
     result = {
         "p50": percentile(delays, 50),

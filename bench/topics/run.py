@@ -29,6 +29,7 @@ Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -50,11 +51,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.router.run import freshness, machine, percentile
 from bench.stack import bench_parser
+from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
 from bergstream.schemas.event_schema import load_event_schema
+from tests.postgres import USER, postgres_server
 
 OUT = Path(__file__).parent.parent / "out"
 ROOT = Path(__file__).parent.parent.parent
@@ -157,7 +160,7 @@ SHAPES = {"one-driver": "one driver", "one-query": "one query", "separate": "sep
 
 
 def driver_settings(
-    stack: LocalStack, bootstrap: str, directory: Path, args: argparse.Namespace
+    catalog: CatalogConfig, bootstrap: str, directory: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     """What every topic's router shares: Kafka, the catalog, the trigger, Spark."""
     return {
@@ -167,7 +170,7 @@ def driver_settings(
         "kafka": {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"},
         "trigger_interval": f"{args.trigger:g} seconds",
         "max_offsets_per_trigger": args.max_offsets,
-        "catalog": stack.config.catalog.model_dump(mode="json", exclude_none=True),
+        "catalog": catalog.model_dump(mode="json", exclude_none=True),
         "spark": {
             "master": "local[2]",
             "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
@@ -291,19 +294,19 @@ def send_steady(bootstrap: str, topics: list[str], per_topic: float, seconds: fl
     return sent, took
 
 
-def topic_freshness(stack: LocalStack, topics: list[str], after_ms: int) -> dict[str, list[float]]:
-    return {topic: freshness(stack, topic, after_ms) for topic in topics}
+def topic_freshness(catalog: CatalogConfig, topics: list[str], after_ms: int) -> dict[str, list[float]]:
+    return {topic: freshness(catalog, topic, after_ms) for topic in topics}
 
 
 def measure(
-    stack: LocalStack, bootstrap: str, shape: str, count: int, args: argparse.Namespace, home: Path
+    catalog: CatalogConfig, bootstrap: str, shape: str, count: int, args: argparse.Namespace, home: Path
 ) -> dict[str, Any]:
     slug = {"one driver": "one", "one query": "pat", "separate drivers": "sep"}[shape]
     prefix = f"bench_{slug}{count}"
     topics = [f"{prefix}_{i:03d}" for i in range(count)]
     directory = home / f"{slug}{count}"
     directory.mkdir()
-    shared = driver_settings(stack, bootstrap, directory, args)
+    shared = driver_settings(catalog, bootstrap, directory, args)
     if shape == "one query":
         # Spark's rate limit is the query's: as many offsets a batch over all topics as the topics' own.
         defaults = {
@@ -363,7 +366,7 @@ def measure(
         caught_up = wait_for(drivers, backlog + sent + extra, args.timeout, "steady run caught up")
     finally:
         drivers.stop()
-    fresh = topic_freshness(stack, topics, steady_ms)
+    fresh = topic_freshness(catalog, topics, steady_ms)
     every = [delay for delays in fresh.values() for delay in delays]
     per_topic_p99 = sorted(percentile(delays, 99) for delays in fresh.values() if delays)
     result = {
@@ -441,6 +444,10 @@ def main() -> None:
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
     )
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--catalog", choices=("sqlite", "postgres"), default="sqlite",
+        help="the JDBC catalog's database: the stack's SQLite file, or a PostgreSQL server of the bench's",
+    )  # fmt: skip
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-topics-"))
@@ -449,6 +456,11 @@ def main() -> None:
         StackConfig(data_dir=home / "stack", kafka_port=kafka_port, controller_port=controller_port)
     )
     status = stack.up()
+    running = contextlib.ExitStack()
+    catalog = stack.config.catalog
+    if args.catalog == "postgres":
+        postgres = running.enter_context(postgres_server())
+        catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(home / "warehouse").as_uri(), user=USER)
     results: list[dict[str, Any]] = []
     wanted = [SHAPES[shape] for shape in args.shapes]
     try:
@@ -459,11 +471,12 @@ def main() -> None:
             ]  # fmt: skip
             for shape in shapes:
                 try:
-                    results.append(measure(stack, status.bootstrap_servers, shape, count, args, home))
+                    results.append(measure(catalog, status.bootstrap_servers, shape, count, args, home))
                 except RuntimeError as error:  # a shape that cannot keep up is reported, not fatal
                     print(f"  {count} topics, {shape}: {error}", flush=True)
                     results.append({"topics": count, "shape": shape, "failed": str(error), "samples": []})
     finally:
+        running.close()
         stack.down()
     report = {
         "machine": machine(),
@@ -472,6 +485,8 @@ def main() -> None:
         "runs": [{k: v for k, v in run.items() if k != "samples"} for run in results],
     }
     name = "topics-" + "-".join(str(count) for count in args.topics) + "-" + "-".join(args.shapes)
+    if args.catalog != "sqlite":
+        name += f"-{args.catalog}"
     (OUT / f"{name}.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
     print(json.dumps(report, indent=2))
     plot([r for r in results if "failed" not in r], OUT / f"{name}.png")

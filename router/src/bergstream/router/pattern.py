@@ -447,12 +447,28 @@ class PatternRouter:
             return
         for topic in busy:
             self._topic_for_batch(topic, query)
-        # Read from Kafka once: each topic's append reads its rows from memory.
-        source = records.coalesce(min(self._cores, len(busy))).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            if len(busy) > 1:
+        source = records.coalesce(min(self._cores, len(busy)))
+        together = self._together(batch_id, busy)
+        # The one job that writes every topic together reads Kafka itself. Where the batch's records are
+        # read again (a topic archived alone, a schema registry's versions looked up first), they are read
+        # from Kafka once, into memory, for all of them.
+        cached = False
+
+        def cache() -> None:
+            nonlocal source, cached
+            if not cached and len(busy) > 1:
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
                 source.count()
-            alone = self._write_together(source, batch_id, ranges, busy)
+                cached = True
+
+        archivers = [self.topics[topic].archiver for topic in together]  # type: ignore[union-attr]
+        if len(together) < len(busy) or any(archiver.registry is not None for archiver in archivers):
+            cache()
+        try:
+            alone = [topic for topic in busy if topic not in together]
+            alone += self._write_together(source, batch_id, ranges, together)
+            if alone:
+                cache()
             futures = {
                 topic: self._pool.submit(
                     self.topics[topic].archive,
@@ -471,21 +487,27 @@ class PatternRouter:
             if failed:
                 raise failed[0]
         finally:
-            source.unpersist()
+            if cached:
+                source.unpersist()
 
-    def _write_together(
-        self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: list[str]
-    ) -> list[str]:
-        """Write the busy topics' tables in one Spark job and commit them, several at once (TopicTables, in
-        router/jvm); the topics left to archive one by one: dead-lettered whole, replayed (a table holds
-        the batch already), or whose write failed (their archiver tries again, and finds what landed)."""
-        started = time.monotonic()
-        together = [
+    def _together(self, batch_id: int, busy: list[str]) -> list[str]:
+        """The busy topics whose tables can be written together; the others are archived one by one:
+        dead-lettered whole, or replayed (a table holds the batch already)."""
+        return [
             topic for topic in busy
             if isinstance(self.topics[topic], TopicArchive)
             and not self.topics[topic].archiver.replayed(batch_id)  # type: ignore[union-attr]
         ]  # fmt: skip
-        alone = [topic for topic in busy if topic not in together]
+
+    def _write_together(
+        self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], together: list[str]
+    ) -> list[str]:
+        """Write the tables of the topics `together` in one Spark job and commit them, several at once
+        (TopicTables, in router/jvm); the topics left to archive one by one: those whose rows cannot be
+        planned apart, or whose write failed (their archiver tries again, and finds what landed)."""
+        started = time.monotonic()
+        together = list(together)
+        alone: list[str] = []
         if not together:
             return alone
         archivers = []
