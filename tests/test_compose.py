@@ -7,16 +7,15 @@ import re
 import shlex
 import shutil
 import subprocess
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from bergstream import jars
 from bergstream.deploy import ALERT_RULES
 from bergstream.jars import pinned_versions
-from bergstream.local import schema_registry
 from bergstream.local.object_store import VERSITYGW_VERSION
 from bergstream.router.config import load_router_config
 from bergstream.site import read_site, router_defaults
@@ -66,21 +65,76 @@ def test_images_match_the_versions_bergstream_pins(compose: dict[str, Any]) -> N
     services = _services(compose)
     assert _image_tag(services["kafka"]) == ("apache/kafka", pinned.kafka)
     assert _image_tag(services["create-topics"]) == ("apache/kafka", pinned.kafka)
-    rest = re.search(r"<iceberg-rest.version>([^<]+)<", jars.POM.read_text())
-    assert rest is not None
-    assert _image_tag(services["rest-catalog"]) == ("apache/iceberg-rest-fixture", rest.group(1))
     assert _image_tag(services["object-store"]) == ("versity/versitygw", VERSITYGW_VERSION)
-    go_mod = (schema_registry.MODULE_DIR / "go.mod").read_text()
-    registry = re.search(r"github.com/axonops/axonops-schema-registry v(\S+)", go_mod)
-    assert registry is not None
-    assert _image_tag(services["schema-registry"]) == (
-        "ghcr.io/axonops/axonops-schema-registry",
-        registry.group(1),
-    )
+    # What production runs: Polaris (its admin tool of the same release), Karapace, Prometheus 3.
+    assert _image_tag(services["polaris"])[1] == _image_tag(services["polaris-bootstrap"])[1]
+    assert _image_tag(services["polaris-bootstrap"])[0] == "apache/polaris-admin-tool"
+    assert _image_tag(services["karapace"])[0] == "ghcr.io/aiven-open/karapace"
+    prometheus = _image_tag(services["prometheus"])
+    assert prometheus[0] == "prom/prometheus" and prometheus[1].startswith("v3.")
     for name, service in services.items():
         image = service["image"]
         pinned_tag = ":" in image and not image.endswith(":latest")
         assert pinned_tag or image == BERGSTREAM_IMAGE, f"{name}: pin the image's version"
+
+
+def test_the_file_follows_the_compose_specification(compose: dict[str, Any]) -> None:
+    """No `version:` (the Compose Specification dropped it), and what a service waits for says how."""
+    assert "version" not in compose
+    for name, service in _services(compose).items():
+        waits = service.get("depends_on", {})
+        assert isinstance(waits, (list, dict)), name
+        for needed in waits:
+            assert needed in _services(compose), f"{name} depends on {needed}, which is no service"
+
+
+@pytest.mark.usefixtures("compose_environment")
+def test_the_catalog_asks_for_a_login_and_every_client_has_it(compose: dict[str, Any]) -> None:
+    """Polaris's root principal (made by its admin tool) is the credential the routers' site settings and
+    polaris-setup log in with; the catalog polaris-setup makes is the site's warehouse, in the bucket
+    create-bucket makes, on the object store the site names."""
+    services = _services(compose)
+    bootstrap = " ".join(services["polaris-bootstrap"]["command"])
+    principal = re.search(r"--credential=POLARIS,([^,]+),(\S+)", bootstrap)
+    assert principal is not None, bootstrap
+    credential = f"{principal.group(1)}:{principal.group(2)}"
+    router = services["router-playback"]
+    assert router["environment"]["POLARIS_CREDENTIAL"] == credential
+    assert services["polaris-setup"]["environment"]["POLARIS_CREDENTIAL"] == credential
+    catalog = yaml.safe_load(SITE.read_text())["catalog"]  # as written, before the environment fills it in
+    assert catalog["properties"]["credential"] == "${POLARIS_CREDENTIAL}"
+    assert catalog["properties"]["scope"] == "PRINCIPAL_ROLE:ALL"
+    setup = services["polaris-setup"]["command"]
+    flags = dict(zip(setup[3::2], setup[4::2], strict=True))
+    assert flags["--catalog"] == catalog["warehouse"]
+    assert flags["--s3-endpoint"] == catalog["properties"]["s3.endpoint"]
+    bucket = re.search(r"create_dir\('([^']+)'\)", services["create-bucket"]["command"][-1])
+    assert bucket is not None and flags["--location"].startswith(f"s3://{bucket.group(1)}/")
+    assert catalog["uri"].startswith(flags["--uri"])
+    # The object store's keys: the same variables for the store, Polaris and the routers.
+    keys = services["object-store"]["environment"]["ROOT_ACCESS_KEY_ID"]
+    assert (
+        router["environment"]["S3_ACCESS_KEY_ID"]
+        == keys
+        == services["polaris"]["environment"]["AWS_ACCESS_KEY_ID"]
+    )
+    assert catalog["properties"]["s3.access-key-id"] == "${S3_ACCESS_KEY_ID}"
+    assert services["polaris"]["environment"]["QUARKUS_DATASOURCE_JDBC_URL"].startswith(
+        "jdbc:postgresql://postgres:"
+    )
+
+
+def test_the_schema_registry_is_karapace_on_the_stacks_kafka(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    karapace = services["karapace"]["environment"]
+    assert karapace["KARAPACE_KARAPACE_REGISTRY"] == "true"
+    assert (
+        f"DOCKER://{karapace['KARAPACE_BOOTSTRAP_URI']}"
+        in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    )
+    assert (
+        f"127.0.0.1:{karapace['KARAPACE_PORT']}:{karapace['KARAPACE_PORT']}" in services["karapace"]["ports"]
+    )
 
 
 def test_every_port_is_published_on_loopback_only(compose: dict[str, Any]) -> None:
@@ -113,17 +167,27 @@ def test_one_router_per_topic_file_with_its_own_settings(compose: dict[str, Any]
         assert f"router-{path.stem}:{metrics}" in targets
 
 
+@pytest.fixture
+def compose_environment(monkeypatch: pytest.MonkeyPatch, compose: dict[str, Any]) -> None:
+    """The environment the compose file gives bergstream's containers, with its defaults."""
+    for name, value in _services(compose)["router-playback"]["environment"].items():
+        monkeypatch.setenv(name, re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value)))
+
+
+@pytest.mark.usefixtures("compose_environment")
 def test_site_settings_make_a_valid_router_of_every_topic() -> None:
     site = read_site(SITE)
     for path in TOPICS:
         config = load_router_config(path.stem, path, defaults=router_defaults(SITE, path.stem), overrides={})
         assert config.kafka["kafka.bootstrap.servers"] == site["kafka"]["kafka.bootstrap.servers"]
         assert config.catalog.type == "rest"
-        assert config.catalog.warehouse.startswith("s3://")
+        assert config.catalog.warehouse == "archive"
+        assert config.catalog.properties["credential"] == "bergstream:bergstream-secret"
         assert config.checkpoint_location == f"/var/lib/bergstream/checkpoints/{path.stem}"
         assert config.spark.master == "spark://spark-master:7077"
 
 
+@pytest.mark.usefixtures("compose_environment")
 def test_service_names_in_site_settings_are_services_with_those_ports(compose: dict[str, Any]) -> None:
     services = _services(compose)
     site = read_site(SITE)
@@ -133,7 +197,8 @@ def test_service_names_in_site_settings_are_services_with_those_ports(compose: d
     assert f"DOCKER://{kafka_host}:{kafka_port}" in advertised
     endpoints = [site["catalog"]["uri"], site["catalog"]["properties"]["s3.endpoint"]]
     for endpoint in endpoints:
-        host, port = endpoint.removeprefix("http://").split(":")
+        address = urllib.parse.urlparse(endpoint)
+        host, port = address.hostname, str(address.port)
         assert host in services, f"{endpoint}: no service {host}"
         published = [mapping.rsplit(":", 1)[-1] for mapping in services[host].get("ports", [])]
         assert port in published, f"{endpoint}: {host} serves {published}"
@@ -200,3 +265,28 @@ def test_compose_file_is_valid_for_compose_itself() -> None:
         [compose_cli, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, cwd=ROOT
     )
     assert checked.returncode == 0, checked.stderr
+
+
+def test_polaris_setup_makes_a_catalog_whose_clients_bring_their_own_keys() -> None:
+    from bergstream.deploy.polaris import catalog_request
+
+    made = catalog_request("archive", "s3://archive/warehouse", "http://object-store:7070", "us-east-1")
+    storage = made["catalog"]["storageConfigInfo"]
+    assert made["catalog"]["properties"]["default-base-location"] == "s3://archive/warehouse"
+    assert storage["allowedLocations"] == ["s3://archive/warehouse"]
+    assert (storage["storageType"], storage["stsUnavailable"], storage["pathStyleAccess"]) == (
+        "S3",
+        True,
+        True,
+    )
+
+
+def test_polaris_setup_without_a_credential_says_which_variable_to_set() -> None:
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bergstream.deploy.polaris", "--uri", "http://127.0.0.1:9", "--catalog", "a",
+         "--location", "s3://a/w", "--s3-endpoint", "http://127.0.0.1:9"],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "set POLARIS_CREDENTIAL=client_id:client_secret" in done.stderr
