@@ -204,3 +204,11 @@ def test_a_setting_may_come_from_the_environment(tmp_path: Path, monkeypatch: py
         f"{path}: catalog.uri names the environment variable BERGSTREAM_TEST_DB, which is not set; set it, "
         "or write the value"
     )
+
+
+def test_a_rest_catalogs_warehouse_named_by_the_catalog_is_in_an_object_store_when_its_file_io_is() -> None:
+    s3 = CatalogConfig(type="rest", uri="http://polaris:8181/api/catalog", warehouse="archive",
+                       properties={"io-impl": "org.apache.iceberg.aws.s3.S3FileIO"})  # fmt: skip
+    assert s3.object_storage
+    assert not CatalogConfig(type="rest", uri="http://c:8181", warehouse="archive").object_storage
+    assert CatalogConfig(type="rest", uri="http://c:8181", warehouse="s3://archive/w").object_storage

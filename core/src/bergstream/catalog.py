@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 CatalogType = Literal["jdbc", "rest"]
 # Properties whose values are secrets (s3.secret-access-key, s3.session-token, ...): never shown.
 SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential")
+# Iceberg's FileIOs of object stores.
+_OBJECT_STORE_FILE_IO = ("S3FileIO", "GCSFileIO", "ADLSFileIO", "OSSFileIO")
 
 
 class CatalogConfig(BaseModel):
@@ -69,8 +71,11 @@ class CatalogConfig(BaseModel):
 
     @property
     def object_storage(self) -> bool:
-        """Whether the warehouse is in an object store (s3://, gs://, ...) rather than a file system."""
-        return urlparse(self.warehouse).scheme not in ("", "file", "hdfs")
+        """Whether the warehouse is in an object store (s3://, gs://, ...) rather than a file system; a REST
+        catalog's warehouse may be a name, its files then where its FileIO (S3FileIO, ...) says."""
+        if urlparse(self.warehouse).scheme not in ("", "file", "hdfs"):
+            return True
+        return str(self.properties.get("io-impl", "")).rsplit(".", 1)[-1] in _OBJECT_STORE_FILE_IO
 
     def table_identifier(self, table: str) -> str:
         """`catalog.namespace.table` for Spark SQL."""

@@ -54,7 +54,7 @@ _LIST_SETTINGS = {
 # or sink, stays off the UI's environment page, the event log and plans. Catalog secrets (jdbc.password,
 # s3.secret-access-key) match it too.
 ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
-REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|jaas"
+REDACTION_REGEX = "(?i)secret|password|token|credential|access[.]?key|jaas"
 
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
