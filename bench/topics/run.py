@@ -445,20 +445,29 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument(
+        "--object-store",
+        choices=("none", "s3"),
+        default="none",
+        help="the warehouse: a folder, or the stack's S3 object store (versitygw), as production's is",
+    )
+    parser.add_argument(
         "--catalog", choices=("sqlite", "postgres"), default="sqlite",
         help="the JDBC catalog's database: the stack's SQLite file, or a PostgreSQL server of the bench's",
     )  # fmt: skip
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-topics-"))
-    kafka_port, controller_port = free_ports(2)
+    kafka_port, controller_port, store_port = free_ports(3)
     stack = LocalStack(
-        StackConfig(data_dir=home / "stack", kafka_port=kafka_port, controller_port=controller_port)
-    )
+        StackConfig(data_dir=home / "stack", kafka_port=kafka_port, controller_port=controller_port,
+                    object_store=args.object_store, object_store_port=store_port)
+    )  # fmt: skip
     status = stack.up()
     running = contextlib.ExitStack()
     catalog = stack.config.catalog
     if args.catalog == "postgres":
+        if args.object_store != "none":
+            parser.error("--catalog postgres keeps its warehouse in a folder: leave --object-store out")
         postgres = running.enter_context(postgres_server())
         catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(home / "warehouse").as_uri(), user=USER)
     results: list[dict[str, Any]] = []
@@ -487,6 +496,8 @@ def main() -> None:
     name = "topics-" + "-".join(str(count) for count in args.topics) + "-" + "-".join(args.shapes)
     if args.catalog != "sqlite":
         name += f"-{args.catalog}"
+    if args.object_store != "none":
+        name += f"-{args.object_store}"
     (OUT / f"{name}.json").write_text(json.dumps({**report, "samples": [r["samples"] for r in results]}))
     print(json.dumps(report, indent=2))
     plot([r for r in results if "failed" not in r], OUT / f"{name}.png")

@@ -35,6 +35,7 @@ import org.apache.iceberg.io.FanoutDataWriter;
 import org.apache.iceberg.io.FileWriterFactory;
 import org.apache.iceberg.io.OutputFileFactory;
 import org.apache.iceberg.parquet.Parquet;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.data.SparkParquetWriters;
@@ -68,6 +69,8 @@ import org.apache.spark.unsafe.types.UTF8String;
  * topic does.
  */
 public final class TopicTables {
+  private static final ExecutorService SAME_THREAD = MoreExecutors.newDirectExecutorService();
+
   private TopicTables() {}
 
   /** The metadata struct's fields that the counts read: ingestion time, partition, offset. */
@@ -348,7 +351,11 @@ public final class TopicTables {
     if (files.isEmpty()) {
       return new long[] {0, 0};
     }
-    AppendFiles append = table.newAppend();
+    // Many tables commit at once, each on a thread of its own: each writes its manifests and reads the
+    // table's in that thread, instead of queueing them on Iceberg's shared pool of one thread per core and
+    // polling for them (10 ms sleeps) while the pool serves the other commits.
+    AppendFiles append =
+        table.newAppend().scanManifestsWith(SAME_THREAD).writeManifestsWith(SAME_THREAD, 1);
     long bytes = 0;
     for (DataFile file : files) {
       append.appendFile(file);
