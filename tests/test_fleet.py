@@ -101,7 +101,6 @@ def test_topics_of_one_driver_must_share_its_catalog_and_spark_settings(tmp_path
         ([], "name the topic to archive with --topic (repeatable), or give --all or --pattern"),
         (["--topic", "a", "--defaults", "d.yaml"], "--defaults is for --pattern"),
         (["--pattern", "a.*", "--table", "x"], "--table is not for --pattern"),
-        (["--pattern", "a.*", "--maintain-every", "1h"], "--maintain-every is for --topic"),
         (["--topic", "a", "--topic", "b", "--config", "a.yaml"], "--config is for one topic"),
         (["--all", "--table", "x"], "--table is for one topic"),
     ],

@@ -150,6 +150,7 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
         sys.executable, "-m", "bergstream", "router", "run", "--pattern", rf"{prefix}\..*",
         "--defaults", str(defaults), "--topics-dir", str(topics_dir),
     ]  # fmt: skip
+    maintained = ["--maintain-every", "2s"]
     log = tmp_path / "router.log"
     tables = {own: f"{prefix}_own_table", by_default: table_for_topic(by_default),
               later: table_for_topic(later), no_schema: table_for_topic(no_schema)}  # fmt: skip
@@ -162,7 +163,7 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
 
     with log.open("ab") as out:
         router = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            [*command, *maintained], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
         )
     try:
         eventually(lambda: archived(own) == sent[own] and archived(by_default) == sent[by_default],
@@ -193,6 +194,20 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
             bad > 0 and metric(exported, "bergstream_router_records_archived_total", by_default) == 200 - bad
         )
         assert metric(exported, "bergstream_router_records_dead_lettered_total", no_schema) == 50
+        # Every archived topic's tables maintained in turn by the driver's one maintenance thread.
+        runs = "bergstream_router_maintenance_runs_total{"
+
+        def every_topic_maintained() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+            return all(
+                any(line.startswith(runs) and f'topic="{topic}"' in line and 'outcome="done"' in line
+                    and float(line.split()[-1]) >= 1
+                    for line in text.splitlines())
+                for topic in (own, by_default, later)
+            )  # fmt: skip
+
+        eventually(every_topic_maintained, "each archived topic maintained", timeout=120)
     finally:
         router.send_signal(signal.SIGINT)
         router.wait(120)

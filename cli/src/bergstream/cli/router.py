@@ -218,8 +218,6 @@ def run_pattern(
     from bergstream.router.pattern import load_pattern_config, pattern_name, topic_settings
     from bergstream.site import site_topic_defaults
 
-    if maintain_every is not None:
-        raise click.UsageError("--maintain-every is for --topic; run `router maintain` beside --pattern")
     endpoints = Endpoints.resolve(data_dir)
     named = name or pattern_name(pattern)
     defaults = defaults_file if defaults_file is not None else site_topic_defaults()
@@ -227,7 +225,11 @@ def run_pattern(
         pattern, named, defaults, endpoints.router_defaults(named),
         {"metrics_port": metrics_port, "spark": spark_overrides(spark_conf)},
     )  # fmt: skip
-    overrides = {"spark": spark_overrides(spark_conf)}
+    # Every topic's maintenance, one topic at a time in one thread of the driver (RotatingMaintenance).
+    overrides = {
+        "spark": spark_overrides(spark_conf),
+        "maintenance": None if maintain_every is None else {"every": maintain_every},
+    }
     load = topic_settings(config, defaults, topics_dir, endpoints.router_defaults, overrides)
     return launch_pattern(config, load, available_now)
 

@@ -168,6 +168,8 @@ def _compact(spark: SparkSession, config: RouterConfig, identifier: str, closed:
     statement = (
         f"CALL {config.catalog.name}.system.rewrite_data_files("
         f"table => '{identifier}', strategy => 'sort', "
+        # The order bergstream's tables declare, said here for a table made without it (made by hand).
+        f"sort_order => '{INGESTION_TS_COLUMN} ASC NULLS LAST', "
         f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
         f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
         f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"

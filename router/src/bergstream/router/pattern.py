@@ -70,6 +70,7 @@ from bergstream.router.positions import checkpoint_has_batches, may_hold_records
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import starting_offsets
 from bergstream.router.retry import CommitRetrySettings
+from bergstream.router.schedule import RotatingMaintenance
 from bergstream.router.table import ensure_namespace
 from bergstream.router.write import Appended, BatchTableWriter
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
@@ -351,6 +352,10 @@ class PatternRouter:
         config = self.config
         self._available_now = available_now
         refreshing = threading.Event()
+        # Maintenance on a schedule belongs to a router that keeps running, not to one draining the topics.
+        maintenance = None
+        if not available_now:
+            maintenance = RotatingMaintenance(self.spark, self.metrics, self._archived_topics)
         try:
             ensure_namespace(self.spark, config.catalog)
             matching = self.kafka.topics(config.regex)
@@ -365,15 +370,23 @@ class PatternRouter:
                 target=self._refresh_lag, args=(refreshing,), name="bergstream-lag", daemon=True
             ).start()
             log.info("the router of %r checkpoints to %s", config.pattern, config.checkpoint_location)
+            if maintenance is not None:
+                maintenance.start()
             with on_stop_signals(self._stopping.set):
                 self.runner.run(self._follow)
         finally:
             refreshing.set()
+            if maintenance is not None:
+                maintenance.stop()
             if self.runner.query is not None:
                 self._follow(self.runner.query)
             self._pool.shutdown(wait=True)
             self.kafka.close()
         return {topic: archive.totals for topic, archive in sorted(self.topics.items())}
+
+    def _archived_topics(self) -> list[RouterConfig]:
+        """The settings of the topics archived (not dead-lettered whole), those met later included."""
+        return [archive.config for archive in list(self.topics.values()) if isinstance(archive, TopicArchive)]
 
     def _add(self, topic: str) -> Topic:
         """The topic's share of the query, its tables made: archived, or dead-lettered whole."""

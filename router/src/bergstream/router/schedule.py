@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from pyspark.sql import SparkSession
@@ -114,3 +115,69 @@ def warn_of_long_history(config: RouterConfig) -> None:
             "a shorter maintenance.snapshot_retention_hours keeps commits fast",
             config.topic, config.trigger_interval, config.snapshot_retention_hours, retained,
         )  # fmt: skip
+
+
+class RotatingMaintenance:
+    """Maintenance of the many topics of one query (`router run --pattern`) by one thread: each topic every
+    `maintenance.every` of its own settings, one topic at a time, so that hundreds of topics never compact
+    at once; a topic whose run failed is tried again sooner, as MaintenanceSchedule does."""
+
+    JOB_GROUP = "bergstream-maintenance"
+
+    def __init__(
+        self, spark: SparkSession, metrics: RouterMetrics, topics: Callable[[], list[RouterConfig]]
+    ) -> None:
+        self.spark = spark
+        self.metrics = metrics
+        self._topics = topics
+        self._stop = threading.Event()
+        # topic -> its schedule (never started: its runs are this thread's), when it is due, failures in a row
+        self._due: dict[str, tuple[MaintenanceSchedule, float, int]] = {}
+        self._thread = threading.Thread(target=self._loop, name=self.JOB_GROUP, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 60) -> None:
+        self._stop.set()
+        for schedule, _, _ in list(self._due.values()):
+            schedule.stop()
+        if not self._thread.is_alive():
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("cancelling the maintenance run still going")
+            self.spark.sparkContext.cancelJobGroup(self.JOB_GROUP)
+            self._thread.join(timeout)
+
+    def due(self, now: float) -> list[str]:
+        """The topics whose maintenance is due at `now` (monotonic seconds), most overdue first; topics met
+        for the first time are due one interval later."""
+        for config in self._topics():
+            every = config.maintenance.every_seconds
+            if every is not None and config.topic not in self._due:
+                self._due[config.topic] = (
+                    MaintenanceSchedule(self.spark, config, self.metrics),
+                    now + every,
+                    0,
+                )
+        return [
+            topic for topic, (_, at, _) in sorted(self._due.items(), key=lambda item: item[1][1]) if at <= now
+        ]
+
+    def _loop(self) -> None:
+        self.spark.sparkContext.setJobGroup(self.JOB_GROUP, "bergstream router maintenance", True)
+        while not self._stop.is_set():
+            for topic in self.due(time.monotonic()):
+                if self._stop.is_set():
+                    return
+                schedule, _, failures = self._due[topic]
+                failures = 0 if schedule.run_once(failures) else failures + 1
+                self._due[topic] = (
+                    schedule,
+                    time.monotonic() + next_wait(schedule.every, failures),
+                    failures,
+                )
+            upcoming = [at for _, at, _ in self._due.values()]
+            wait = min(upcoming) - time.monotonic() if upcoming else 60.0
+            self._stop.wait(min(max(wait, 1.0), 60.0))
