@@ -442,3 +442,90 @@ def test_any_other_command_runs_as_given() -> None:
     done = subprocess.run([sys.executable, "-m", "bergstream.deploy.pod", "echo", "archived"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert (done.returncode, done.stdout) == (0, "archived\n")
+
+
+def pattern_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A pattern's defaults file and a topics folder with one matching topic's file and one that does not."""
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(yaml.safe_dump({
+        "schema": "playback", "encoding": "json", "cluster": "eu-west-1",
+        "kafka": {"kafka.bootstrap.servers": "kafka-0.kafka:9092"},
+        "checkpoint_location": "s3a://archive/checkpoints/orders",
+        "catalog": {"uri": "jdbc:postgresql://catalog:5432/iceberg", "warehouse": "s3a://archive/w",
+                    "user": "u", "password": "pw"},
+        "deploy": {"image": "registry.example/bergstream:1.0", "namespace": "archive",
+                   "executor_instances": 5},
+    }))  # fmt: skip
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    (topics / "orders.eu.yaml").write_text(yaml.safe_dump({"schema": "impression", "encoding": "json"}))
+    (topics / "clicks.yaml").write_text(yaml.safe_dump({"schema": "playback", "encoding": "json"}))
+    return defaults, topics
+
+
+def test_a_pattern_renders_one_query_whose_pod_holds_the_defaults_and_the_matching_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bergstream.router.pattern import load_pattern_config, topic_settings
+
+    monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
+    defaults, topics = pattern_files(tmp_path)
+    done = CliRunner().invoke(cli, ["deploy", "kubernetes", "--pattern", r"orders\..*", "--name", "orders",
+                                    "--defaults", str(defaults), "--topics-dir", str(topics)])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    objects = by_kind(list(yaml.safe_load_all(done.output)))
+    name = "bergstream-router-orders"
+    assert objects["Deployment"]["metadata"]["name"] == name
+    files = objects["Secret"]["stringData"]
+    assert set(files) == {"defaults.yaml", "orders.eu.yaml"}, "the defaults and the matching topics' files"
+    (container,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    arguments = container["args"]
+    assert arguments[:5] == ["bergstream", "router", "run", "--pattern", r"orders\..*"]
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "settings")
+    assert arguments[arguments.index("--defaults") + 1] == f"{mount}/defaults.yaml"
+    assert arguments[arguments.index("--topics-dir") + 1] == mount
+
+    # As the router reads them in the pod: the query's settings, and a topic's own file over the defaults.
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    for file_name, text in files.items():
+        (inside / file_name).write_text(text)
+    config = load_pattern_config(r"orders\..*", "orders", inside / "defaults.yaml", {}, {})
+    assert config.spark.master == "k8s://https://kubernetes.default.svc"
+    assert config.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
+    assert config.spark.conf["spark.executor.instances"] == "5"
+    assert config.checkpoint_location == "s3a://archive/checkpoints/orders"
+    assert config.catalog.password is not None and config.catalog.password.get_secret_value() == "pw"
+    load = topic_settings(config, inside / "defaults.yaml", inside, lambda topic: {}, {})
+    assert load("orders.eu").schema_name == "impression"
+    assert load("orders.us").schema_name == "playback"  # no file of its own: the defaults
+
+
+def test_a_patterns_spark_submit_runs_the_query_with_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
+    defaults, topics = pattern_files(tmp_path)
+    done = CliRunner().invoke(cli, ["deploy", "spark-submit", "--pattern", r"orders\..*", "--name", "orders",
+                                    "--defaults", str(defaults), "--topics-dir", str(topics)])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    command = [word for word in shlex.split(done.output) if word.strip()]
+    run = command[command.index("run") :]
+    assert run[:5] == ["run", "--pattern", r"orders\..*", "--name", "orders"]
+    assert run[run.index("--defaults") + 1] == str(defaults.absolute())
+    assert "spark.kafka.consumer.cache.capacity=4096" in command
+    assert "pw" not in done.output
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "give --topic (repeatable, with --group) or --pattern"),
+        (["--topic", "a", "--pattern", "a.*"], "give --topic (repeatable, with --group) or --pattern"),
+        (["--topic", "a", "--defaults", "d.yaml"], "--defaults and --name are for --pattern"),
+    ],
+)
+def test_deploy_asks_for_topics_or_a_pattern(arguments: list[str], message: str) -> None:
+    for command in ("kubernetes", "spark-submit"):
+        done = CliRunner().invoke(cli, ["deploy", command, *arguments])
+        assert done.exit_code == 2 and message in done.output, done.output

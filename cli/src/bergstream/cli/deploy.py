@@ -16,9 +16,69 @@ def deploy() -> None:
 
 
 TOPICS = click.option(
-    "--topic", "topics", multiple=True, required=True,
+    "--topic", "topics", multiple=True,
     help="The topic whose router to render; repeated, with --group, one driver for them all.",
 )  # fmt: skip
+PATTERN = click.option(
+    "--pattern", default=None, metavar="REGEX",
+    help="Render one query for every topic whose whole name matches (`router run --pattern`), topics "
+    "created later too: the --defaults and the matching files of --topics-dir travel with it.",
+)  # fmt: skip
+DEFAULTS = click.option(
+    "--defaults", "defaults_file", type=click.Path(path_type=Path), default=None,
+    help="With --pattern: the settings of every topic without its own file, and of the query itself "
+    "(default: the site's topic_defaults).",
+)  # fmt: skip
+NAME = click.option(
+    "--name", default=None,
+    help="With --pattern: the query's name, which names its checkpoint (default: from the pattern).",
+)  # fmt: skip
+
+
+class PatternRender:
+    """What a --pattern renders from: the query's settings, its defaults as the router reads them, and
+    the matching topics' own files."""
+
+    def __init__(
+        self,
+        pattern: str,
+        name: str | None,
+        defaults_file: Path | None,
+        topics_dir: Path | None,
+        data_dir: Path | None,
+        local_stack: bool = True,
+    ) -> None:
+        from bergstream.cli.endpoints import Endpoints
+        from bergstream.router.config import topics_dir as topics_folder
+        from bergstream.router.pattern import load_pattern_config, pattern_defaults, pattern_name
+        from bergstream.site import site_topic_defaults
+
+        endpoints = Endpoints.resolve(data_dir)
+        named = name or pattern_name(pattern)
+        self.defaults_file = defaults_file if defaults_file is not None else site_topic_defaults()
+        # Elsewhere than this machine, the local stack's addresses mean nothing: only the site's count.
+        use = local_stack or endpoints.site is not None
+        under = endpoints.router_defaults(named) if use else {}
+        self.config = load_pattern_config(pattern, named, self.defaults_file, under, {})
+        self.defaults = pattern_defaults(self.defaults_file, under)
+        self.topics_dir = topics_folder(topics_dir)
+        regex = self.config.regex
+        self.topic_files = {
+            path.stem: path.read_text()
+            for path in sorted(self.topics_dir.glob("*.yaml"))
+            if regex.fullmatch(path.stem)
+        }
+
+
+def _shape(
+    topics: tuple[str, ...], pattern: str | None, defaults_file: Path | None, name: str | None
+) -> None:
+    if bool(topics) == (pattern is not None):
+        raise click.UsageError("give --topic (repeatable, with --group) or --pattern")
+    if pattern is None and (defaults_file is not None or name is not None):
+        raise click.UsageError("--defaults and --name are for --pattern")
+
+
 GROUP = click.option(
     "--group", default=None,
     help="Render one driver running a query per --topic, named after this group (the topics' files "
@@ -45,16 +105,22 @@ def _group_dir(
 
 @deploy.command("spark-submit")
 @TOPICS
+@PATTERN
 @GROUP
 @ROUTER_CONFIG
 @TOPICS_DIR
+@DEFAULTS
+@NAME
 @click.option("--available-now", is_flag=True, help="Archive what the topic holds, then exit.")
 @DATA_DIR
 def deploy_spark_submit(
     topics: tuple[str, ...],
+    pattern: str | None,
     group: str | None,
     config_file: Path | None,
     topics_dir: Path | None,
+    defaults_file: Path | None,
+    name: str | None,
     available_now: bool,
     data_dir: Path | None,
 ) -> None:
@@ -64,6 +130,14 @@ def deploy_spark_submit(
     from bergstream.deploy.render import shell_command, spark_submit, spark_submit_group
     from bergstream.router.config import topic_file
 
+    _shape(topics, pattern, defaults_file, name)
+    if pattern is not None:
+        from bergstream.deploy.render import spark_submit_pattern
+
+        render = PatternRender(pattern, name, defaults_file, topics_dir, data_dir)
+        command = spark_submit_pattern(render.config, render.defaults_file, render.topics_dir, available_now)
+        click.echo(shell_command(command))
+        return
     directory = _group_dir(topics, group, config_file, topics_dir)
     load = topic_loader(Endpoints.resolve(data_dir), config_file, directory, overrides={})
     if group is not None and directory is not None:
@@ -77,20 +151,40 @@ def deploy_spark_submit(
 
 @deploy.command("kubernetes")
 @TOPICS
+@PATTERN
 @GROUP
 @ROUTER_CONFIG
 @TOPICS_DIR
+@DEFAULTS
+@NAME
 def deploy_kubernetes(
-    topics: tuple[str, ...], group: str | None, config_file: Path | None, topics_dir: Path | None
+    topics: tuple[str, ...],
+    pattern: str | None,
+    group: str | None,
+    config_file: Path | None,
+    topics_dir: Path | None,
+    defaults_file: Path | None,
+    name: str | None,
 ) -> None:
     """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`; with --group, one
     Deployment whose driver archives every --topic, a query each.
 
     Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and
     checkpoint location."""
-    from bergstream.deploy.render import group_manifests, kubernetes_manifests, manifests_yaml
+    from bergstream.deploy.render import (
+        group_manifests,
+        kubernetes_manifests,
+        manifests_yaml,
+        pattern_manifests,
+    )
     from bergstream.router.config import load_router_config, topic_file
 
+    _shape(topics, pattern, defaults_file, name)
+    if pattern is not None:
+        render = PatternRender(pattern, name, defaults_file, topics_dir, None, local_stack=False)
+        manifests = pattern_manifests(render.config, render.defaults, render.topic_files)
+        click.echo(manifests_yaml(manifests), nl=False)
+        return
     directory = _group_dir(topics, group, config_file, topics_dir)
     configs = [
         load_router_config(

@@ -19,13 +19,15 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
 from bergstream.router.fleet import check_shared_driver, fleet_app_name, fleet_spark_conf
+from bergstream.router.launch import PATTERN_SPARK_CONF
+from bergstream.router.pattern import PatternConfig
 from bergstream.schemas.event_schema import AVRO_DIR
 from bergstream.spark import REDACTION_REGEX, session_conf
 
@@ -40,11 +42,17 @@ _SUBMIT_FLAGS = {"spark.master", "spark.app.name"}
 SPARK_UI_PORT = 4040
 # Where the image (Dockerfile) keeps the file spark-submit runs: a SparkApplication's mainApplicationFile.
 IMAGE_SUBMIT_FILE = "/opt/bergstream/submit.py"
+# A pattern's defaults file, beside the topics' own files in the settings folder.
+DEFAULTS_FILE = "defaults.yaml"
 # Settings a SparkApplication carries in fields of its own, or that the image's entrypoint sets.
 _SPARK_APPLICATION_FIELDS = {
     "spark.driver.memory", "spark.executor.instances", "spark.executor.cores", "spark.executor.memory",
     "spark.kubernetes.namespace", "spark.kubernetes.container.image",
 }  # fmt: skip
+
+
+# The settings of one driver: a topic's router (or a group's first topic), or a pattern's query.
+Driver = TypeVar("Driver", RouterConfig, PatternConfig)
 
 
 def app_name(topic: str) -> str:
@@ -86,7 +94,7 @@ def check_group(configs: list[RouterConfig]) -> None:
             )
 
 
-def metrics_port(config: RouterConfig) -> int:
+def metrics_port(config: RouterConfig | PatternConfig) -> int:
     """The router's own metrics_port when it sets one, else the deployment's."""
     return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
 
@@ -114,8 +122,29 @@ def spark_submit_group(
     return _spark_submit(first, group_app_name(group), conf, arguments, available_now)
 
 
+def spark_submit_pattern(
+    config: PatternConfig, defaults_file: Path | None, topics_dir: Path | None, available_now: bool = False
+) -> list[str]:
+    """The spark-submit command of one query archiving every topic `config.pattern` matches."""
+    arguments = ["--pattern", config.pattern, "--name", config.name]
+    if defaults_file is not None:
+        arguments += ["--defaults", str(defaults_file.absolute())]
+    if topics_dir is not None:
+        arguments += ["--topics-dir", str(topics_dir.absolute())]
+    conf = {**PATTERN_SPARK_CONF, **config.spark.conf}
+    return _spark_submit(config, pattern_app_name(config.name), conf, arguments, available_now)
+
+
+def pattern_app_name(name: str) -> str:
+    return f"bergstream-router-{name}"
+
+
 def _spark_submit(
-    config: RouterConfig, name: str, spark_conf: dict[str, str], arguments: list[str], available_now: bool
+    config: RouterConfig | PatternConfig,
+    name: str,
+    spark_conf: dict[str, str],
+    arguments: list[str],
+    available_now: bool,
 ) -> list[str]:
     conf = session_conf(config.catalog, config.spark.master, name, spark_conf)
     command = [
@@ -148,11 +177,10 @@ def shell_command(command: list[str]) -> str:
     return " \\\n  ".join(lines)
 
 
-def kubernetes_config(config: RouterConfig, name: str | None = None) -> RouterConfig:
-    """The settings of the router inside Kubernetes, in the pod `name` (by default, the topic's own):
-    Spark's master is the cluster's API server."""
+def kubernetes_config(config: Driver, name: str) -> Driver:
+    """The settings of the driver inside Kubernetes, in the pod `name`: Spark's master is the cluster's API
+    server."""
     deploy = config.deploy
-    name = name if name is not None else _name(config.topic)
     master = (
         config.spark.master if config.spark.master.startswith("k8s://") else f"k8s://{deploy.kubernetes_api}"
     )
@@ -198,7 +226,8 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
     name = _name(config.topic)
     arguments = ["--topic", config.topic, "--config", f"{CONFIG_MOUNT}/{config.topic}.yaml"]
-    return _manifests(name, [kubernetes_config(config, name)], arguments)
+    inside = kubernetes_config(config, name)
+    return _manifests(name, inside, {f"{config.topic}.yaml": settings_file(inside)}, arguments)
 
 
 def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
@@ -210,11 +239,43 @@ def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, A
     arguments = ["--group", group]
     for config in configs:
         arguments += ["--topic", config.topic]
-    return _manifests(name, inside, [*arguments, "--topics-dir", CONFIG_MOUNT])
+    files = {f"{config.topic}.yaml": settings_file(config) for config in inside}
+    return _manifests(name, inside[0], files, [*arguments, "--topics-dir", CONFIG_MOUNT])
 
 
-def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> list[dict[str, Any]]:
-    inside = configs[0]
+def pattern_manifests(
+    config: PatternConfig, defaults: dict[str, Any], topic_files: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The same objects for one query archiving every topic `config.pattern` matches (`router run
+    --pattern`), topics created later included. The Secret holds the defaults (`defaults`: the endpoints
+    and the defaults file, as the router reads them, with the pod's Spark settings) and the topics' own
+    files (`topic_files`, by topic), mounted as `defaults.yaml` and `topics/<topic>.yaml`."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in config.name.lower()).strip("-")
+    name = pattern_app_name(cleaned)[:63].rstrip("-")
+    inside = kubernetes_config(config, name)
+    pod = {
+        "spark": inside.spark.model_dump(mode="json"),
+        "metrics_port": inside.metrics_port,
+        "metrics_host": inside.metrics_host,
+        "checkpoint_location": config.checkpoint_location,
+        "deploy": config.deploy.model_dump(mode="json"),
+    }
+    if DEFAULTS_FILE in {f"{topic}.yaml" for topic in topic_files}:
+        raise ConfigError(
+            f"topic {DEFAULTS_FILE.removesuffix('.yaml')}: its file would take the place of the defaults in "
+            "the pod's settings; rename the topic's file or leave it out"
+        )
+    files = {DEFAULTS_FILE: yaml.safe_dump({**defaults, **pod}, sort_keys=False)}
+    files.update({f"{topic}.yaml": text for topic, text in sorted(topic_files.items())})
+    arguments = ["--pattern", config.pattern, "--name", config.name,
+                 "--defaults", f"{CONFIG_MOUNT}/{DEFAULTS_FILE}", "--topics-dir", CONFIG_MOUNT]  # fmt: skip
+    return _manifests(name, inside, files, arguments)
+
+
+def _manifests(
+    name: str, inside: RouterConfig | PatternConfig, files: dict[str, str], arguments: list[str]
+) -> list[dict[str, Any]]:
+    """`files`: the settings files the Secret holds and the pod finds in CONFIG_MOUNT, by name."""
     deploy = inside.deploy
     port = metrics_port(inside)
     namespace = deploy.namespace
@@ -261,7 +322,7 @@ def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> 
             "kind": "Secret",
             "metadata": metadata,
             "type": "Opaque",
-            "stringData": {f"{config.topic}.yaml": settings_file(config) for config in configs},
+            "stringData": files,
         },
         {
             "apiVersion": "v1",
@@ -292,7 +353,10 @@ def _manifests(name: str, configs: list[RouterConfig], arguments: list[str]) -> 
 
 
 def _deployment(
-    metadata: dict[str, Any], inside: RouterConfig, command: list[str], ports: list[dict[str, Any]]
+    metadata: dict[str, Any],
+    inside: RouterConfig | PatternConfig,
+    command: list[str],
+    ports: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The driver as a Deployment's one pod."""
     name, labels, deploy = metadata["name"], metadata["labels"], inside.deploy
@@ -333,7 +397,10 @@ def _deployment(
 
 
 def _spark_application(
-    metadata: dict[str, Any], inside: RouterConfig, command: list[str], ports: list[dict[str, Any]]
+    metadata: dict[str, Any],
+    inside: RouterConfig | PatternConfig,
+    command: list[str],
+    ports: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The driver as the Spark Operator's SparkApplication: the operator submits `bergstream router run`
     in cluster mode and submits it again whenever it ends. The image's entrypoint (bergstream.deploy.pod)

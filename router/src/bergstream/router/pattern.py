@@ -55,6 +55,7 @@ from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.archiver import BatchArchiver
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import (
+    DeploySettings,
     KafkaOptions,
     RouterConfig,
     TriggerInterval,
@@ -137,6 +138,8 @@ class PatternConfig(BaseModel):
     commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     # How many topics of one batch are appended at once; unset, the driver's cores.
     parallel_topics: int | None = Field(default=None, gt=0)
+    # How `bergstream deploy --pattern` renders the query's driver.
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("name")
     @classmethod
@@ -163,14 +166,8 @@ def pattern_name(pattern: str) -> str:
     return f"pattern-{hashlib.sha256(pattern.encode()).hexdigest()[:10]}"
 
 
-def load_pattern_config(
-    pattern: str,
-    name: str,
-    defaults_file: Path | None,
-    defaults: dict[str, Any],
-    overrides: dict[str, Any],
-) -> PatternConfig:
-    """The query's settings: `defaults` (the endpoints), the defaults file, `overrides` (the flags)."""
+def pattern_defaults(defaults_file: Path | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults file over `defaults` (the endpoints): every topic's settings and the query's."""
     from_file: dict[str, Any] = {}
     if defaults_file is not None:
         if not defaults_file.is_file():
@@ -183,7 +180,18 @@ def load_pattern_config(
             )
     if "catalog" in from_file:
         defaults = {key: value for key, value in defaults.items() if key != "catalog"}
-    merged = merge(merge(defaults, from_file), without_none(overrides))
+    return merge(defaults, from_file)
+
+
+def load_pattern_config(
+    pattern: str,
+    name: str,
+    defaults_file: Path | None,
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+) -> PatternConfig:
+    """The query's settings: `defaults` (the endpoints), the defaults file, `overrides` (the flags)."""
+    merged = merge(pattern_defaults(defaults_file, defaults), without_none(overrides))
     merged.update(name=name, pattern=pattern)
     where = defaults_file if defaults_file is not None else f"the router of {pattern!r}"
     try:
