@@ -167,7 +167,8 @@ def deploy_kubernetes(
     name: str | None,
 ) -> None:
     """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`; with --group, one
-    Deployment whose driver archives every --topic, a query each.
+    Deployment whose driver archives every --topic, a query each; with --pattern, one query for every
+    matching topic.
 
     Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and
     checkpoint location."""
