@@ -235,3 +235,29 @@ def test_restart_after_expiry_neither_doubles_nor_loses(
     seen = archived_offsets(stack, topic_name)
     assert len(seen) == len(set(seen)), "a record archived twice"
     assert set(seen) == produced_offsets(report.offsets), "a record lost"
+
+
+def test_many_topics_are_maintained_one_at_a_time_each_at_its_own_interval(tmp_path: Path) -> None:
+    """RotatingMaintenance (router run --pattern): a topic is due one interval after it is met, the most
+    overdue first; a topic without an interval never."""
+    from bergstream.catalog import CatalogConfig
+    from bergstream.router.metrics import RouterMetrics
+    from bergstream.router.schedule import RotatingMaintenance
+
+    def config(topic: str, every: str | None) -> RouterConfig:
+        return RouterConfig.model_validate({
+            "topic": topic, "schema": "playback", "encoding": "json", "table": topic,
+            "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
+            "checkpoint_location": str(tmp_path / topic),
+            "catalog": CatalogConfig.sqlite(tmp_path / "c.db", tmp_path / "w"),
+            "maintenance": {} if every is None else {"every": every},
+        })  # fmt: skip
+
+    topics = [config("slow", "20s"), config("fast", "10s"), config("never", None)]
+    rotating = RotatingMaintenance(None, RouterMetrics("t"), lambda: topics)  # type: ignore[arg-type]
+    assert rotating.due(1000.0) == []
+    assert rotating.due(1010.0) == ["fast"]
+    assert rotating.due(1025.0) == ["fast", "slow"]
+    topics.append(config("later", "5s"))  # a topic met later: due one interval after that
+    assert rotating.due(1026.0) == ["fast", "slow"]
+    assert rotating.due(1031.0) == ["fast", "slow", "later"]
