@@ -513,12 +513,22 @@ class PatternRouter:
 
     def _together(self, batch_id: int, busy: list[str]) -> list[str]:
         """The busy topics whose tables can be written together; the others are archived one by one:
-        dead-lettered whole, or replayed (a table holds the batch already)."""
-        return [
-            topic for topic in busy
-            if isinstance(self.topics[topic], TopicArchive)
-            and not self.topics[topic].archiver.replayed(batch_id)  # type: ignore[union-attr]
-        ]  # fmt: skip
+        dead-lettered whole, replayed (a table holds the batch already), or whose tables' last batch
+        cannot be read now (the catalog out: the topic's own path waits for it, as its own router does)."""
+        together = []
+        for topic in busy:
+            archive = self.topics[topic]
+            if not isinstance(archive, TopicArchive):
+                continue
+            try:
+                if archive.archiver.replayed(batch_id):
+                    continue
+            except Exception as error:
+                log.warning("batch %d of topic %s: its tables' last batch cannot be read (%s); alone now",
+                            batch_id, topic, failure_reason(error))  # fmt: skip
+                continue
+            together.append(topic)
+        return together
 
     def _write_together(
         self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], together: list[str]
