@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bergstream.errors import first_line
+from bergstream.errors import BergstreamError, first_line
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("bergstream.query")
@@ -36,6 +37,74 @@ def _ignore(query: StreamingQuery) -> None:
 
 def _cannot_recover(error: Exception) -> bool:
     return False
+
+
+# How py4j writes a Java exception into a Python traceback. Spark's stream thread, stopped while a
+# foreachBatch function fails, matches `<this>((.|\r\n|\r|\n)*)(...InterruptedException...)` over the
+# traceback py4j hands it (StreamExecution.isInterruptionException); the regular expression recurses once a
+# character, so a Java stack trace of a few thousand characters overflows the thread's stack, and the query
+# ends with a StackOverflowError logged and no error recorded, as though it had finished.
+_PY4J_JAVA_ERROR = "Py4JJavaError: An error occurred while calling"
+# The most of an error's text handed back to Spark; the whole error is logged first.
+_CROSSING_LIMIT = 4000
+
+
+class BatchFailed(BergstreamError):
+    """A micro-batch's function failed; the message names the query, the batch and the chain of causes."""
+
+
+def foreach_batch(name: str, function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+    """`function`, as the foreachBatch function of query `name`: an error it raises out of a Java call is
+    logged whole and handed to Spark as a `BatchFailed` whose text holds the chain of causes, one line each,
+    without the Java stack traces Spark's stop handling cannot read (see `_PY4J_JAVA_ERROR`)."""
+
+    def run(records: DataFrame, batch_id: int) -> None:
+        try:
+            function(records, batch_id)
+        except Exception as error:
+            if not any(_PY4J_JAVA_ERROR in part for part in traceback.format_exception(error)):
+                raise
+            log.error("%s batch %d failed", name, batch_id, exc_info=error)
+            raise BatchFailed(f"{name} batch {batch_id} failed: {causes_text(error)}") from None
+
+    return run
+
+
+def causes_text(error: BaseException) -> str:
+    """The chain of `error`'s causes, Python's and Java's, one line each, at most `_CROSSING_LIMIT`
+    characters."""
+    lines: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(lines) < 40:
+        throwable: Any = getattr(current, "java_exception", None)
+        if throwable is None:
+            lines.append(_shortened(f"{type(current).__name__}: {first_line(current)}", 500))
+        while throwable is not None and len(lines) < 40:
+            own = str(throwable.toString()).strip().splitlines()
+            lines.append(_shortened(own[0] if own else str(throwable.getClass().getName()), 500))
+            throwable = throwable.getCause()
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return _shortened(
+        "; caused by ".join(lines).replace(_PY4J_JAVA_ERROR, "Py4JJavaError calling"), _CROSSING_LIMIT
+    )
+
+
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_PYTHON_TRACEBACK = "Traceback (most recent call last):"
+
+
+def query_failure(error: BaseException) -> str:
+    """The line that says why a query failed: for a failure of its foreachBatch function, the line of the
+    Python error it raised (the last of a chain) rather than the first line of Spark's report, which ends
+    with the traceback's heading."""
+    text = str(error)
+    if _PYTHON_TRACEBACK not in text:
+        return first_line(error)
+    lines = text.rsplit(_PYTHON_TRACEBACK, 1)[1].splitlines()
+    return next((line for line in lines if line.strip() and not line.startswith(" ")), first_line(error))
 
 
 class QueryRunner:
@@ -85,7 +154,7 @@ class QueryRunner:
                 return
             except StreamingQueryException as error:
                 if self.stopping.is_set():
-                    log.warning("%s stopped: %s", self.name, first_line(error))
+                    log.warning("%s stopped: %s", self.name, query_failure(error))
                     return
                 if REPLAYED_BATCH_FAILURE in str(error) and replays < REPLAY_RESTARTS:
                     replays += 1

@@ -19,9 +19,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bergstream.errors import first_line
 from bergstream.kafka_source import kafka_stream
-from bergstream.query import QueryRunner
+from bergstream.query import QueryRunner, foreach_batch, query_failure
 from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.archiver import BatchArchiver
@@ -108,7 +107,7 @@ class Router:
             with on_stop_signals(self.runner.stopping.set):
                 self.runner.run(self.follower.follow)
         except StreamingQueryException as error:
-            raise RouterStopped(f"the router for {config.topic} stopped: {first_line(error)}") from error
+            raise RouterStopped(f"the router for {config.topic} stopped: {query_failure(error)}") from error
         finally:
             if schedule is not None:
                 schedule.stop()
@@ -148,7 +147,7 @@ def start_archive_query(
     writer = (
         kafka_stream(spark, subscription, options, max_offsets_per_trigger, pattern=pattern)
         .writeStream.queryName(f"bergstream-router-{name}")
-        .foreachBatch(archive)
+        .foreachBatch(foreach_batch(f"bergstream-router-{name}", archive))
         .option("checkpointLocation", checkpoint)
     )
     if trigger_interval is None:

@@ -27,9 +27,8 @@ from bergstream.backfill.runtime.checkpoint import CheckpointFiles
 from bergstream.backfill.runtime.pins import release
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
-from bergstream.errors import first_line
 from bergstream.progress import ProgressLines
-from bergstream.query import QueryRunner, progress_events
+from bergstream.query import QueryRunner, progress_events, query_failure
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.signals import on_stop_signals
 from bergstream.timeparse import format_duration, format_instant
@@ -229,7 +228,7 @@ def run_app(
         with progress_events(spark, tracker.on_progress), on_stop_signals(runner.stopping.set):
             _follow(runner, tracker, query, show_progress)
     except StreamingQueryException as error:
-        raise BackfillError(f"{settings.app}: the query stopped: {first_line(error)}") from error
+        raise BackfillError(f"{settings.app}: the query stopped: {query_failure(error)}") from error
     if runner.stopping.is_set():
         log.warning("%s: stopped; run the same command again to resume from the checkpoint", settings.app)
     plan = query.plan
