@@ -6,12 +6,15 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from bergstream.errors import MissingToolError, StackError
 from bergstream.local.processes import free_port
@@ -43,6 +46,18 @@ class PostgresServer:
         """Stop the server; mode `immediate` ends it the way a crash would, without a checkpoint."""
         _run([_binary("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
              f"stopping PostgreSQL on {self.host}:{self.port}")  # fmt: skip
+
+    def pause(self) -> None:
+        """The server stops answering, its connections open: a database stalled, not down."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: signal.Signals) -> None:
+        postmaster = psutil.Process(int((self.data_dir / "postmaster.pid").read_text().split()[0]))
+        for process in [postmaster, *postmaster.children(recursive=True)]:
+            process.send_signal(number)
 
 
 def _binary(name: str) -> str:

@@ -32,6 +32,23 @@ def test_postgres_catalog_carries_credentials() -> None:
     assert "p@ss" not in repr(catalog)
 
 
+def test_a_postgres_catalog_s_connections_time_out_unless_told_otherwise() -> None:
+    """A database that stops answering fails a commit within a minute (a retried outage) rather than
+    holding it, and the router's stop, for ever."""
+    conf = CatalogConfig(uri="jdbc:postgresql://127.0.0.1:5432/iceberg", warehouse="/w").spark_conf()
+    assert conf["spark.sql.catalog.bergstream.jdbc.socketTimeout"] == "60"
+    assert conf["spark.sql.catalog.bergstream.jdbc.loginTimeout"] == "30"
+    assert conf["spark.sql.catalog.bergstream.jdbc.connectTimeout"] == "10"
+    told = CatalogConfig(
+        uri="jdbc:postgresql://127.0.0.1:5432/iceberg?socketTimeout=5", warehouse="/w",
+        properties={"jdbc.loginTimeout": 7},
+    ).spark_conf()  # fmt: skip
+    assert "spark.sql.catalog.bergstream.jdbc.socketTimeout" not in told
+    assert told["spark.sql.catalog.bergstream.jdbc.loginTimeout"] == "7"
+    sqlite = CatalogConfig(uri="jdbc:sqlite:/x.db", warehouse="/w").spark_conf()
+    assert not [key for key in sqlite if "Timeout" in key]
+
+
 def test_rest_catalog_passes_properties_through() -> None:
     catalog = CatalogConfig(
         type="rest", uri="http://127.0.0.1:8181", warehouse="wh", properties={"io-impl": "x.Y"}, name="lake"

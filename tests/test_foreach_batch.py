@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SPARK_REPORT = (
-    "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] "
-    "An error occurred in the user provided function in foreach batch sink. Reason: An exception was raised "
-    "by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+    "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+    "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch "
+    "sink. Reason: An exception was raised by the Python Proxy. Return Message: "
+    "Traceback (most recent call last):\n"
     '  File "archiver.py", line 6, in batch\n    raise KeyError("b")\nKeyError: \'b\'\n\n'
     "The above exception was the direct cause of the following exception:\n\n"
     "Traceback (most recent call last):\n"
@@ -33,7 +34,9 @@ def test_the_reason_of_a_failed_batch_is_the_python_error_s_own_line_the_last_of
     assert query_failure(Exception(SPARK_REPORT)) == (
         "bergstream.query.BatchFailed: q batch 3 failed: java.sql.SQLException: gone"
     )
-    assert query_failure(Exception("[STREAM_FAILED] no Python here\nmore")) == "[STREAM_FAILED] no Python here"
+    assert (
+        query_failure(Exception("[STREAM_FAILED] no Python here\nmore")) == "[STREAM_FAILED] no Python here"
+    )
 
 
 def test_the_causes_of_a_python_chain_are_one_line_each_and_bounded() -> None:

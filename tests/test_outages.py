@@ -138,6 +138,52 @@ def test_a_catalog_database_down_past_the_backoff_cap_loses_and_repeats_nothing(
 
 
 @pytest.mark.integration
+def test_a_catalog_database_that_stops_answering_is_waited_out_and_does_not_hold_the_router_s_stop(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """The database stalls (its processes stopped, connections open, nothing refused): each commit attempt
+    ends at the driver's timeouts (bergstream bounds them for PostgreSQL; short here) as an outage that is
+    retried, and SIGTERM ends the router instead of waiting on the database for ever."""
+
+    def batch(seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic_name, schema="playback", count=1000, partitions=2, seed=seed)
+        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+    timeouts = {"jdbc.socketTimeout": 4, "jdbc.loginTimeout": 4}
+    with postgres_server() as postgres:
+        catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(tmp_path / "warehouse").as_uri(), user=USER,
+                                properties=timeouts)  # fmt: skip
+        offsets = batch(1)
+        router = RunningRouter(stack, topic_name, tmp_path, catalog)
+        try:
+            eventually(lambda: router.handled() == 1000, "the first 1,000 records archived")
+            postgres.pause()
+            try:
+                offsets |= batch(2)
+                eventually(
+                    lambda: router.metric("bergstream_router_commit_retries_total") >= 2, "two retries"
+                )
+                assert router.handled() == 1000, "nothing can be committed while the catalog is stalled"
+                router.stop()  # waits for the exit, bounded: a stop held by the database fails here
+            finally:
+                postgres.resume()
+        finally:
+            if router.process.poll() is None:
+                router.stop()
+        failures = router.log_lines(OUTAGE_LINE)
+        assert failures and all("PSQLException" in line or "timed out" in line for line in failures), failures
+        assert router.log_lines("stopped while batch"), router.log.read_text()[-3000:]
+        router = RunningRouter(stack, topic_name, tmp_path, catalog)
+        try:
+            eventually(lambda: router.handled() == 1000, "the batch of the stall archived by the next run")
+        finally:
+            router.stop()
+        seen = archived_offsets(Services(stack.bootstrap_servers, catalog, None), topic_name)
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
+    assert set(seen) == offsets, f"{len(offsets - set(seen))} offsets lost"
+
+
+@pytest.mark.integration
 def test_a_pattern_router_waits_out_a_catalog_outage_topic_by_topic_and_loses_and_repeats_nothing(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:

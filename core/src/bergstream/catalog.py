@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 CatalogType = Literal["jdbc", "rest"]
 # Properties whose values are secrets (s3.secret-access-key, s3.session-token, ...): never shown.
 SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential")
+# PostgreSQL's driver waits without end on a database that stops answering (stalled, not down): a commit,
+# and a router's stop behind it, would wait with it. Bounded unless the URI or the properties say otherwise
+# (seconds; a commit's statements take milliseconds).
+POSTGRESQL_TIMEOUTS = {"connectTimeout": "10", "loginTimeout": "30", "socketTimeout": "60"}
 # Iceberg's FileIOs of object stores.
 _OBJECT_STORE_FILE_IO = ("S3FileIO", "GCSFileIO", "ADLSFileIO", "OSSFileIO")
 
@@ -98,6 +102,11 @@ class CatalogConfig(BaseModel):
                 conf[f"{prefix}.jdbc.user"] = self.user
             if self.password is not None:
                 conf[f"{prefix}.jdbc.password"] = self.password.get_secret_value()
+            if self.uri.startswith("jdbc:postgresql:"):
+                query = urlparse(self.uri.removeprefix("jdbc:")).query
+                for name, seconds in POSTGRESQL_TIMEOUTS.items():
+                    if f"{name}=" not in query:
+                        conf[f"{prefix}.jdbc.{name}"] = seconds
         for key, value in self.properties.items():
             conf[f"{prefix}.{key}"] = value
         return conf
