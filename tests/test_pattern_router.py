@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -258,3 +259,70 @@ def archived_dead_letters(stack: Services, identifier: str) -> list[str]:
         .column("error")
         .to_pylist()
     ]
+
+
+@pytest.mark.integration
+def test_all_in_one_query_archives_the_topics_with_a_file_and_takes_a_new_file_at_its_next_start(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """`--all --one-query`: the topics with a file in --topics-dir, by name, in one query named `all`; its
+    checkpoint kept when the files change, a topic whose file is added is archived from its first offset,
+    one whose file is removed is no longer read."""
+    prefix = topic_name[:40]
+    first, second, added = (f"{prefix}.{name}" for name in ("first", "second", "added"))
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in (first, second, added):
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    for topic in (first, second):
+        (topics_dir / f"{topic}.yaml").write_text(yaml.safe_dump({"schema": "playback", "encoding": "json"}))
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+                "checkpoint_location": str(tmp_path / "checkpoint"),
+                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+            }
+        )
+    )
+
+    def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic, count=count, partitions=2, schema="playback", seed=seed)
+        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+    def run(files: set[str]) -> dict[str, dict[str, object]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
+             "--json", "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        # One query, its pattern every topic with a file by its name (the log shows the pattern's repr).
+        (one_query,) = [line for line in done.stderr.splitlines() if "checkpoints to" in line]
+        assert all(repr(re.escape(topic))[1:-1] in one_query for topic in files), one_query
+        report = json.loads(done.stdout)
+        assert report["ok"] is True, report
+        return {topic["topic"]: topic for topic in report["topics"]}
+
+    sent = {first: send(first, 200, 1), second: send(second, 150, 2), added: send(added, 100, 3)}
+    totals = run({first, second})
+    assert set(totals) == {first, second}
+    assert totals[first]["archived"] == 200 and totals[second]["archived"] == 150
+    assert set(archived_offsets(stack, table_for_topic(first))) == sent[first]
+    assert not stack.catalog.load().table_exists(f"{stack.catalog.namespace}.{table_for_topic(added)}")
+
+    # The files change: one added, one removed; the same query (its checkpoint) goes on.
+    (topics_dir / f"{added}.yaml").write_text(yaml.safe_dump({"schema": "playback", "encoding": "json"}))
+    (topics_dir / f"{first}.yaml").unlink()
+    send(first, 50, 4)
+    sent[second] |= send(second, 70, 5)
+    totals = run({second, added})
+    assert set(totals) == {second, added}
+    assert totals[second]["archived"] == 70 and totals[added]["archived"] == 100
+    for topic in (second, added):
+        rows = archived_offsets(stack, table_for_topic(topic))
+        assert len(rows) == len(set(rows)) and set(rows) == sent[topic], topic
+    assert set(archived_offsets(stack, table_for_topic(first))) == sent[first], "a topic without a file read"

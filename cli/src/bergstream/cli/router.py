@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -57,18 +58,24 @@ def topic_loader(
     "--all", "all_topics", is_flag=True, help="Every topic with a file in --topics-dir, in one driver."
 )
 @click.option(
+    "--one-query", is_flag=True,
+    help="With --all: every topic with a file in one query, as --pattern runs them (named `all` unless "
+    "--name says otherwise), instead of one query each.",
+)  # fmt: skip
+@click.option(
     "--pattern", default=None, metavar="REGEX",
     help="Every topic whose whole name matches, in one query: topics created later too, each into its "
     "own tables, with its own file in --topics-dir or else the --defaults.",
 )  # fmt: skip
 @click.option(
     "--defaults", "defaults_file", type=click.Path(path_type=Path), default=None,
-    help="With --pattern: the settings of every topic without its own file, and of the query itself "
-    "(default: the site's topic_defaults).",
+    help="With --pattern or --all --one-query: the settings of every topic without its own file, and of "
+    "the query itself (default: the site's topic_defaults).",
 )  # fmt: skip
 @click.option(
     "--name", default=None,
-    help="With --pattern: the query's name, which names its checkpoint (default: from the pattern).",
+    help="With --pattern or --all --one-query: the query's name, which names its checkpoint (default: from "
+    "the pattern; `all`).",
 )  # fmt: skip
 @TOPICS_DIR
 @click.option(
@@ -103,6 +110,7 @@ def topic_loader(
 def router_run(
     topics: tuple[str, ...],
     all_topics: bool,
+    one_query: bool,
     pattern: str | None,
     defaults_file: Path | None,
     name: str | None,
@@ -123,7 +131,8 @@ def router_run(
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
 
     With --topic repeated or --all, one driver runs a query per topic; a topic that fails is reported
-    and started again with backoff while the others go on."""
+    and started again with backoff while the others go on. With --pattern, or --all --one-query, one query
+    archives every topic."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.config import topics_dir as topics_folder
     from bergstream.router.fleet import RestartSettings, topics_in
@@ -135,19 +144,26 @@ def router_run(
         raise click.UsageError(
             "name the topic to archive with --topic (repeatable), or give --all or --pattern"
         )
-    if pattern is None:
+    if one_query and not all_topics:
+        raise click.UsageError("--one-query is for --all: --pattern runs its topics in one query already")
+    if pattern is None and not one_query:
         for flag, value in (("--defaults", defaults_file), ("--name", name)):
             if value is not None:
-                raise click.UsageError(f"{flag} is for --pattern")
+                raise click.UsageError(f"{flag} is for --pattern and --all --one-query")
     else:
         for flag, value in (
             ("--config", config_file), ("--schema", schema), ("--table", table), ("--group", group),
         ):  # fmt: skip
             if value is not None:
                 raise click.UsageError(
-                    f"{flag} is not for --pattern: each topic's own file in --topics-dir, else --defaults, "
-                    "sets it"
+                    f"{flag} is not for one query of many topics: each topic's own file in --topics-dir, "
+                    "else --defaults, sets it"
                 )
+        if pattern is None:
+            # Every topic with a file, by its exact name: a topic whose file is added later joins at the
+            # next start, the query's checkpoint (`all`) kept, as a topic created later joins a pattern.
+            pattern = "|".join(re.escape(topic) for topic in topics_in(topics_folder(topics_dir)))
+            name = name or "all"
         configure_logging()
         outcomes = run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port,
                                maintain_every, spark_conf, data_dir)  # fmt: skip
