@@ -10,10 +10,11 @@ as its own router archives it (archiver.py), with its own accounting, metrics an
 `bergstream-router.<topic>`, committed after each batch.
 
 What costs a batch grows with the topics that have records in it, not with those matched: a quiet topic
-costs nothing but its place in the offset log. The batch is read from Kafka once and kept in memory,
-packed into as many partitions as the driver has cores, so that each topic's append reads its own rows
-of it (the cache's statistics skip the rest); the topics' appends run side by side, several Spark jobs and
-Iceberg commits at once.
+costs nothing but its place in the offset log. One Spark job reads the batch from Kafka and writes every
+topic's Parquet files (TopicRows and TopicTables, in router/jvm); the driver then commits each topic's
+tables, several at once. A topic this job cannot write (a table made elsewhere, a replayed batch, a topic
+dead-lettered whole, a write together that failed) is appended on its own by Spark's writer; the batch is
+cached first only when some topic reads it again that way.
 
 A topic's settings are its own file (`<topics dir>/<topic>.yaml`) where one exists, else the defaults
 file (`--defaults`, or the site's `topic_defaults`), each over the site's or the local stack's endpoints.
