@@ -77,6 +77,20 @@ def local_cores(master: str) -> int | None:
     return max(int(cores), 1) if cores.isdigit() else None
 
 
+def jvm_start_conf(local: bool) -> dict[str, str]:
+    """The settings a driver's and its executors' JVMs take only as they start: bergstream's jars and the
+    Java options (Avro's decoder limits; a local driver's log settings). A session sets them; so does a
+    driver pod's spark-submit, where no session has started the JVM."""
+    driver_options = AVRO_DECODER_LIMITS
+    if local:
+        driver_options += f" -Dlog4j2.configurationFile='{LOCAL_LOG_CONFIG}'"
+    return {
+        **jars.spark_jar_conf(),
+        "spark.driver.extraJavaOptions": driver_options,
+        "spark.executor.extraJavaOptions": AVRO_DECODER_LIMITS,
+    }
+
+
 def session_conf(
     catalog: CatalogConfig,
     master: str = DEFAULT_MASTER,
@@ -87,7 +101,7 @@ def session_conf(
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,
-        **jars.spark_jar_conf(),
+        **jvm_start_conf(local=master.startswith("local")),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.defaultCatalog": catalog.name,
         # Ingestion times are instants: keep them in UTC wherever Spark turns them into text.
@@ -106,11 +120,6 @@ def session_conf(
         **catalog.spark_conf(),
     }
     extra = dict(conf or {})
-    driver_options = AVRO_DECODER_LIMITS
-    if master.startswith("local"):
-        driver_options += f" -Dlog4j2.configurationFile='{LOCAL_LOG_CONFIG}'"
-    settings["spark.driver.extraJavaOptions"] = driver_options
-    settings["spark.executor.extraJavaOptions"] = AVRO_DECODER_LIMITS
     # Settings that are lists: what the caller gives is added to what bergstream needs, never instead.
     for option, separator in _LIST_SETTINGS.items():
         if option in extra:

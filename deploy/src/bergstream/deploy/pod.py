@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bergstream import jars
 from bergstream.errors import ConfigError
-from bergstream.spark import AVRO_DECODER_LIMITS
+from bergstream.spark import jvm_start_conf
 
 EXECUTOR_BACKEND = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
 # What Spark's executor pod step puts in the environment, each to the backend's flag.
@@ -73,9 +73,7 @@ def driver_command(environment: Mapping[str, str], arguments: list[str], spark_s
     bind_address = environment.get("SPARK_DRIVER_BIND_ADDRESS") or "0.0.0.0"
     conf = {
         "spark.driver.bindAddress": bind_address,
-        **jars.spark_jar_conf(),
-        "spark.driver.extraJavaOptions": AVRO_DECODER_LIMITS,
-        "spark.executor.extraJavaOptions": AVRO_DECODER_LIMITS,
+        **jvm_start_conf(local=False),
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
