@@ -18,10 +18,13 @@ metrics endpoints, the tables and /proc:
   - a new topic (one query only): seconds from the first record of a topic created during the steady run
     to its first archived row; the other shapes need its settings file and a restart;
   - resident memory (RSS) of every driver's Python process and its JVM, peak and at the end of the steady
-    run; CPU seconds per second over the steady run.
+    run; CPU seconds per second over the steady run, and the share of it the JVMs' JIT compilers took.
+With --warm-up SECONDS, the same load runs that long before the steady run is measured: a router's JVM
+compiles Spark's, Iceberg's and Parquet's code for minutes after it starts, with a core of its own on a
+machine of two (a router runs for days; its steady state is what freshness is measured in).
 
     .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes one-driver one-query]
-        [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--trigger 10]
+        [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--warm-up 0] [--trigger 10]
 
 Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png.
 """
@@ -99,6 +102,18 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / CLOCK_TICKS
+
+
+def jit_seconds(pids: list[int]) -> float:
+    """Seconds the JIT compilers of the JVMs among `pids` spent compiling (HotSpot's sun.ci.totalTime)."""
+    total = 0.0
+    for pid in pids:
+        done = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        counters = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+        if "sun.ci.totalTime" in counters and "sun.os.hrt.frequency" in counters:
+            total += int(counters["sun.ci.totalTime"]) / int(counters["sun.os.hrt.frequency"])
+    return total
 
 
 def archived(port: int) -> dict[str, float]:
@@ -333,8 +348,14 @@ def measure(
         at_first = drivers.archived()
         done = wait_for(drivers, backlog, args.timeout, "backlog")
         per_topic = args.rate_per_topic if args.rate_per_topic is not None else args.rate / count
+        warmed = 0
+        if args.warm_up > 0:
+            print(f"  warming up: {per_topic:g} events/s per topic for {args.warm_up:g}s", flush=True)
+            warmed, _ = send_steady(bootstrap, topics, per_topic, args.warm_up)
+            wait_for(drivers, backlog + warmed, args.timeout, "warm-up caught up")
         steady_pids = drivers.pids()
         cpu_before = cpu_seconds(steady_pids)
+        jit_before = jit_seconds(steady_pids)
         steady_started = time.monotonic()
         steady_ms = int(time.time() * 1000)
         archived_before = drivers.archived()
@@ -360,10 +381,11 @@ def measure(
         sent, sent_seconds = sent_box[0]
         archived_after = drivers.archived()
         cpu = cpu_seconds(steady_pids) - cpu_before
+        jit = jit_seconds(steady_pids) - jit_before
         end_rss = rss_bytes(drivers.pids())
         extra = 1 if new_topic_seconds is not None else 0
-        lag = backlog + sent + extra - archived_after
-        caught_up = wait_for(drivers, backlog + sent + extra, args.timeout, "steady run caught up")
+        lag = backlog + warmed + sent + extra - archived_after
+        caught_up = wait_for(drivers, backlog + warmed + sent + extra, args.timeout, "steady run caught up")
     finally:
         drivers.stop()
     fresh = topic_freshness(catalog, topics, steady_ms)
@@ -382,6 +404,8 @@ def measure(
         "steady_lag_at_end": lag,
         "steady_catch_up_seconds": caught_up - steady_started - sent_seconds,
         "steady_cpu_seconds_per_s": cpu / sent_seconds,
+        "steady_jit_seconds_per_s": jit / sent_seconds,
+        "warm_up_seconds": args.warm_up,
         "freshness_p50": percentile(every, 50) if every else None,
         "freshness_p99": percentile(every, 99) if every else None,
         "freshness_p99_worst_topic": per_topic_p99[-1] if per_topic_p99 else None,
@@ -398,7 +422,8 @@ def measure(
         f"backlog {result['backlog_events_per_s'] or 0:,.0f} events/s, "
         f"steady {result['steady_events_per_s']:,.0f} of {result['steady_rate_sent']:,.0f} events/s sent "
         f"(lag {lag:,.0f} when the last was sent, all archived {result['steady_catch_up_seconds']:.0f}s "
-        f"later), {fresh_text}, {result['steady_cpu_seconds_per_s']:.2f} CPU s/s, RSS peak "
+        f"later), {fresh_text}, {result['steady_cpu_seconds_per_s']:.2f} CPU s/s (JIT "
+        f"{result['steady_jit_seconds_per_s']:.2f}), RSS peak "
         f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB",
         flush=True,
     )
@@ -439,6 +464,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2000, help="events/s over all topics, steady run")
     parser.add_argument("--rate-per-topic", type=float, default=None, help="events/s per topic (over --rate)")
     parser.add_argument("--seconds", type=float, default=60, help="length of the steady run")
+    parser.add_argument(
+        "--warm-up",
+        type=float,
+        default=0,
+        help="seconds of the steady load before the steady run is measured",
+    )
     parser.add_argument("--trigger", type=float, default=2, help="the routers' trigger interval, seconds")
     parser.add_argument(
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
