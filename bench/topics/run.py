@@ -105,14 +105,14 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def jit_seconds(pids: list[int]) -> float:
-    """Seconds the JIT compilers of the JVMs among `pids` spent compiling (HotSpot's sun.ci.totalTime)."""
+    """Seconds the JIT compilers of the JVMs among `pids` spent compiling (HotSpot's java.ci.totalTime)."""
     total = 0.0
     for pid in pids:
         done = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
                               timeout=60, check=False)  # fmt: skip
         counters = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-        if "sun.ci.totalTime" in counters and "sun.os.hrt.frequency" in counters:
-            total += int(counters["sun.ci.totalTime"]) / int(counters["sun.os.hrt.frequency"])
+        if "java.ci.totalTime" in counters and "sun.os.hrt.frequency" in counters:
+            total += int(counters["java.ci.totalTime"]) / int(counters["sun.os.hrt.frequency"])
     return total
 
 
@@ -188,7 +188,11 @@ def driver_settings(
         "catalog": catalog.model_dump(mode="json", exclude_none=True),
         "spark": {
             "master": "local[2]",
-            "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+            "conf": {
+                "spark.ui.enabled": "false",
+                "spark.sql.shuffle.partitions": "2",
+                **({"spark.driver.extraJavaOptions": args.java_options} if args.java_options else {}),
+            },
         },
         "lag_refresh_seconds": 5,
         "metrics_host": "127.0.0.1",
@@ -475,6 +479,11 @@ def main() -> None:
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
     )
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--java-options",
+        default="",
+        help="more Java options of the drivers' JVMs (-XX:NativeMemoryTracking=summary)",
+    )
     parser.add_argument(
         "--object-store",
         choices=("none", "s3"),
