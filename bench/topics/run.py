@@ -84,9 +84,16 @@ def process_tree(pid: int) -> list[int]:
 
 
 def rss_bytes(pids: list[int]) -> int:
+    """The resident memory of the processes among `pids` that have run a second or more: the driver's Python
+    process and its JVM, not the JVM's forks of a moment (Hadoop runs `chmod` for each local file it
+    writes), whose pages, the JVM's own until they exec, would count twice."""
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
     total = 0
     for pid in pids:
         try:
+            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / CLOCK_TICKS
+            if uptime - started < 1:
+                continue
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
         except OSError:
             continue
