@@ -326,3 +326,64 @@ def test_all_in_one_query_archives_the_topics_with_a_file_and_takes_a_new_file_a
         rows = archived_offsets(stack, table_for_topic(topic))
         assert len(rows) == len(set(rows)) and set(rows) == sent[topic], topic
     assert set(archived_offsets(stack, table_for_topic(first))) == sent[first], "a topic without a file read"
+
+
+@pytest.mark.integration
+def test_a_batch_larger_than_a_task_s_buffer_is_written_in_more_files_each_sorted_none_lost(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """A task holds its rows until it writes them sorted; past its buffer (set small here) it writes what
+    it holds and goes on: more files, each one hour in ingestion order, every record once."""
+    prefix = topic_name[:40]
+    topics = [f"{prefix}.{name}" for name in ("a", "b")]
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in topics:
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    sent = {
+        topic: produced_offsets(produce(
+            ProduceRequest(topic=topic, count=3000, partitions=2, schema="playback", bad_fraction=0.05,
+                           seed=number),
+            stack.bootstrap_servers, show_progress=False,
+        ).offsets)
+        for number, topic in enumerate(topics)
+    }  # fmt: skip
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "playback",
+                "encoding": "json",
+                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+                "checkpoint_location": str(tmp_path / "checkpoint"),
+                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+                "spark": {
+                    "master": "local[2]",
+                    "conf": {"spark.ui.enabled": "false", "spark.bergstream.router.taskBufferBytes": "64k"},
+                },
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "bergstream", "router", "run", "--pattern", rf"{prefix}\.(a|b)",
+         "--defaults", str(defaults), "--topics-dir", str(tmp_path / "none"), "--available-now"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "together" in done.stderr, "the topics were not written together"
+    catalog = stack.catalog.load()
+    for topic in topics:
+        rows = archived_offsets(stack, table_for_topic(topic))  # archive and dead letters
+        assert len(rows) == len(set(rows)) and set(rows) == sent[topic], topic
+        assert archived_dead_letters(stack, f"{stack.catalog.namespace}.{table_for_topic(topic)}__dlq")
+        table = catalog.load_table(f"{stack.catalog.namespace}.{table_for_topic(topic)}")
+        files = table.inspect.files().to_pylist()
+        hours = {next(iter(data_file["partition"].values())) for data_file in files}
+        assert len(files) > 4 * len(hours), f"{topic}: {len(files)} files for {len(hours)} hours"
+        for data_file in files:
+            hour = next(iter(data_file["partition"].values()))
+            with table.io.new_input(data_file["file_path"]).open() as stream:
+                stamps = pq.read_table(stream, columns=["__metadata__"]).column(0).combine_chunks()
+            times = [stamp.timestamp() for stamp in stamps.field("kafka_ingestion_ts").to_pylist()]
+            assert times == sorted(times) and {int(t) // 3600 for t in times} == {hour}, data_file[
+                "file_path"
+            ]

@@ -40,6 +40,7 @@ import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.data.SparkParquetWriters;
 import org.apache.iceberg.util.PropertyUtil;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -50,6 +51,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 
@@ -64,7 +66,8 @@ import org.apache.spark.unsafe.types.UTF8String;
  * dead-letter table's), exactly one of them set per record; every frame's partitions are tasks of the
  * same job. A task writes the archive rows and the dead letters of its part of one topic into Parquet
  * files of their tables' hours, sorted by ingestion time (the tables' order), with Iceberg's own Parquet
- * writer, and counts what it read per Kafka partition. The driver then appends each table's files with
+ * writer (more files when its rows pass its buffer, {@link #taskBufferBytes}), and counts what it read per
+ * Kafka partition. The driver then appends each table's files with
  * the batch's snapshot properties: the archive table before the dead-letter table, as the router of one
  * topic does.
  */
@@ -82,6 +85,22 @@ public final class TopicTables {
   /** Where the metadata struct is in a dead letter. */
   private static final int DEAD_LETTER_METADATA = 4;
   private static final long MICROS_PER_HOUR = 3_600_000_000L;
+  /** What a kept row costs beyond its bytes: its object, its array and its place in the list. */
+  private static final long ROW_OVERHEAD = 64;
+  /** The Spark setting of the bytes of rows a task holds before it writes them. */
+  public static final String BUFFER_BYTES = "spark.bergstream.router.taskBufferBytes";
+
+  /**
+   * The bytes of rows a task holds before it writes them: unless set, a sixth of the heap, shared by as
+   * many tasks as the JVM has processors. A batch larger than that (a backlog read with a high rate limit)
+   * is written in more files, never held whole.
+   */
+  static long taskBufferBytes() {
+    Runtime runtime = Runtime.getRuntime();
+    long share = Math.max(16L << 20, runtime.maxMemory() / 6 / Math.max(1, runtime.availableProcessors()));
+    SparkEnv env = SparkEnv.get();
+    return env == null ? share : env.conf().getSizeAsBytes(BUFFER_BYTES, Long.toString(share));
+  }
 
   /** What one topic's part of the batch came to, for its accounting. */
   public static final class Outcome implements Serializable {
@@ -416,8 +435,12 @@ public final class TopicTables {
     @Override
     public Iterator<Written> call(Integer partition, Iterator<InternalRow> records) throws IOException {
       Map<Integer, Part> parts = new HashMap<>();
+      TaskContext context = TaskContext.get();
+      long taskId = context == null ? 0 : context.taskAttemptId();
       UTF8String lastName = null;
       Part last = null;
+      long buffered = 0;
+      long bufferBytes = taskBufferBytes();
       while (records.hasNext()) {
         InternalRow record = records.next();
         UTF8String name = record.getUTF8String(topicColumn);
@@ -430,21 +453,47 @@ public final class TopicTables {
                   : parts.computeIfAbsent(index, i -> new Part(i, rows.get(i).value(), partition));
         }
         if (last != null) {
-          last.add(TopicRows.apply(last.projections, record), writeMicros);
+          buffered += last.add(TopicRows.apply(last.projections, record), writeMicros);
+          if (buffered > bufferBytes) {
+            // The task's rows are held until written, sorted: past its share of memory, every topic's
+            // rows so far go to files of their own (each file still one hour, in ingestion order).
+            for (Part part : parts.values()) {
+              flush(part, partition, taskId);
+            }
+            buffered = 0;
+          }
         }
       }
-      TaskContext context = TaskContext.get();
-      long taskId = context == null ? 0 : context.taskAttemptId();
       List<Written> written = new ArrayList<>(parts.size());
       for (Part part : parts.values()) {
-        int index = part.index;
-        List<DataFile> archiveFiles = write(archives.get(index).value(), part.rows.archiveType(),
-            part.archived, part.rows.archiveType().length() - 1, partition, taskId);
-        List<DataFile> deadLetterFiles = write(deadLetters.get(index).value(), part.rows.deadLetterType(),
-            part.dead, DEAD_LETTER_METADATA, partition, taskId);
-        written.add(new Written(index, archiveFiles, deadLetterFiles, part.counts));
+        flush(part, partition, taskId);
+        written.add(new Written(part.index, part.archiveFiles, part.deadLetterFiles, part.counts));
       }
       return written.iterator();
+    }
+
+    private void flush(Part part, int partition, long taskId) throws IOException {
+      int index = part.index;
+      Table archive = archives.get(index).value();
+      Table deadLetter = deadLetters.get(index).value();
+      if (part.archiveNames == null) {
+        // One namer per table and task: the files of each flush are numbered on from the last one's.
+        part.archiveNames = files(archive, partition, taskId);
+        part.deadLetterNames = files(deadLetter, partition, taskId);
+      }
+      part.archiveFiles.addAll(write(archive, part.archiveNames, part.rows.archiveType(), part.archived,
+          part.rows.archiveType().length() - 1));
+      part.deadLetterFiles.addAll(write(deadLetter, part.deadLetterNames, part.rows.deadLetterType(),
+          part.dead, DEAD_LETTER_METADATA));
+      part.archived.clear();
+      part.dead.clear();
+    }
+
+    private OutputFileFactory files(Table table, int partition, long taskId) {
+      return OutputFileFactory.builderFor(table, partition, taskId)
+          .format(FileFormat.PARQUET)
+          .operationId(operation)
+          .build();
     }
 
     /** One topic's rows in this task. */
@@ -455,6 +504,10 @@ public final class TopicTables {
       final Outcome counts = new Outcome("");
       final List<InternalRow> archived = new ArrayList<>();
       final List<InternalRow> dead = new ArrayList<>();
+      final List<DataFile> archiveFiles = new ArrayList<>();
+      final List<DataFile> deadLetterFiles = new ArrayList<>();
+      OutputFileFactory archiveNames;
+      OutputFileFactory deadLetterNames;
 
       Part(int index, TopicRows rows, int partition) {
         this.index = index;
@@ -462,7 +515,8 @@ public final class TopicTables {
         this.projections = rows.projections(partition);
       }
 
-      void add(InternalRow row, long writeMicros) {
+      /** Keeps the record's row for its table; returns the bytes it holds. */
+      long add(InternalRow row, long writeMicros) {
         InternalRow kept;
         InternalRow metadata;
         if (!row.isNullAt(0)) {
@@ -481,22 +535,18 @@ public final class TopicTables {
         metadata.setLong(WRITE_TS, writeMicros);
         counts.read(metadata.getInt(PARTITION), metadata.getLong(OFFSET));
         counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(INGESTION_TS));
+        return kept instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() + ROW_OVERHEAD : ROW_OVERHEAD;
       }
     }
 
-    private List<DataFile> write(Table table, StructType type, List<InternalRow> rows, int metadata,
-        int partition, long taskId) throws IOException {
+    private List<DataFile> write(Table table, OutputFileFactory files, StructType type,
+        List<InternalRow> rows, int metadata) throws IOException {
       if (rows.isEmpty()) {
         return List.of();
       }
       Comparator<InternalRow> byIngestion =
           Comparator.comparingLong(row -> row.getStruct(metadata, METADATA_FIELDS).getLong(INGESTION_TS));
       rows.sort(byIngestion);
-      OutputFileFactory files =
-          OutputFileFactory.builderFor(table, partition, taskId)
-              .format(FileFormat.PARQUET)
-              .operationId(operation)
-              .build();
       long targetSize =
           PropertyUtil.propertyAsLong(
               table.properties(),
