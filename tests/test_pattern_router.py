@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -218,16 +219,7 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
     assert f"{by_default} batch 0: read 200" in output and "(together" in output
     assert f"batch 0 of topic {own}: writing it with the other topics failed" in output
     for topic in (by_default, later):
-        table = catalog.load_table(f"{stack.catalog.namespace}.{tables[topic]}")
-        for data_file in table.inspect.files().to_pylist():
-            # Each file holds one hour, the one its partition names, its rows in ingestion-time order.
-            hour = next(iter(data_file["partition"].values()))
-            with table.io.new_input(data_file["file_path"]).open() as stream:
-                stamps = pq.read_table(stream, columns=["__metadata__"]).column(0).combine_chunks()
-            times = [stamp.timestamp() for stamp in stamps.field("kafka_ingestion_ts").to_pylist()]
-            assert times == sorted(times) and {int(t) // 3600 for t in times} == {hour}, data_file[
-                "file_path"
-            ]
+        each_file_one_hour_in_order(catalog.load_table(f"{stack.catalog.namespace}.{tables[topic]}"))
     rows = catalog.load_table(f"{stack.catalog.namespace}.{tables[by_default]}").scan().to_arrow().to_pylist()
     assert all(row["event_type"] and row["__metadata__"]["cluster"] == "test" for row in rows)
     assert all(row["__metadata__"]["router_write_ts"] is not None for row in rows)
@@ -247,6 +239,17 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
     assert totals[no_schema]["error"].startswith("dead-lettered whole")
     rows = archived_offsets(stack, tables[own])
     assert len(rows) == len(set(rows)) and set(rows) == sent[own]
+
+
+def each_file_one_hour_in_order(table: Any) -> None:
+    """Each data file of `table` holds one hour, the one its partition names, its rows in ingestion-time
+    order."""
+    for data_file in table.inspect.files().to_pylist():
+        hour = next(iter(data_file["partition"].values()))
+        with table.io.new_input(data_file["file_path"]).open() as stream:
+            stamps = pq.read_table(stream, columns=["__metadata__"]).column(0).combine_chunks()
+        times = [stamp.timestamp() for stamp in stamps.field("kafka_ingestion_ts").to_pylist()]
+        assert times == sorted(times) and {int(t) // 3600 for t in times} == {hour}, data_file["file_path"]
 
 
 def archived_dead_letters(stack: Services, identifier: str) -> list[str]:
@@ -379,11 +382,4 @@ def test_a_batch_larger_than_a_task_s_buffer_is_written_in_more_files_each_sorte
         files = table.inspect.files().to_pylist()
         hours = {next(iter(data_file["partition"].values())) for data_file in files}
         assert len(files) > 4 * len(hours), f"{topic}: {len(files)} files for {len(hours)} hours"
-        for data_file in files:
-            hour = next(iter(data_file["partition"].values()))
-            with table.io.new_input(data_file["file_path"]).open() as stream:
-                stamps = pq.read_table(stream, columns=["__metadata__"]).column(0).combine_chunks()
-            times = [stamp.timestamp() for stamp in stamps.field("kafka_ingestion_ts").to_pylist()]
-            assert times == sorted(times) and {int(t) // 3600 for t in times} == {hour}, data_file[
-                "file_path"
-            ]
+        each_file_one_hour_in_order(table)
