@@ -31,7 +31,7 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 WHEELS := $(or $(BERGSTREAM_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bergstream)/wheels
 PYSPARK_WHEEL := $(WHEELS)/pyspark-$(shell sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' constraints.txt)-py2.py3-none-any.whl
 
-.PHONY: setup demo demo-wheel test test-image test-unit test-short test-pythons lint lock lock-upgrade clean
+.PHONY: setup demo demo-wheel test test-image test-unit test-short test-pythons fresh-check lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
@@ -85,6 +85,7 @@ test: setup
 # bergstream's image built from the Dockerfile and run: the demo inside it, and the compose stack's Spark
 # master and worker (tests/test_image.py). Needs a Docker engine, or Debian's docker.io to start one.
 test-image: setup
+	sh deploy/install-system-packages.sh --image "$(abspath $(BIN)/python)"
 	$(BIN)/pytest -m image
 
 test-unit: setup
@@ -110,6 +111,12 @@ test-pythons:
 	rm -rf $$status; \
 	if [ -n "$$failed" ]; then echo "make test-pythons: tests failed on$$failed" >&2; exit 1; fi; \
 	echo "make test-pythons: the tests passed on $(OTHER_PYTHONS)"
+
+# README's two commands and .ci/run in a clean clone of HEAD, with an empty HOME and a PATH of the system and the
+# toolchains alone: what a machine that never ran bergstream would do, timed (.ci/fresh-machine says more).
+# IMAGE_PACKAGES names the Debian packages of a new machine, to list those installed since by hand.
+fresh-check:
+	IMAGE_PACKAGES=$(IMAGE_PACKAGES) FRESH_DIR=$(FRESH_DIR) bash .ci/fresh-machine
 
 lint: setup
 	$(BIN)/ruff check .

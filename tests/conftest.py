@@ -11,11 +11,17 @@ import pytest
 
 from bergstream.spark import build_spark_session
 from tests.services import Services, services
+from tests.skips import SkipReport
+from tests.tools import built_with_go
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipReport(), "bergstream-skips")
 
 
 @pytest.fixture(scope="session")
@@ -80,4 +86,4 @@ def promtool(request: pytest.FixtureRequest) -> str:
         return found
     from bergstream.local.go_install import PROMTOOL_3
 
-    return str(PROMTOOL_3.install())
+    return str(built_with_go(PROMTOOL_3.install))

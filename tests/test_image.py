@@ -45,7 +45,7 @@ def _engine_answers() -> bool:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     if shutil.which("docker") is None:
-        pytest.fail("no docker client: apt-get install docker.io")
+        pytest.fail("no docker client: make test-image installs Debian's docker.io as root; install it")
     started = None
     if not _engine_answers():
         dockerd = shutil.which("dockerd")

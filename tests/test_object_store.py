@@ -39,6 +39,7 @@ from bergstream.router.maintain import maintain
 from tests.routers import ROOT, produced_offsets
 from tests.services import Services
 from tests.test_backfill_spark import consume_all
+from tests.tools import built_with_go
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,7 +49,14 @@ B = timedelta(minutes=30)
 
 
 @pytest.fixture(scope="module")
-def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[store_server.ObjectStoreConfig]:
+def versitygw() -> Path:
+    return built_with_go(store_server.install)
+
+
+@pytest.fixture(scope="module")
+def object_store(
+    versitygw: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[store_server.ObjectStoreConfig]:
     config = store_server.ObjectStoreConfig(tmp_path_factory.mktemp("object-store"), port=free_port())
     store_server.start(config)
     yield config
@@ -293,7 +301,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_local_up_runs_the_object_store_and_the_rest_catalog(tmp_path: Path) -> None:
+def test_local_up_runs_the_object_store_and_the_rest_catalog(versitygw: Path, tmp_path: Path) -> None:
     data = ["--data-dir", str(tmp_path / "stack")]
     kafka, controller, store, rest = free_ports(4)
     flags = ["--kafka-port", str(kafka), "--controller-port", str(controller), "--object-store", "s3",

@@ -46,10 +46,18 @@ from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.schemas.spark_types import record_to_struct
 from tests.routers import eventually, start_router, write_config
 from tests.services import Services
+from tests.tools import built_with_go
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[registry_server.SchemaRegistryConfig]:
+def registry_binary() -> Path:
+    return built_with_go(registry_server.build)
+
+
+@pytest.fixture(scope="module")
+def registry(
+    registry_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[registry_server.SchemaRegistryConfig]:
     config = registry_server.SchemaRegistryConfig(
         tmp_path_factory.mktemp("registry"), "127.0.0.1", free_port()
     )
@@ -124,7 +132,7 @@ def test_registry_settings_keep_the_login_secret(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_a_login_the_registry_refuses_is_one_line_without_the_password(
-    stack: Services, spark: SparkSession, tmp_path: Path
+    registry_binary: Path, stack: Services, spark: SparkSession, tmp_path: Path
 ) -> None:
     secured = registry_server.SchemaRegistryConfig(
         tmp_path / "r", "127.0.0.1", free_port(), "router", "right-pw"
@@ -154,7 +162,7 @@ def test_a_login_the_registry_refuses_is_one_line_without_the_password(
 
 @pytest.mark.integration
 def test_a_replay_logs_in_to_the_registry_with_the_topics_settings_file(
-    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+    registry_binary: Path, stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     secured = registry_server.SchemaRegistryConfig(
         tmp_path / "r", "127.0.0.1", free_port(), "router", "right-pw"
@@ -315,7 +323,7 @@ def test_json_schema_values_and_a_wire_header_on_a_plain_topic(
 
 @pytest.mark.integration
 def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_resolve(
-    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+    registry_binary: Path, stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     server = registry_server.SchemaRegistryConfig(tmp_path / "registry", "127.0.0.1", free_port())
     pid = registry_server.start(server)

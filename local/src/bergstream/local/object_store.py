@@ -24,9 +24,8 @@ from bergstream.local.go_install import GoProgram
 
 VERSITYGW_PACKAGE = "github.com/versity/versitygw/cmd/versitygw"
 VERSITYGW_VERSION = "v1.8.0"
-# The Go release versitygw's go.mod asks for: older ones cannot build it, and no toolchain is downloaded.
-GO_NEEDED = "1.25"
-VERSITYGW = GoProgram("versitygw", VERSITYGW_PACKAGE, VERSITYGW_VERSION, GO_NEEDED)
+# "1.25": the Go release versitygw's go.mod asks for; older ones cannot build it.
+VERSITYGW = GoProgram("versitygw", VERSITYGW_PACKAGE, "1.25", version=VERSITYGW_VERSION)
 DEFAULT_PORT = 7070
 DEFAULT_BUCKET = "bergstream"
 REGION = "us-east-1"

@@ -8,30 +8,22 @@ serves it) into the local cache; starting it takes a fraction of a second.
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bergstream import jars
-from bergstream.errors import BergstreamError, MissingToolError, StackError
+from bergstream.errors import BergstreamError, StackError
 from bergstream.local import processes
+from bergstream.local.go_install import GoProgram
 
 MODULE_DIR = Path(__file__).parent / "schema-registry"
 PACKAGE = "github.com/axonops/axonops-schema-registry/cmd/schema-registry"
-BINARY = "schema-registry"
-# The module's go.mod asks for this Go release or a newer one.
-MINIMUM_GO = (1, 26)
 READY_TIMEOUT_SECONDS = 30.0
-_GO_VERSION = re.compile(r"go(\d+)\.(\d+)")
 
 
 def pinned_version(module_dir: Path = MODULE_DIR) -> str:
@@ -43,57 +35,17 @@ def pinned_version(module_dir: Path = MODULE_DIR) -> str:
     return match.group(1)
 
 
-def _digest(module_dir: Path) -> str:
-    digest = hashlib.sha256((module_dir / "go.mod").read_bytes())
-    digest.update((module_dir / "go.sum").read_bytes())
-    return digest.hexdigest()[:12]
+# The registry's module asks for this Go release or a newer one.
+SCHEMA_REGISTRY = GoProgram("schema-registry", PACKAGE, "1.26", module=MODULE_DIR)
 
 
-def binary_path(module_dir: Path = MODULE_DIR) -> Path:
-    return jars.cache_root().parent / "schema-registry" / _digest(module_dir) / BINARY
+def binary_path() -> Path:
+    return SCHEMA_REGISTRY.binary
 
 
-def _require_go() -> str:
-    go = jars.require_tool("go", "build the schema registry (Go 1.26 or newer)")
-    found = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout
-    match = _GO_VERSION.match(found.strip())
-    if match is None or (int(match.group(1)), int(match.group(2))) < MINIMUM_GO:
-        raise MissingToolError(
-            f"'{go}' is {found.strip() or 'of an unknown version'}; the schema registry needs Go "
-            f"{'.'.join(map(str, MINIMUM_GO))} or newer"
-        )
-    return go
-
-
-def build(module_dir: Path = MODULE_DIR) -> Path:
-    """The registry's binary, built with `go build` the first time (about a minute on 2 cores)."""
-    target = binary_path(module_dir)
-    if target.exists():
-        return target
-    go = _require_go()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        # A copy of the module: go never writes into bergstream's own folder.
-        for name in ("go.mod", "go.sum"):
-            shutil.copy(module_dir / name, staging / name)
-        # GOTOOLCHAIN=local: a Go too old says so, instead of downloading another Go.
-        environment = {**os.environ, "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
-        built = subprocess.run(
-            [go, "build", "-trimpath", "-o", str(staging / BINARY), PACKAGE],
-            cwd=staging, env=environment, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if built.returncode != 0:
-            lines = [line for line in built.stderr.splitlines() if line.strip()]
-            raise BergstreamError(
-                f"go could not build the schema registry {pinned_version(module_dir)}: "
-                f"{(lines or ['no output'])[-1][:400]}"
-            )
-        with contextlib.suppress(OSError):  # another build finished first: its binary is as good
-            (staging / BINARY).rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+def build() -> Path:
+    """The registry's binary, built with `go build` the first time (about two minutes on 2 cores)."""
+    return SCHEMA_REGISTRY.install()
 
 
 @dataclass(frozen=True)
@@ -142,7 +94,7 @@ def _settings(config: SchemaRegistryConfig) -> dict[str, object]:
 
 
 def running_pid(config: SchemaRegistryConfig) -> int | None:
-    return processes.running_pid(config.pid_file, BINARY)
+    return processes.running_pid(config.pid_file, SCHEMA_REGISTRY.binary.name)
 
 
 def start(config: SchemaRegistryConfig) -> int:
