@@ -12,7 +12,7 @@ import pytest
 from bergstream.spark import build_spark_session
 from tests.services import Services, services
 from tests.skips import SkipReport
-from tests.tools import built_with_go
+from tests.tools import build_in_background, built_with_go, needed_by
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipReport(), "bergstream-skips")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    build_in_background(needed_by(session.items))
 
 
 @pytest.fixture(scope="session")
@@ -86,4 +90,4 @@ def promtool(request: pytest.FixtureRequest) -> str:
         return found
     from bergstream.local.go_install import PROMTOOL_3
 
-    return str(built_with_go(PROMTOOL_3.install))
+    return str(built_with_go(PROMTOOL_3))

@@ -50,7 +50,7 @@ B = timedelta(minutes=30)
 
 @pytest.fixture(scope="module")
 def versitygw() -> Path:
-    return built_with_go(store_server.install)
+    return built_with_go(store_server.VERSITYGW)
 
 
 @pytest.fixture(scope="module")

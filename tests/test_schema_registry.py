@@ -51,7 +51,7 @@ from tests.tools import built_with_go
 
 @pytest.fixture(scope="module")
 def registry_binary() -> Path:
-    return built_with_go(registry_server.build)
+    return built_with_go(registry_server.SCHEMA_REGISTRY)
 
 
 @pytest.fixture(scope="module")

@@ -3,16 +3,20 @@ Go program skips, naming the Go it needs, only where no such Go is on the PATH."
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from bergstream.errors import BergstreamError, MissingToolError
 from bergstream.local import burrow
-from bergstream.local.go_install import GoProgram, require_go
+from bergstream.local.go_install import PROMTOOL_3, GoProgram, require_go
+from bergstream.local.object_store import VERSITYGW
+from bergstream.local.schema_registry import SCHEMA_REGISTRY
 from tests.skips import EXPECTED
-from tests.tools import built_with_go
+from tests.tools import build_in_background, built_with_go, needed_by
 
 pytest_plugins = ["pytester"]
 
@@ -78,9 +82,11 @@ def test_a_failure_stays_the_run_s_status_and_a_run_without_skips_says_none(
 
 
 def fake_go(folder: Path, version: str) -> None:
+    """A `go` that tells its version and fails every build."""
     folder.mkdir(exist_ok=True)
     go = folder / "go"
-    go.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'env GOVERSION' ] && echo {version} && exit 0\nexit 3\n")
+    go.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'env GOVERSION' ] && echo {version} && exit 0\n"
+                  "echo 'go: example.org/frob@v1.0.0: 403 Forbidden' >&2; exit 1\n")  # fmt: skip
     go.chmod(go.stat().st_mode | stat.S_IXUSR)
 
 
@@ -91,30 +97,28 @@ def expected(nodeid: str, reason: str) -> bool:
 def test_no_go_and_a_go_too_old_are_expected_skips_and_a_failed_build_is_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("BERGSTREAM_CACHE", str(tmp_path / "cache"))
     program = GoProgram("frob", "example.org/frob/cmd/frob", "1.25", version="v1.0.0")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(pytest.skip.Exception) as absent:
-        built_with_go(lambda: Path(require_go(program.go_needed, program.name)))
+        built_with_go(program)
     assert "'go' was not found on PATH" in str(absent.value)
     assert expected("tests/test_object_store.py::test_x", str(absent.value))
 
     fake_go(tmp_path / "old", "go1.19.8")
     monkeypatch.setenv("PATH", str(tmp_path / "old"))
-    with pytest.raises(MissingToolError) as old:
-        require_go("1.25", "frob")
+    with pytest.raises(pytest.skip.Exception) as old:
+        built_with_go(program)
     assert str(old.value).endswith("is go1.19.8; building frob needs Go 1.25 or newer")
     assert expected("tests/test_schema_registry.py::test_x", str(old.value))
 
     fake_go(tmp_path / "new", "go1.26.8")
     monkeypatch.setenv("PATH", str(tmp_path / "new"))
     assert require_go("1.25", "frob") == str(tmp_path / "new" / "go")
-
-    def broken() -> Path:
-        raise BergstreamError("`go install example.org/frob/cmd/frob@v1.0.0` for frob failed: 403")
-
-    with pytest.raises(BergstreamError, match="403"):
-        built_with_go(broken)
-    assert not expected("tests/test_object_store.py::test_x", "`go install` for frob failed: 403")
+    failure = re.escape("for frob failed: go: example.org/frob@v1.0.0: 403 Forbidden")
+    with pytest.raises(BergstreamError, match=failure):
+        built_with_go(program)
+    assert not program.installed()
 
 
 def test_a_missing_burrow_is_an_expected_skip_and_a_wrong_burrow_variable_is_not(
@@ -143,3 +147,25 @@ def test_every_expected_skip_names_tests_that_exist() -> None:
         path, _, name = entry.test.partition("::")
         assert (root / path).exists(), entry
         assert not name or f"def {name}" in (root / path).read_text(), entry
+
+
+def test_the_run_builds_the_go_programs_its_tests_need_in_the_background_in_the_order_they_need_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def item(*fixtures: str, **params: str) -> SimpleNamespace:
+        return SimpleNamespace(fixturenames=list(fixtures), callspec=SimpleNamespace(params=params))
+
+    items = [item("stack"), item("promtool", promtool="2"), item("registry_binary", "registry"),
+             item("stack", "promtool", promtool="3"), SimpleNamespace(fixturenames=["versitygw"]),
+             item("registry_binary")]  # fmt: skip
+    assert needed_by(items) == [SCHEMA_REGISTRY, PROMTOOL_3, VERSITYGW]  # type: ignore[arg-type]
+
+    monkeypatch.setenv("BERGSTREAM_CACHE", str(tmp_path / "cache"))
+    fake_go(tmp_path / "old", "go1.21.0")
+    monkeypatch.setenv("PATH", str(tmp_path / "old"))
+    first, second = (GoProgram(name, f"example.org/{name}/cmd/{name}", "1.26", version="v1.0.0")
+                     for name in ("frob", "knob"))  # fmt: skip
+    build_in_background([first, second])
+    for program in (second, first):
+        with pytest.raises(pytest.skip.Exception, match=f"building {program.name} needs Go 1.26 or newer"):
+            built_with_go(program)
