@@ -152,12 +152,12 @@ def test_every_expected_skip_names_tests_that_exist() -> None:
 def test_the_run_builds_the_go_programs_its_tests_need_in_the_background_in_the_order_they_need_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def item(*fixtures: str, **params: str) -> SimpleNamespace:
+    def item(*fixtures: str, **params: object) -> SimpleNamespace:
         return SimpleNamespace(fixturenames=list(fixtures), callspec=SimpleNamespace(params=params))
 
-    items = [item("stack"), item("promtool", promtool="2"), item("registry_binary", "registry"),
-             item("stack", "promtool", promtool="3"), SimpleNamespace(fixturenames=["versitygw"]),
-             item("registry_binary")]  # fmt: skip
+    items = [item("stack", "counts", counts={"a": 1}), item("promtool", promtool="2"),
+             item("registry_binary", "registry"), item("stack", "promtool", promtool="3"),
+             SimpleNamespace(fixturenames=["versitygw"]), item("registry_binary")]  # fmt: skip
     assert needed_by(items) == [SCHEMA_REGISTRY, PROMTOOL_3, VERSITYGW]  # type: ignore[arg-type]
 
     monkeypatch.setenv("BERGSTREAM_CACHE", str(tmp_path / "cache"))

@@ -32,9 +32,9 @@ def needed_by(items: Iterable[pytest.Item]) -> list[GoProgram]:
     needed: list[GoProgram] = []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        for fixture in getattr(item, "fixturenames", ()):
-            program = FIXTURES.get((fixture, params.get(fixture)))
-            if program is not None and program not in needed:
+        fixtures = getattr(item, "fixturenames", ())
+        for (fixture, param), program in FIXTURES.items():
+            if fixture in fixtures and param in (None, params.get(fixture)) and program not in needed:
                 needed.append(program)
     return needed
 
