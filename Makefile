@@ -79,8 +79,12 @@ demo-wheel: setup
 	cd $(DEMO_WHEEL)/work && env -u VIRTUAL_ENV -u PYTHONPATH -u BERGSTREAM_HOME \
 		$(DEMO_WHEEL)/venv/bin/bergstream demo $(if $(DEMO_COUNT),--count $(DEMO_COUNT))
 
+# Two pytest processes, each with its broker and Spark session, a test module each at a time: the tests wait on
+# brokers, JVMs starting and queries much of the time, and on 2 cores two of them at once take a third less time
+# than one after the other (README, "Tests").
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -m "not image"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not image"
 
 # bergstream's image built from the Dockerfile and run: the demo inside it, and the compose stack's Spark
 # master and worker (tests/test_image.py). Needs a Docker engine, or Debian's docker.io to start one.
