@@ -8,18 +8,21 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bergstream.loadgen.events import EventModel
+from bergstream.router import maintain
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import load_router_config
-from bergstream.router.maintain import closed_before
+from bergstream.router.maintain import closed_before, until_committed
+from bergstream.router.retry import Backoff
 from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import ROOT, archived_offsets, eventually, start_router, write_config
 from tests.services import Services
@@ -140,3 +143,43 @@ def admin_watermarks(stack: Services, topic: str) -> dict[int, tuple[int, int]]:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in (0, 1)}
     finally:
         consumer.close()
+
+
+def test_a_maintenance_commit_that_lost_to_another_commit_is_made_again_on_fresh_metadata(
+    spark: SparkSession, stack: Services, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(maintain, "_LOST_RACE_BACKOFF", Backoff(initial_backoff_seconds=0.01))
+    identifier = stack.catalog.table_identifier(topic_name)
+    spark.sql(f"CREATE TABLE {identifier} (id BIGINT) USING iceberg")
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def losing(times: int, java_error: Any) -> Callable[[], int]:
+        """A step whose first `times` commits fail in Java with `java_error`, as a commit that lost does."""
+
+        def step() -> int:
+            calls.append(1)
+            if len(calls) <= times:
+                jvm.org.apache.iceberg.relocated.com.google.common.base.Throwables.throwIfUnchecked(
+                    java_error
+                )
+            return len(calls)
+
+        return step
+
+    no_arguments = spark.sparkContext._gateway.new_array(jvm.java.lang.Object, 0)  # type: ignore[union-attr]
+    lost = jvm.org.apache.iceberg.exceptions.CommitFailedException(
+        "metadata location has changed", no_arguments
+    )
+    assert until_committed(spark, identifier, "a step", losing(2, lost)) == 3
+
+    calls.clear()
+    with pytest.raises(Exception, match="metadata location has changed"):
+        until_committed(spark, identifier, "a step", losing(100, lost))
+    assert len(calls) == maintain._LOST_RACE_ATTEMPTS
+
+    calls.clear()
+    refused = jvm.org.apache.iceberg.exceptions.ValidationException("a conflicting delete", no_arguments)
+    with pytest.raises(Exception, match="a conflicting delete"):  # any other error, at once
+        until_committed(spark, identifier, "a step", losing(1, refused))
+    assert len(calls) == 1

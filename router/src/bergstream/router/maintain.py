@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from pyspark.sql import Row, SparkSession
 
 from bergstream.router.config import RouterConfig
+from bergstream.router.retry import Backoff, java_causes
 from bergstream.router.write import QUERY_ID
 from bergstream.schemas.archive import (
     BACKFILL_PROPERTY_PREFIX,
@@ -40,6 +43,13 @@ log = logging.getLogger(__name__)
 # Rewrites of the closed hours in one maintenance run, while some files are left by lost commits.
 _COMPACTION_ATTEMPTS = 3
 NEWEST_APPEND_TAG = "bergstream-router-newest-append"
+# A maintenance commit made on metadata that the router's appends have since replaced fails; Iceberg's own
+# retries (four, within a second or two) are not enough on a busy table on a busy machine, an append a
+# second. Such a step is made again on fresh metadata, after a wait, a few times.
+_LOST_RACE_ATTEMPTS = 8
+_LOST_RACE_BACKOFF = Backoff(initial_backoff_seconds=0.5, max_backoff_seconds=8.0)
+_COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,17 +139,21 @@ def maintain(
     for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
         identifier = catalog.table_identifier(table)
         started = time.monotonic()
-        compacted = _compact(spark, config, identifier, closed)
-        keep_newest_append(spark, identifier)
+        compact = partial(_compact, spark, config, identifier, closed)
+        compacted = until_committed(spark, identifier, "compaction", compact)
+        until_committed(
+            spark, identifier, "the newest append's tag", partial(keep_newest_append, spark, identifier)
+        )
         older_than = now - timedelta(hours=config.snapshot_retention_hours)
         held = tuple(pin for pin in backfill_pins(spark, identifier) if pin.committed_at < older_than)
         for pin in held:
             log.warning(pin.describe(identifier, now))
-        expired = spark.sql(
+        expire = (
             f"CALL {catalog.name}.system.expire_snapshots(table => '{identifier}', "
             f"older_than => TIMESTAMP '{older_than:%Y-%m-%d %H:%M:%S}+00:00', "
             f"retain_last => {settings.retain_last_snapshots})"
-        ).first()
+        )
+        expired = until_committed(spark, identifier, "snapshot expiry", partial(_first_row, spark, expire))
         orphans_before = now - timedelta(hours=settings.orphan_retention_hours)
         # An object store is listed through the table's FileIO: Hadoop has no file system for s3://.
         prefix_listing = ", prefix_listing => true" if catalog.object_storage else ""
@@ -160,6 +174,29 @@ def maintain(
         log.info(result.summary())
         results.append(result)
     return results
+
+
+def until_committed(spark: SparkSession, identifier: str, what: str, step: Callable[[], T]) -> T:
+    """`step`'s result; a step whose commit lost to another commit of `identifier` is made again on the
+    table's fresh metadata, at most _LOST_RACE_ATTEMPTS times in all. Any other error is raised at once."""
+    delays = _LOST_RACE_BACKOFF.delays()
+    for attempt in range(1, _LOST_RACE_ATTEMPTS + 1):
+        try:
+            return step()
+        except Exception as error:
+            lost = any(_COMMIT_FAILED in cause.classes for cause in java_causes(error))
+            if not lost or attempt == _LOST_RACE_ATTEMPTS:
+                raise
+            delay = next(delays)
+            log.warning("%s: %s lost its commit to another (attempt %d of %d); again in %.1f s",
+                        identifier, what, attempt, _LOST_RACE_ATTEMPTS, delay)  # fmt: skip
+            time.sleep(delay)
+            spark.sql(f"REFRESH TABLE {identifier}")
+    raise AssertionError("unreachable")
+
+
+def _first_row(spark: SparkSession, statement: str) -> Row | None:
+    return spark.sql(statement).first()
 
 
 def _compact(spark: SparkSession, config: RouterConfig, identifier: str, closed: datetime) -> Any:
