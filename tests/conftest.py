@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from bergstream.local.go_install import PROMTOOL_3
 from bergstream.spark import build_spark_session
 from tests.services import Services, services
 from tests.skips import SkipReport
@@ -88,6 +89,4 @@ def promtool(request: pytest.FixtureRequest) -> str:
         found = shutil.which("promtool")
         assert found, "promtool is missing: Debian's prometheus package has it"
         return found
-    from bergstream.local.go_install import PROMTOOL_3
-
     return str(built_with_go(PROMTOOL_3))
