@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from bergstream.backfill.read.handover import Handover, archive_window, newest_handover
 from bergstream.backfill.read.order import BoundedOrder, selected
 from bergstream.backfill.read.split import HOUR, Split
-from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.positions import BatchRange, Origin
 
 TABLE = "bergstream.archive.plays"
 TOPIC = "plays"
@@ -136,7 +136,7 @@ def worlds(draw: st.DrawFn) -> World:
         begin = {p: position.get(p, 0) if isinstance(position, dict) else 0 for p in kafka}
         end = {p: draw(st.integers(begin[p], len(records))) for p, records in kafka.items()}
         rows = [r for p in kafka for r in kafka[p][begin[p] : end[p]] if not r.dead]
-        summary = {"operation": "append", **BatchRange(position, end).properties(TOPIC, CLUSTER)}
+        summary = {"operation": "append", **BatchRange(position, end).properties(Origin(TOPIC, CLUSTER))}
         if rows:
             table.append(rows, summary)
         elif draw(st.booleans()):
@@ -147,7 +147,7 @@ def worlds(draw: st.DrawFn) -> World:
             count = draw(st.integers(1, 3))
             others = [Record(OTHER_CLUSTER, 0, other_position + i, stamp(), False) for i in range(count)]
             recorded = BatchRange({0: other_position}, {0: other_position + count})
-            table.append(others, recorded.properties(TOPIC, OTHER_CLUSTER))
+            table.append(others, recorded.properties(Origin(TOPIC, OTHER_CLUSTER)))
             other_position += count
         hours = sorted({row.ts // HOUR for f in table.files for row in f.rows})
         if hours and draw(st.integers(0, 3)) == 0:

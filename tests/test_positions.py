@@ -16,7 +16,15 @@ from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
 from bergstream.router.positions import Recorded, newest_recorded, resume_offsets
 from bergstream.router.write import QUERY_ID
-from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
+from bergstream.schemas.positions import (
+    BATCH_START,
+    CLUSTER,
+    ISOLATION_LEVEL,
+    NEXT_OFFSETS,
+    TOPIC,
+    BatchRange,
+    Origin,
+)
 from tests.routers import archived_offsets, produced_offsets
 from tests.services import Services
 
@@ -27,14 +35,19 @@ def test_resume_offsets_take_the_furthest_position_and_earliest_for_a_new_partit
 
     offsets = resume_offsets([recorded(3, {0: 10, 1: 7}), recorded(4, {0: 12})], [0, 1, 2])
     assert offsets == {0: 12, 1: 7, 2: -2}
-    assert BatchRange({1: 5, 0: 3}, {0: 9, 1: 6}).properties("plays", "eu") == {
+    assert BatchRange({1: 5, 0: 3}, {0: 9, 1: 6}).properties(Origin("plays", "eu")) == {
         TOPIC: "plays",
         CLUSTER: "eu",
+        ISOLATION_LEVEL: "read_committed",
         BATCH_START: '{"0":3,"1":5}',
         NEXT_OFFSETS: '{"0":9,"1":6}',
     }
     assert BatchRange({0: 3}, {0: 9}).starting_offsets("plays") == '{"plays": {"0": 3}}'
-    summary = BatchRange("earliest", {0: 9, 1: 4}).properties("plays", "eu")
+    summary = BatchRange("earliest", {0: 9, 1: 4}).properties(Origin("plays", "eu", topic_id="AAAA"))
+    assert Origin.recorded(summary) == Origin("plays", "eu", "read_committed", "AAAA")
+    assert Origin.recorded({TOPIC: "plays", CLUSTER: "eu"}) == Origin(
+        "plays", "eu", "read_uncommitted", None
+    ), "a commit from before levels were recorded was read with Spark's default"
     assert BatchRange.recorded(summary, "plays", "eu") == BatchRange("earliest", {0: 9, 1: 4})
     assert BatchRange.recorded(summary, "plays", "us") is None, "another cluster's position"
     assert BatchRange.recorded({"operation": "replace"}, "plays", "eu") is None, "not a router commit"

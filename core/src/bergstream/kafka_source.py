@@ -10,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from bergstream.errors import ConfigError
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+ISOLATION_OPTION = "kafka.isolation.level"
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
 SOURCE_DEFAULTS = {
+    # What a read_committed consumer of the topic reads: records of committed transactions and records
+    # sent outside transactions, never an aborted one, and nothing past the last stable offset (the first
+    # record of a transaction still open) until that transaction ends.
+    ISOLATION_OPTION: READ_COMMITTED,
     # Offsets that expire from Kafka before they are read are counted and reported by the router, and
     # skipped by a live application, instead of failing the query.
     "failOnDataLoss": "false",
@@ -29,6 +38,18 @@ _STREAMING_ONLY = (
     "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
     "endingTimestamp", "endingOffsetsByTimestamp",
 )  # fmt: skip
+
+
+def isolation_level(options: Mapping[str, str]) -> str:
+    """How Spark's Kafka source reads with `options` (bergstream's default: read_committed); a value that
+    is neither level is refused."""
+    level = str(options.get(ISOLATION_OPTION, READ_COMMITTED))
+    if level.strip().lower() not in (READ_COMMITTED, READ_UNCOMMITTED):
+        raise ConfigError(
+            f"{ISOLATION_OPTION} {level!r} is not a Kafka isolation level: use {READ_COMMITTED} (the "
+            f"default: no record of an aborted transaction is read) or {READ_UNCOMMITTED}"
+        )
+    return level.strip().lower()
 
 
 def kafka_stream(

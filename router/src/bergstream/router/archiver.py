@@ -91,7 +91,7 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
-        properties = covered.properties(self.config.topic, self.config.cluster)
+        properties = covered.properties(self.config.origin)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
@@ -189,7 +189,7 @@ class BatchArchiver:
         return {
             QUERY_ID: self._writers[0].query_id,
             BATCH_ID: str(batch_id),
-            **covered.properties(self.config.topic, self.config.cluster),
+            **covered.properties(self.config.origin),
         }
 
     def written_together(

@@ -27,9 +27,11 @@ from pydantic import (
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.kafka_settings import librdkafka_settings
+from bergstream.kafka_source import isolation_level
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
+from bergstream.schemas.positions import Origin
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import OptionValue, layered, problems
 from bergstream.site import settings_dir
@@ -220,6 +222,11 @@ class RouterConfig(BaseModel):
     def consumer_group(self) -> str:
         return f"bergstream-router.{self.topic}"
 
+    @property
+    def origin(self) -> Origin:
+        """Where the router's rows come from; the topic's Kafka id is learnt from Kafka at start."""
+        return Origin(self.topic, self.cluster, isolation_level(self.kafka))
+
     def kafka_client_config(self) -> dict[str, str]:
         """The connection settings among the `kafka.*` options, for the router's own (librdkafka) clients."""
         return librdkafka_settings(self.kafka, prefix="kafka.")
@@ -239,6 +246,7 @@ def check_kafka_options(options: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"{BOOTSTRAP} is missing")
     try:
         librdkafka_settings(options, prefix="kafka.")
+        isolation_level(options)
     except ConfigError as error:
         raise ValueError(str(error)) from error
     return options

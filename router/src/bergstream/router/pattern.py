@@ -49,6 +49,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError, ConfigError, first_line
 from bergstream.kafka_settings import librdkafka_settings
+from bergstream.kafka_source import isolation_level
 from bergstream.query import QueryRunner
 from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.app import start_archive_query
@@ -77,7 +78,7 @@ from bergstream.router.table import ensure_namespace
 from bergstream.router.write import Appended, BatchTableWriter
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
 from bergstream.schemas.parse import ERROR
-from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.positions import BatchRange, Origin
 from bergstream.schemas.stamp import metadata
 from bergstream.settings_file import merge, problems, read_mapping, without_none
 from bergstream.signals import on_stop_signals
@@ -304,7 +305,9 @@ class RejectedTopic:
             F.lit(None).cast("string").alias("schema_name"),
             F.col(METADATA),
         )
-        properties = covered.properties(self.topic, self.config.cluster)
+        properties = covered.properties(
+            Origin(self.topic, self.config.cluster, isolation_level(self.config.kafka))
+        )
         result = self.retry.attempt(
             self.identifier, batch_id, lambda: writer.append(rows, batch_id, properties)
         )

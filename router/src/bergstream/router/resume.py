@@ -93,7 +93,7 @@ def _append_dead_letters(
     observation = Observation(f"bergstream-router-{topic}-resume-{uuid.uuid4().hex}")
     rows = splitter.dead_letter_rows(splitter.stamp(records), observation)
     writer = BatchTableWriter(spark, dead_letter_id, archived.query_id)
-    appended = writer.append(rows, archived.batch_id, batch.properties(topic, config.cluster))
+    appended = writer.append(rows, archived.batch_id, batch.properties(config.origin))
     found = int(observation.get[DEAD_LETTERED]) if appended is not None else 0
     log.warning(
         "%s: the dead-letter table may lack the dead letters of the archive's newest batch (query %s, batch "

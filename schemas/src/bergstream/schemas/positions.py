@@ -2,10 +2,13 @@
 reading, shared by the router (which writes them and resumes from them) and the backfill (which hands an
 application over to Kafka at them).
 
-A router commit records the topic, the cluster it was read from, and the micro-batch's range as Spark's
-offset log has it: the offset each partition started at (`bergstream.kafka.batch-start`, or `earliest`)
-and the next offset of every partition after it (`bergstream.kafka.next-offsets`, `{"0":1174,"1":800}`).
-Every offset below the next offsets is in the archive table or its dead-letter table.
+A router commit records where its rows come from (`Origin`: the topic, the cluster it was read from, the
+Kafka isolation level it was read with, and the topic's Kafka id where known), and the micro-batch's range as
+Spark's offset log has it: the offset each partition started at (`bergstream.kafka.batch-start`, or
+`earliest`) and the next offset of every partition after it (`bergstream.kafka.next-offsets`,
+`{"0":1174,"1":800}`). Every record below the next offsets that a consumer of that isolation level reads is
+in the archive table or its dead-letter table, once. Under read_committed, offsets are not all records:
+aborted records and transactions' markers leave gaps, which the archive does not fill.
 """
 
 from __future__ import annotations
@@ -14,12 +17,45 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from bergstream.kafka_source import READ_COMMITTED, READ_UNCOMMITTED
+
 TOPIC = "bergstream.kafka.topic"
 CLUSTER = "bergstream.kafka.cluster"
 BATCH_START = "bergstream.kafka.batch-start"
 NEXT_OFFSETS = "bergstream.kafka.next-offsets"
+ISOLATION_LEVEL = "bergstream.kafka.isolation-level"
+TOPIC_ID = "bergstream.kafka.topic-id"
 # Spark's startingOffsets for a partition that has no recorded position.
 EARLIEST = -2
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a table's rows are read from: a topic of a cluster, read at an isolation level; the topic's Kafka
+    id, where known, tells it from a topic of the same name deleted and created again."""
+
+    topic: str
+    cluster: str
+    isolation_level: str = READ_COMMITTED
+    topic_id: str | None = None
+
+    def properties(self) -> dict[str, str]:
+        recorded = {TOPIC: self.topic, CLUSTER: self.cluster, ISOLATION_LEVEL: self.isolation_level}
+        return recorded if self.topic_id is None else {**recorded, TOPIC_ID: self.topic_id}
+
+    @classmethod
+    def recorded(cls, summary: Mapping[str, str]) -> Origin | None:
+        """The origin a snapshot's summary records; None when it records none. Commits written before the
+        isolation level was recorded were read with read_uncommitted, Spark's default then; their topic id is
+        unknown (None)."""
+        if summary.get(TOPIC) is None or summary.get(CLUSTER) is None:
+            return None
+        return cls(
+            summary[TOPIC],
+            summary[CLUSTER],
+            summary.get(ISOLATION_LEVEL, READ_UNCOMMITTED),
+            summary.get(TOPIC_ID),
+        )
 
 
 @dataclass(frozen=True)
@@ -29,10 +65,10 @@ class BatchRange:
     start: dict[int, int] | str
     end: dict[int, int]
 
-    def properties(self, topic: str, cluster: str) -> dict[str, str]:
-        """The snapshot properties that record the range."""
+    def properties(self, origin: Origin) -> dict[str, str]:
+        """The snapshot properties that record the range and where it was read."""
         start = self.start if isinstance(self.start, str) else offsets_json(self.start)
-        return {TOPIC: topic, CLUSTER: cluster, BATCH_START: start, NEXT_OFFSETS: offsets_json(self.end)}
+        return {**origin.properties(), BATCH_START: start, NEXT_OFFSETS: offsets_json(self.end)}
 
     def starting_offsets(self, topic: str) -> str:
         """The range's start as Spark's Kafka source takes it."""
