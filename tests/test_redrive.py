@@ -383,3 +383,59 @@ def test_a_redrive_killed_between_its_commits_is_finished_by_the_next_without_ap
     assert marking[FINISHED_LATER_PROPERTY] == "true"
     assert marking["bergstream.redrive.redriven"] == "10"
     assert Counter(r["redrive_id"] for r in rows(dead_letters)) == {killed_id: 10, None: 2}
+
+
+@pytest.mark.integration
+def test_a_bootstrap_reads_the_rows_a_redrive_appended_after_the_last_router_commit_once(
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+) -> None:
+    """The redrive is the table's newest commit, below the router's position: a bootstrap reads its rows
+    from the archive (Kafka's phase starts past them), once, to what a live run with the fixed schema
+    writes."""
+    from bergstream.backfill.runtime.run import run_app
+    from tests.jobs.identity_app import identity_settings
+
+    sent = send(stack, topic_name, Counter({"valid": 300, "pause": 60}))
+    archive_available_now(spark, router_config(stack, topic_name, tmp_path))
+    v2 = fixed_schema(tmp_path / "v2")
+    redriven = redrive(spark, router_config(stack, topic_name, tmp_path, schema_dir=str(v2)))
+    assert redriven.counts.redriven == 60
+    archive, _ = tables(stack, topic_name)
+    newest = archive.current_snapshot()
+    assert newest is not None and newest.summary is not None
+    assert newest.summary.additional_properties[ID_PROPERTY] == redriven.redrive_id
+    assert newest.summary.additional_properties["bergstream.kafka.topic"] == topic_name
+
+    start = datetime.fromtimestamp(min(s.timestamp_ms for s in sent.values()) / 1000, UTC)
+    window = {"start": start, "max_misalignment": "15m"}
+    output = f"redriven_{topic_name}".replace("-", "_").replace(".", "_")
+    bootstrap = identity_settings(stack, topic_name, "test", tmp_path / "bootstrap", output,
+                                  schema_dir=str(v2), mode="bootstrap", backfill=window)  # fmt: skip
+    report = run_app(spark, bootstrap, available_now=True, show_progress=False)
+    assert report.position.phase == "kafka"
+    assert report.handovers["playback"].snapshot_id == newest.snapshot_id
+    written = sorted(tuple(row) for row in spark.table(f"bergstream.apps.{output}").collect())
+    assert [event for _, _, event in written].count("PAUSE") == 60
+    assert sorted((p, o) for p, o, _ in written) == sorted(sent)
+    live = identity_settings(stack, topic_name, "test", tmp_path / "live", f"{output}_live",
+                             schema_dir=str(v2), mode="live")  # fmt: skip
+    run_app(spark, live, available_now=True, show_progress=False)
+    assert written == sorted(tuple(row) for row in spark.table(f"bergstream.apps.{output}_live").collect())
+
+    # A row appended past the position by something else than a router (a hand-made fix, a second writer):
+    # Kafka's phase would read its record again, so the hand-over is refused.
+    import pyarrow as pa
+
+    from bergstream.backfill.errors import BackfillConfigError
+    from bergstream.backfill.read.handover import pin_handover, refuse_rows_at_or_past
+    from bergstream.backfill.read.planner import table_ref
+
+    row = archive.scan(limit=1).to_arrow().to_pylist()[0]
+    row["__metadata__"]["offset"] += 100_000
+    archive.append(pa.Table.from_pylist([row], schema=archive.schema().as_arrow()))
+    handover = pin_handover(stack.catalog, table_ref(topic_name, stack.catalog), topic_name, "test")
+    with pytest.raises(BackfillConfigError) as refused:
+        refuse_rows_at_or_past(stack.catalog, handover)
+    message = str(refused.value)
+    assert f"holds 1 row(s) of topic {topic_name} (cluster test) at or past the position" in message
+    assert f"partition {row['__metadata__']['partition']} offset {row['__metadata__']['offset']}" in message

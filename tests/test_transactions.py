@@ -5,18 +5,21 @@ and a bootstrap over such an archive writes what a live run reading committed re
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.handover import Handover, agreed_isolation_level, refuse_lost_handover
 from bergstream.backfill.runtime.run import run_app
-from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
 from bergstream.schemas.positions import ISOLATION_LEVEL
+from tests.jobs.identity_app import identity_settings
 from tests.kafka_reads import read_committed
 from tests.services import Services
 from tests.transactions import Sent, TransactionalWriter
@@ -91,25 +94,6 @@ def test_the_archive_holds_each_committed_record_once_and_no_aborted_one(
     assert summary[ISOLATION_LEVEL] == "read_committed"
 
 
-def identity(stack: Services, topic: str, checkpoint: Path, output: str, **mode: Any) -> AppSettings:
-    return AppSettings.model_validate(
-        {
-            "app": "identity",
-            "entry": "tests.jobs.identity_app:identity",
-            "sources": {
-                "playback": {"topic": topic, "table": topic, "schema": "playback", "cluster": CLUSTER}
-            },
-            "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
-            "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
-            "checkpoint_location": str(checkpoint),
-            "output_table": output,
-            "max_offsets_per_trigger": 900,
-            "spark": {"master": "local[2]"},
-            **mode,
-        }
-    )
-
-
 def test_a_bootstrap_over_a_transactional_topic_writes_what_a_live_run_reading_committed_records_writes(
     stack: Services, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -132,11 +116,12 @@ def test_a_bootstrap_over_a_transactional_topic_writes_what_a_live_run_reading_c
     first.transaction(300, "commit")
     second.begin(100)
     try:
-        bootstrap = identity(stack, topic, tmp_path / "bootstrap", "txn_bootstrapped", mode="bootstrap",
-                             backfill={"start": start, "max_misalignment": "15m"})  # fmt: skip
+        window = {"start": start, "max_misalignment": "15m"}
+        bootstrap = identity_settings(stack, topic, CLUSTER, tmp_path / "bootstrap", "txn_bootstrapped",
+                                      mode="bootstrap", backfill=window)  # fmt: skip
         report = run_app(spark, bootstrap, available_now=True, show_progress=False)
         assert report.position.phase == "kafka"
-        live = identity(stack, topic, tmp_path / "live", "txn_live", mode="live")
+        live = identity_settings(stack, topic, CLUSTER, tmp_path / "live", "txn_live", mode="live")
         run_app(spark, live, available_now=True, show_progress=False)
     finally:
         second.end("abort")
@@ -144,3 +129,57 @@ def test_a_bootstrap_over_a_transactional_topic_writes_what_a_live_run_reading_c
     assert written == sorted(tuple(row) for row in spark.table("bergstream.apps.txn_live").collect())
     assert len(written) == len(sent.committed)
     assert len({(p, o) for p, o, _ in written}) == len(written)
+
+
+def test_an_archive_read_at_one_level_is_not_handed_over_to_a_source_reading_at_the_other() -> None:
+    pinned = Handover("c.archive.t", "t", CLUSTER, 7, {0: 10}, "read_committed", None, 5)
+    assert agreed_isolation_level(pinned, "read_committed") == pinned
+    with pytest.raises(BackfillConfigError) as refused:
+        agreed_isolation_level(pinned, "read_uncommitted")
+    assert str(refused.value).startswith(
+        "topic t: the archive in c.archive.t was read with isolation level read_committed (snapshot 5), and "
+        "this source reads Kafka with read_uncommitted"
+    )
+    assert "Set kafka.isolation.level: read_committed on the source" in str(refused.value)
+    older = Handover("c.archive.t", "t", CLUSTER, 7, {0: 10})
+    assert agreed_isolation_level(older, "read_committed").isolation_level == "read_committed"
+
+
+def test_both_hand_over_checks_ask_kafka_at_the_archive_s_level_past_an_open_transaction(
+    stack: Services, spark: SparkSession
+) -> None:
+    """A hand-over at the high watermarks, past an open transaction's records: a reader of uncommitted
+    records holds it; a reader of committed ones has not reached it. The Python check (at plan time) and the
+    source's Java check (at start and at the switch) say the same for the same plan document, whatever the
+    Kafka options say."""
+    from confluent_kafka import Consumer, TopicPartition
+    from py4j.protocol import Py4JJavaError
+
+    topic = "txn_checks"
+    writer = TransactionalWriter(stack.bootstrap_servers, topic, "txn-checks", datetime.now(UTC), Sent())
+    writer.transaction(90, "commit")
+    writer.begin(30)
+    try:
+        client = {"bootstrap.servers": stack.bootstrap_servers}
+        consumer = Consumer({**client, "group.id": "txn-checks", "isolation.level": "read_uncommitted"})
+        try:
+            high = {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=False)[1] for p in range(3)
+            }
+        finally:
+            consumer.close()
+        check_planned = spark._jvm.io.bergstream.backfill.Handover.checkPlanned  # type: ignore[union-attr]
+        for level, other in (("read_uncommitted", "read_committed"), ("read_committed", "read_uncommitted")):
+            handover = Handover(f"c.archive.{topic}", topic, CLUSTER, 1, high, level)
+            options = {"kafka.bootstrap.servers": stack.bootstrap_servers, "kafka.isolation.level": other}
+            document = json.dumps(handover.to_json())
+            if level == "read_uncommitted":
+                refuse_lost_handover(handover, client)
+                check_planned(options, document, "at start")
+                continue
+            with pytest.raises(BackfillConfigError, match="Kafka has not reached the hand-over offset"):
+                refuse_lost_handover(handover, client)
+            with pytest.raises(Py4JJavaError, match="Kafka has not reached the hand-over offset"):
+                check_planned(options, document, "at start")
+    finally:
+        writer.end("abort")

@@ -1,30 +1,43 @@
 """Where an application bootstrapped from the archive goes over to Kafka: per source, the newest router
-commit of its topic and cluster in the table's current history, and the Kafka position it records.
+commit of its topic and cluster in the table's current history and the Kafka position it records, read at
+the table's current snapshot.
 
-The archive phase reads that snapshot; the Kafka phase starts at exactly its next offsets, in every
-partition the router had, so that each offset is read once: from the archive if the router archived it
-(and it is in the window), from Kafka otherwise. A partition added to the topic since is read from its
-start. The position must still be in Kafka: a hand-over offset that retention has passed is refused,
-naming the topic, partition, hand-over offset and the earliest offset Kafka still has.
+The archive phase reads that snapshot: the router commit's rows, and those of every later commit that adds
+rows below the position (a redrive of dead letters); no row of the snapshot may lie at or past the position
+(`refuse_rows_at_or_past`). The Kafka phase starts at exactly the position, in every partition the router
+had, so that each committed record is read once: from the archive if the router archived it (and it is in
+the window), from Kafka otherwise. A partition added to the topic since is read from its start. The
+position must still be in Kafka: a hand-over offset that retention has passed is refused, naming the topic,
+partition, hand-over offset and the earliest offset Kafka still has.
+
+Kafka is asked at the isolation level the archive was read with (both checks: this one, and the source's
+own at the switch), and the Kafka phase must read at that level too: an archive of committed records handed
+over to a reader of uncommitted ones (or the other way round) would not be one topic read one way.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.order import Window
-from bergstream.backfill.read.planner import TableRef, from_micros, rows_read, table_ref
+from bergstream.backfill.read.planner import CLUSTER_COLUMN, TableRef, from_micros, rows_read, table_ref
 from bergstream.backfill.read.split import Micros, Split
 from bergstream.catalog import CatalogConfig
-from bergstream.schemas.positions import BatchRange, offsets_json
+from bergstream.kafka_source import READ_COMMITTED, READ_UNCOMMITTED
+from bergstream.schemas.archive import METADATA
+from bergstream.schemas.positions import ISOLATION_LEVEL, TOPIC_ID, BatchRange, offsets_json
 from bergstream.timeparse import format_instant
 
+log = logging.getLogger(__name__)
 # A bootstrap's archive phase is planned up to here (parse.py's latest event time), then cut at the newest
 # row of its pinned snapshots. Kafka's own timestamps are not bounded: see refuse_rows_past.
 END_OF_TIME: Micros = 7_258_118_400 * 1_000_000
+_PARTITION_COLUMN = f"{METADATA}.partition"
+_OFFSET_COLUMN = f"{METADATA}.offset"
 
 
 @dataclass(frozen=True)
@@ -34,22 +47,45 @@ class Handover:
     table: str  # catalog.namespace.table
     topic: str
     cluster: str
-    snapshot_id: int
+    snapshot_id: int  # the snapshot the archive phase reads
     offsets: dict[int, int]  # per partition, the next offset to read from Kafka
+    # The level the archive was read with, which Kafka is asked at; None where the router commit does not
+    # record it (bergstream before levels were recorded read with Spark's default, read_uncommitted).
+    isolation_level: str | None = None
+    topic_id: str | None = None  # Kafka's id of the topic the router read, where recorded
+    positioned_at: int | None = None  # the router commit that recorded the offsets, when not snapshot_id
 
     def to_json(self) -> dict[str, Any]:
         offsets = {str(partition): offset for partition, offset in sorted(self.offsets.items())}
-        return {
+        document: dict[str, Any] = {
             "topic": self.topic,
             "cluster": self.cluster,
             "snapshot_id": self.snapshot_id,
             "offsets": offsets,
         }
+        for key, value in (
+            ("isolation_level", self.isolation_level),
+            ("topic_id", self.topic_id),
+            ("positioned_at", self.positioned_at),
+        ):
+            if value is not None:
+                document[key] = value
+        return document
 
     @classmethod
     def from_json(cls, table: str, data: Mapping[str, Any]) -> Handover:
         offsets = {int(partition): int(offset) for partition, offset in data["offsets"].items()}
-        return cls(table, data["topic"], data["cluster"], int(data["snapshot_id"]), offsets)
+        positioned_at = data.get("positioned_at")
+        return cls(
+            table, data["topic"], data["cluster"], int(data["snapshot_id"]), offsets,
+            data.get("isolation_level"), data.get("topic_id"),
+            None if positioned_at is None else int(positioned_at),
+        )  # fmt: skip
+
+    @property
+    def position_snapshot(self) -> int:
+        """The router commit whose position this is."""
+        return self.snapshot_id if self.positioned_at is None else self.positioned_at
 
     def describe(self) -> str:
         listed = ", ".join(f"p{partition}: {offset}" for partition, offset in sorted(self.offsets.items()))
@@ -57,7 +93,8 @@ class Handover:
 
 
 def pin_handover(catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str) -> Handover:
-    """The newest router commit of `topic` from `cluster` in the current history of table `ref`."""
+    """The newest router commit of `topic` from `cluster` in the current history of table `ref`, read at the
+    table's current snapshot."""
     handover = recorded_handover(catalog, ref, topic, cluster)
     if handover is None:
         raise BackfillConfigError(
@@ -71,8 +108,8 @@ def pin_handover(catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str
 def recorded_handover(
     catalog: CatalogConfig, ref: TableRef, topic: str, cluster: str, snapshot_id: int | None = None
 ) -> Handover | None:
-    """The newest router commit of `topic` from `cluster` at or before `snapshot_id` (default: the current
-    snapshot) in table `ref`'s history; None when there is none."""
+    """The hand-over at `snapshot_id` (default: the current snapshot) of table `ref`: the newest router
+    commit of `topic` from `cluster` at or before it; None when there is none."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -91,14 +128,86 @@ def recorded_handover(
 def newest_handover(
     history: Iterable[tuple[int, Mapping[str, str]]], table: str, topic: str, cluster: str
 ) -> Handover | None:
-    """The hand-over the newest router commit of `topic` from `cluster` records, in `history`: a snapshot's
-    ancestors as (snapshot id, summary properties), newest first. Snapshots that record no position of
-    them (compactions, other topics' or clusters' commits) are passed over; None when none records one."""
+    """The hand-over at the head of `history` (a snapshot's ancestors as (snapshot id, summary properties),
+    newest first): the position the newest router commit of `topic` from `cluster` records, read at the
+    head. Snapshots that record no position of them (compactions, redrives, other topics' or clusters'
+    commits) are passed over for the position, and read; None when no snapshot records one."""
+    head: int | None = None
     for snapshot_id, summary in history:
+        head = snapshot_id if head is None else head
         recorded = BatchRange.recorded(summary, topic, cluster)
         if recorded is not None:
-            return Handover(table, topic, cluster, snapshot_id, recorded.end)
+            return Handover(
+                table, topic, cluster, head, recorded.end, summary.get(ISOLATION_LEVEL),
+                summary.get(TOPIC_ID), None if snapshot_id == head else snapshot_id,
+            )  # fmt: skip
     return None
+
+
+def agreed_isolation_level(handover: Handover, reads_with: str) -> Handover:
+    """The hand-over with the isolation level both checks ask Kafka at: the archive's. A source that reads
+    Kafka at another level than the archive was read with is refused; an archive that does not record its
+    level (written before levels were recorded, read_uncommitted) is accepted for a source of either, with a
+    warning, and Kafka is asked at the source's."""
+    recorded = handover.isolation_level
+    if recorded is None:
+        log.warning(
+            "%s: the router commits of topic %s do not record the isolation level they read with (written "
+            "before levels were recorded, so read with %s): if a transactional producer writes the topic, "
+            "the archive may hold records of aborted transactions (README: Transactions)",
+            handover.table, handover.topic, READ_UNCOMMITTED,
+        )  # fmt: skip
+        return Handover(**{**handover.__dict__, "isolation_level": reads_with})
+    if recorded != reads_with:
+        raise BackfillConfigError(
+            f"topic {handover.topic}: the archive in {handover.table} was read with isolation level "
+            f"{recorded} (snapshot {handover.position_snapshot}), and this source reads Kafka with "
+            f"{reads_with}: one bootstrap would read the topic two ways. Set kafka.isolation.level: "
+            f"{recorded} on the source, or archive the topic again at the level wanted"
+        )
+    return handover
+
+
+def refuse_rows_at_or_past(catalog: CatalogConfig, handover: Handover) -> None:
+    """Refuse a pinned snapshot holding a row of the hand-over's cluster at or past its offsets, or of a
+    partition it has none for: Kafka's phase would read that record again. Only the files added since the
+    router commit that recorded the position are read (a redrive's rows lie below it)."""
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, NotIn, Or
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    if handover.positioned_at is None:
+        return
+    ref = table_ref(handover.table, catalog)
+    table = catalog.load().load_table(ref.pyiceberg_identifier)
+    row_filter = NotIn(_PARTITION_COLUMN, set(handover.offsets))
+    for partition, offset in handover.offsets.items():
+        row_filter = Or(
+            row_filter, And(EqualTo(_PARTITION_COLUMN, partition), GreaterThanOrEqual(_OFFSET_COLUMN, offset))
+        )
+    row_filter = And(EqualTo(CLUSTER_COLUMN, handover.cluster), row_filter)
+    positioned = table.snapshot_by_id(handover.positioned_at)
+    known: set[str] = set()
+    if positioned is not None:
+        known = {task.file.file_path for task in table.scan(snapshot_id=positioned.snapshot_id).plan_files()}
+    added = [
+        task
+        for task in table.scan(snapshot_id=handover.snapshot_id, row_filter=row_filter).plan_files()
+        if task.file.file_path not in known
+    ]
+    if not added:
+        return
+    schema = table.schema().select(_PARTITION_COLUMN, _OFFSET_COLUMN)
+    found = ArrowScan(table.metadata, table.io, schema, row_filter).to_table(added)
+    if found.num_rows:
+        first = found.column(METADATA)[0].as_py()
+        raise BackfillConfigError(
+            f"table {ref.identifier}: snapshot {handover.snapshot_id} holds {found.num_rows:,} row(s) of "
+            f"topic {handover.topic} (cluster {handover.cluster}) at or past the position its router "
+            f"recorded in snapshot {handover.position_snapshot}, {offsets_json(handover.offsets)}, e.g. "
+            f"partition {first['partition']} offset {first['offset']}: written by a commit that records no "
+            "position (not a router's), Kafka's phase would read them again. Find the commit in the table's "
+            "history and roll it back, or bootstrap from a snapshot before it"
+        )
 
 
 def archive_window(start: Micros, splits: Iterable[Split]) -> Window:
@@ -132,12 +241,17 @@ def refuse_rows_past(catalog: CatalogConfig, handover: Handover, end: Micros = E
 
 
 def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:
-    """Refuse a hand-over whose offsets Kafka no longer holds, or a partition Kafka no longer has."""
+    """Refuse a hand-over whose offsets Kafka no longer holds, or a partition Kafka no longer has; Kafka is
+    asked at the hand-over's isolation level, as the source's own check at the switch asks it."""
     from confluent_kafka import Consumer, TopicPartition
 
+    # Its next offsets are the last stable offsets at read_committed, the high watermarks otherwise: what
+    # the Kafka phase, reading at the archive's level, can read up to.
+    level = handover.isolation_level or READ_COMMITTED
     consumer = Consumer(
-        {**client_config, "group.id": "bergstream-handover-check", "enable.auto.commit": False}
-    )
+        {**client_config, "group.id": "bergstream-handover-check", "enable.auto.commit": False,
+         "isolation.level": level}
+    )  # fmt: skip
     try:
         metadata = consumer.list_topics(handover.topic, timeout=15).topics.get(handover.topic)
         if metadata is None or metadata.error is not None:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
+from bergstream.kafka_source import isolation_level
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import OptionValue, layered, problems, read_mapping
@@ -161,6 +162,10 @@ class AppSettings(BaseModel):
             for key in {**self.kafka, **source.kafka}:
                 if key in _RESERVED_KAFKA_OPTIONS:
                     raise ValueError(f"sources.{name}: option {key!r} is set by bergstream from `topic`")
+            try:
+                isolation_level({**self.kafka, **source.kafka})
+            except ConfigError as error:
+                raise ValueError(f"sources.{name}.kafka: {error}") from error
             own = source.kafka.get(MAX_OFFSETS)
             if own is not None and (not own.isdigit() or int(own) <= 0):
                 raise ValueError(f"sources.{name}.kafka.{MAX_OFFSETS}: {own!r} is not a positive integer")

@@ -32,9 +32,11 @@ from bergstream.backfill.errors import BackfillConfigError, CheckpointMismatch
 from bergstream.backfill.read.handover import (
     END_OF_TIME,
     Handover,
+    agreed_isolation_level,
     archive_window,
     pin_handover,
     refuse_lost_handover,
+    refuse_rows_at_or_past,
     refuse_rows_past,
 )
 from bergstream.backfill.read.order import Epoch, OrderingPolicy, StrictOrder, Window, ordering
@@ -44,7 +46,7 @@ from bergstream.backfill.runtime.pins import pin, release, tag_of
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.subject import LiveSubject
 from bergstream.kafka_settings import librdkafka_settings
-from bergstream.kafka_source import SOURCE_DEFAULTS, kafka_stream
+from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level, kafka_stream
 from bergstream.schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas
@@ -327,9 +329,13 @@ class Sources:
         """Per source table, the newest router commit of its topic and cluster, and where it ends in Kafka."""
         settings = self.settings
         handovers = {}
-        for source in settings.sources.values():
+        for name, source in settings.sources.items():
             ref = table_ref(source.table_or_topic, settings.catalog)
-            handovers[ref.identifier] = pin_handover(settings.catalog, ref, source.topic, source.cluster)
+            pinned = pin_handover(settings.catalog, ref, source.topic, source.cluster)
+            reads_with = isolation_level({**SOURCE_DEFAULTS, **settings.kafka_options(name)})
+            handover = agreed_isolation_level(pinned, reads_with)
+            refuse_rows_at_or_past(settings.catalog, handover)
+            handovers[ref.identifier] = handover
         return handovers
 
     def _switched(self) -> bool:

@@ -90,7 +90,10 @@ def redrive(
             report.seconds = time.monotonic() - started
             if dry_run:
                 return report
+            # The topic and cluster its rows come from, with no Kafka position: they lie below the
+            # position of the router commit before them, where a bootstrap's archive phase reads them.
             properties = {
+                **config.origin.properties(),
                 ID_PROPERTY: report.redrive_id,
                 DEAD_LETTER_SNAPSHOT_PROPERTY: str(report.dead_letter_snapshot),
                 **({REASON_FILTER_PROPERTY: reason} if reason is not None else {}),

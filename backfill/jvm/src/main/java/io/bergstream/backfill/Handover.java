@@ -50,15 +50,27 @@ public final class Handover implements Serializable {
   final long snapshotId;
   // Partition -> next offset, ascending by partition.
   final SortedMap<Integer, Long> offsets;
+  // The isolation level the archive was read with, which Kafka is asked at; null in a plan written before
+  // the plan carried it (the Kafka options' level is then asked at).
+  final String isolationLevel;
 
-  private Handover(String topic, String cluster, long snapshotId, SortedMap<Integer, Long> offsets) {
+  private Handover(
+      String topic,
+      String cluster,
+      long snapshotId,
+      SortedMap<Integer, Long> offsets,
+      String isolationLevel) {
     this.topic = topic;
     this.cluster = cluster;
     this.snapshotId = snapshotId;
     this.offsets = Collections.unmodifiableSortedMap(offsets);
+    this.isolationLevel = isolationLevel;
   }
 
-  /** The plan's {@code "handover": {"topic", "cluster", "snapshot_id", "offsets": {"0": 1174, ...}}}. */
+  /**
+   * The plan's {@code "handover": {"topic", "cluster", "snapshot_id", "offsets": {"0": 1174, ...},
+   * "isolation_level": "read_committed"}}, the level optional.
+   */
   static Handover of(JsonNode node) {
     if (!node.isObject()) {
       throw new IllegalArgumentException("'handover' is not an object");
@@ -72,7 +84,12 @@ public final class Handover implements Serializable {
       throw new IllegalArgumentException("'handover' needs the 'snapshot_id' that recorded its offsets");
     }
     long snapshotId = node.get("snapshot_id").asLong();
-    return new Handover(topic, cluster, snapshotId, offsets(topic, node.path("offsets")));
+    String level = node.path("isolation_level").asText("");
+    if (!level.isEmpty() && isolationLevel(level) == null) {
+      throw new IllegalArgumentException("'handover' has isolation_level " + level + ", not a Kafka level");
+    }
+    return new Handover(
+        topic, cluster, snapshotId, offsets(topic, node.path("offsets")), level.isEmpty() ? null : level);
   }
 
   /** Spark's Kafka offsets of the hand-over, {@code {"<topic>":{"0":1174,"1":800}}}, partitions ascending. */
@@ -87,9 +104,27 @@ public final class Handover implements Serializable {
     return root.toString();
   }
 
-  /** Refuses this hand-over when Kafka no longer holds it; {@code when} says when the check is made. */
+  /**
+   * Refuses this hand-over when Kafka no longer holds it, asking Kafka at the level the archive was read
+   * with; {@code when} says when the check is made.
+   */
   void check(Map<String, String> kafkaOptions, String when) {
-    check(kafkaOptions, topic, offsets, when);
+    check(kafkaOptions, topic, offsets, when, isolationLevel);
+  }
+
+  /**
+   * Refuses, as the source does at start and at the switch, the hand-over of a plan's {@code "handover"}
+   * document when Kafka no longer holds it: Kafka is asked at the document's isolation level, else at the
+   * options' level.
+   */
+  public static void checkPlanned(Map<String, String> kafkaOptions, String handoverJson, String when) {
+    JsonNode node;
+    try {
+      node = JSON.readTree(handoverJson == null ? "" : handoverJson);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("hand-over " + handoverJson + " is not JSON", e);
+    }
+    of(node).check(kafkaOptions, when);
   }
 
   /**
@@ -118,13 +153,18 @@ public final class Handover implements Serializable {
     if (node != null && node.size() == 1 && node.has(topic) && node.get(topic).isObject()) {
       node = node.get(topic);
     }
-    check(kafkaOptions, topic, offsets(topic, node), when);
+    check(kafkaOptions, topic, offsets(topic, node), when, null);
   }
 
   private static void check(
-      Map<String, String> kafkaOptions, String topic, SortedMap<Integer, Long> offsets, String when) {
+      Map<String, String> kafkaOptions,
+      String topic,
+      SortedMap<Integer, Long> offsets,
+      String when,
+      String level) {
     String prefix = topic + ": " + when + ": ";
     Properties config = adminConfig(kafkaOptions);
+    IsolationLevel asked = level != null ? isolationLevel(level) : isolationLevel(config);
     if (!config.containsKey("bootstrap.servers")) {
       throw new IllegalArgumentException(
           prefix + "the hand-over offsets cannot be checked without option kafka.bootstrap.servers");
@@ -148,7 +188,7 @@ public final class Handover implements Serializable {
         earliest.put(partition, OffsetSpec.earliest());
         latest.put(partition, OffsetSpec.latest());
       }
-      ListOffsetsOptions options = new ListOffsetsOptions(isolationLevel(config));
+      ListOffsetsOptions options = new ListOffsetsOptions(asked);
       Map<TopicPartition, ListOffsetsResultInfo> first = admin.listOffsets(earliest, options).all().get();
       Map<TopicPartition, ListOffsetsResultInfo> next = admin.listOffsets(latest, options).all().get();
       for (Map.Entry<Integer, Long> entry : offsets.entrySet()) {
@@ -156,10 +196,13 @@ public final class Handover implements Serializable {
         long low = first.get(partition).offset();
         long high = next.get(partition).offset();
         if (entry.getValue() < low || entry.getValue() > high) {
+          // Past the next offset: at this level Kafka has not reached it (an open transaction), or the
+          // topic was deleted and created again.
+          String how = entry.getValue() < low ? "no longer holds" : "has not reached";
           throw new IllegalStateException(String.format(
-              "%sKafka no longer holds the hand-over offset: topic %s partition %d, hand-over offset %d,"
+              "%sKafka %s the hand-over offset: topic %s partition %d, hand-over offset %d,"
                   + " earliest offset %d, next offset %d",
-              prefix, topic, entry.getKey(), entry.getValue(), low, high));
+              prefix, how, topic, entry.getKey(), entry.getValue(), low, high));
         }
       }
     } catch (ExecutionException e) {
@@ -215,11 +258,26 @@ public final class Handover implements Serializable {
     return config;
   }
 
-  /** The next offsets Spark's Kafka source sees: the last stable offsets when it reads committed records. */
+  /**
+   * The next offsets Spark's Kafka source sees with these settings: the last stable offsets when it reads
+   * committed records (bergstream sets that by default), the high watermarks when it reads uncommitted
+   * ones (Kafka's consumers' default, where nothing is set).
+   */
   private static IsolationLevel isolationLevel(Properties config) {
     Object level = config.get("isolation.level");
-    return level != null && level.toString().equalsIgnoreCase("read_committed")
-        ? IsolationLevel.READ_COMMITTED
-        : IsolationLevel.READ_UNCOMMITTED;
+    IsolationLevel named = level == null ? null : isolationLevel(level.toString());
+    return named == null ? IsolationLevel.READ_UNCOMMITTED : named;
+  }
+
+  /** {@code read_committed} or {@code read_uncommitted}, any case; null for anything else. */
+  private static IsolationLevel isolationLevel(String level) {
+    switch (level.trim().toLowerCase(Locale.ROOT)) {
+      case "read_committed":
+        return IsolationLevel.READ_COMMITTED;
+      case "read_uncommitted":
+        return IsolationLevel.READ_UNCOMMITTED;
+      default:
+        return null;
+    }
   }
 }
