@@ -101,6 +101,26 @@ def progress_of(bootstrap: str, target: str) -> dict[str, Any] | None:
     return json.loads(committed[-1].value()) if committed else None
 
 
+def in_open_transaction(bootstrap: str, topic: str) -> bool:
+    """Whether a partition of `topic` holds records of a transaction not yet ended: its last stable offset
+    is behind its high watermark."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = []
+    for level in ("read_committed", "read_uncommitted"):
+        consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "check-open", "isolation.level": level}
+        )
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            ends.append(
+                [consumer.get_watermark_offsets(TopicPartition(topic, p), 10, False)[1] for p in partitions]
+            )
+        finally:
+            consumer.close()
+    return ends[0] != ends[1]
+
+
 def source_of(message: Any) -> tuple[int, int]:
     headers = dict(message.headers())
     return int(headers["bergstream.source.partition"]), int(headers["bergstream.source.offset"])
@@ -146,11 +166,12 @@ def archive_rows(stack: Services, lower: datetime, upper: datetime) -> list[dict
 
 
 def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each_record_once(
-    stack: Services, source: Source, tmp_path: Path
+    stack: Services, spark: SparkSession, source: Source, tmp_path: Path
 ) -> None:
-    """The CLI killed with SIGKILL once its first epoch is committed, then run again with the same command
-    after rows were appended to the window: a read_committed consumer sees every row of the first run's
-    snapshot once, none of the appended ones, in offset order per source partition and epoch."""
+    """The CLI killed with SIGKILL once its first epoch is committed, in the next one's transaction, then run
+    again with the same command after rows were appended to the window: a read_committed consumer sees every
+    row of the first run's snapshot once, none of the appended ones, in offset order per source partition
+    and epoch; and so does the router that archives the topic, the aborted sends left out."""
     lower, upper = source.start, source.start + timedelta(hours=1)
     target = "rx_killed"
     config = tmp_path / "catalog.yaml"
@@ -168,7 +189,12 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
             command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     deadline = time.monotonic() + 120
-    while (progress := progress_of(stack.bootstrap_servers, target)) is None or progress["epoch"] < 1:
+    # Killed mid-transaction: an epoch committed, the next one's records in the log and not committed.
+    while (
+        (progress := progress_of(stack.bootstrap_servers, target)) is None
+        or progress["epoch"] < 1
+        or not in_open_transaction(stack.bootstrap_servers, target)
+    ):
         assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-2000:]
         assert time.monotonic() < deadline, "the replay committed no epoch in 120s"
     os.killpg(killed.pid, signal.SIGKILL)
@@ -200,6 +226,23 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
     )  # fmt: skip
     assert again.already_complete and again.records == 0
     assert "complete already" in again.summary()
+
+    # The target topic holds the killed run's aborted sends and their committed re-sends; its archive holds
+    # each record once, as a read_committed consumer reads it.
+    config = RouterConfig(
+        topic=target, schema="playback", encoding="json", table=target, cluster="us-east-1",
+        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=str(tmp_path / "router"), catalog=stack.catalog,
+    )  # fmt: skip
+    archive_available_now(spark, config)
+    table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{target}")
+    archived_sources = [
+        (int(headers["bergstream.source.partition"]), int(headers["bergstream.source.offset"]))
+        for row in table.scan().to_arrow().to_pylist()
+        for headers in [{h["key"]: h["value"] for h in row["__metadata__"]["headers"]}]
+    ]
+    assert len(archived_sources) == len(set(archived_sources)), "a replayed record archived twice"
+    assert set(archived_sources) == expected
 
 
 def set_max_message_bytes(bootstrap: str, topic: str, value: str) -> None:
