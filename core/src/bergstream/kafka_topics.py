@@ -1,7 +1,9 @@
-"""Kafka topics and records, for every producer of bergstream: the load generator and the replay."""
+"""Kafka topics and records, for every producer of bergstream (the load generator and the replay), and topics'
+identities (their Kafka ids) for the router and the hand-over."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -13,6 +15,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from bergstream.errors import BergstreamError
 from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
+
+_DESCRIBE_SECONDS = 15
 
 
 def _admin_and_topics(client_config: Mapping[str, Any]) -> tuple[AdminClient, dict[str, Any]]:
@@ -274,3 +278,28 @@ def _watermarks(consumer: Consumer, topic: str, deadline: float) -> tuple[int, i
             if error.args[0].code() not in _NOT_YET_KNOWN or time.monotonic() >= deadline:
                 raise
             consumer.list_topics(topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+
+
+def canonical_id(uuid: Any) -> str:
+    """Kafka's topic id as Kafka's own tools print it (URL-safe base64, no padding); librdkafka's text uses
+    the standard alphabet instead."""
+    raw = uuid.get_most_significant_bits().to_bytes(8, "big", signed=True) + (
+        uuid.get_least_significant_bits().to_bytes(8, "big", signed=True)
+    )
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
+    """Kafka's id of each of `topics` now; None for a topic Kafka gives no id for (brokers before 2.8)."""
+    from confluent_kafka import TopicCollection
+
+    if not topics:
+        return {}
+    described = admin.describe_topics(TopicCollection(topics), request_timeout=_DESCRIBE_SECONDS)
+    ids: dict[str, str | None] = {}
+    for topic, future in described.items():
+        uuid = future.result(_DESCRIBE_SECONDS).topic_id
+        ids[topic] = None if uuid is None or (
+            uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0
+        ) else canonical_id(uuid)  # fmt: skip
+    return ids

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -29,6 +30,7 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.errors import RouterStopped
 from bergstream.router.expired import ExpiredOffsets
+from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import starting_offsets
@@ -52,7 +54,9 @@ class Router:
         self.spark = spark
         self.metrics = metrics
         stopping = stopping or threading.Event()
-        self._kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config())
+        self._kafka = GroupCommitter(
+            config.topic, config.consumer_group, config.kafka_client_config(), config.origin.isolation_level
+        )
         try:
             expired = ExpiredOffsets(config.topic, self._kafka, metrics)
             self._expired = expired
@@ -60,6 +64,8 @@ class Router:
             self.tables = ArchiveTables(spark, config)
             retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
             self.archiver = BatchArchiver(spark, config, metrics, self.tables, retry, self.accounting)
+            self._identity = TopicIdentity(config.topic, config.cluster, self._kafka)
+            self.archiver.identity = self._identity
         except BaseException:
             self._kafka.close()
             raise
@@ -86,9 +92,13 @@ class Router:
         self._available_now = available_now
         try:
             self._kafka.require_topic()
-            self.tables.prepare(self.archiver.layout)
+            layout = self.archiver.layout
+            self.tables.prepare(layout)
+            tables = [config.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)]
+            topic_id = self._identity.at_start(self.spark, config.checkpoint_location, tables)
+            self.archiver.origin = replace(config.origin, topic_id=topic_id)
             self._resume = starting_offsets(
-                self.spark, config, self.tables, self.archiver.layout, self.archiver.splitter, self._kafka
+                self.spark, config, self.archiver.origin, layout, self.archiver.splitter, self._kafka
             )
             if self._resume is not None:
                 self._expired.left_off({p: o for p, o in self._resume.items() if o != EARLIEST})

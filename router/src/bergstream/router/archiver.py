@@ -19,12 +19,13 @@ from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
-from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.positions import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
 _TOPIC_ROWS = "io.bergstream.router.TopicRows"
@@ -48,6 +49,10 @@ class BatchArchiver:
         self.retry = retry
         self.accounting = accounting
         self._counting = observed_columns(spark)
+        # Where the rows come from, the topic's Kafka id included once the router has asked Kafka for it;
+        # the id is checked again before each batch.
+        self.origin: Origin = config.origin
+        self.identity: TopicIdentity | None = None
         # With a schema registry, the subject's newest version is the table's schema, and may change.
         self.layout, self.splitter, self.registry = topic_parser(config, retry.stopping)
         self._writers: tuple[BatchTableWriter, BatchTableWriter] | None = None
@@ -77,6 +82,8 @@ class BatchArchiver:
         given (a query of many topics reads the log once for all of them)."""
         self._started.wait()
         assert self._writers is not None and self._query is not None
+        if self.identity is not None:
+            self.identity.before_batch(batch_id)
         archive_writer, dead_letter_writer = self._writers
         started = time.monotonic()
         if covered is None:
@@ -91,7 +98,7 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
-        properties = covered.properties(self.config.origin)
+        properties = covered.properties(self.origin)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
@@ -189,7 +196,7 @@ class BatchArchiver:
         return {
             QUERY_ID: self._writers[0].query_id,
             BATCH_ID: str(batch_id),
-            **covered.properties(self.config.origin),
+            **covered.properties(self.origin),
         }
 
     def written_together(

@@ -24,6 +24,8 @@ from bergstream.kafka_settings import (
     failure,
     not_authorized,
 )
+from bergstream.kafka_source import READ_COMMITTED
+from bergstream.kafka_topics import topic_ids
 
 log = logging.getLogger(__name__)
 GROUP_TIMEOUT_SECONDS = 30.0
@@ -35,7 +37,9 @@ class GroupCommitter:
 
     `client_config` is librdkafka's: RouterConfig.kafka_client_config() translates the Java client's names."""
 
-    def __init__(self, topic: str, group: str, client_config: dict[str, str]) -> None:
+    def __init__(
+        self, topic: str, group: str, client_config: dict[str, str], isolation_level: str = READ_COMMITTED
+    ) -> None:
         self.topic = topic
         self.group = group
         self._errors = ClientErrors()
@@ -45,6 +49,9 @@ class GroupCommitter:
                 {
                     **settings,
                     "group.id": group,
+                    # Its watermarks are what the router can read: the last stable offset under
+                    # read_committed, where the lag is measured to.
+                    "isolation.level": isolation_level,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     # It reads one record now and then, for its timestamp: no need to prefetch more. A fetch
@@ -53,6 +60,7 @@ class GroupCommitter:
                     "fetch.message.max.bytes": 1024,
                 }
             )
+            self._admin = AdminClient(settings)
         except KafkaException as error:
             raise ConfigError(
                 f"the kafka.* settings of {topic} do not suit the router's own Kafka client, which commits "
@@ -124,6 +132,15 @@ class GroupCommitter:
                         f"{self._errors.explain(self._consumer, error.args[0])}"
                     ) from error
 
+    def topic_id(self) -> str | None:
+        """Kafka's id of the topic now (None from a broker that gives none)."""
+        try:
+            return topic_ids(self._admin, [self.topic])[self.topic]
+        except KafkaException as error:
+            raise ConfigError(
+                f"cannot ask Kafka for the id of topic {self.topic}: {failure(error.args[0])}"
+            ) from error
+
     def partitions(self) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
         if metadata.error is not None:
@@ -189,7 +206,9 @@ class SharedKafka:
     topic's consumer group, `bergstream-router.<topic>`, as a topic's own router would. A client per topic
     would cost each topic its threads and connections to every broker."""
 
-    def __init__(self, name: str, client_config: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, client_config: dict[str, str], isolation_level: str = READ_COMMITTED
+    ) -> None:
         self.name = name
         self.errors = ClientErrors()
         settings = {**client_config, **self.errors.settings()}
@@ -199,6 +218,7 @@ class SharedKafka:
                 {
                     **settings,
                     "group.id": f"bergstream-router-pattern.{name}",
+                    "isolation.level": isolation_level,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "queued.max.messages.kbytes": 1024,

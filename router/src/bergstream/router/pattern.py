@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError, ConfigError, first_line
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import isolation_level
+from bergstream.kafka_topics import topic_ids
 from bergstream.query import QueryRunner
 from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.app import start_archive_query
@@ -68,6 +70,7 @@ from bergstream.router.consumer_group import GroupCommitter, SharedKafka
 from bergstream.router.counts import BatchCounts, PartitionRead, from_observation, observed_columns
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.fleet import failure_reason
+from bergstream.router.identity import TopicIdentity, TopicRecreated, refuse_another
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
 from bergstream.router.progress import ProgressFollower
@@ -235,8 +238,17 @@ class TopicArchive:
         """Where the topic starts when the query's checkpoint holds no batch: where its tables end."""
         archiver = self.archiver
         return starting_offsets(
-            spark, self.config, self.tables, archiver.layout, archiver.splitter, self.kafka
+            spark, self.config, archiver.origin, archiver.layout, archiver.splitter, self.kafka
         )
+
+    def identify(self, spark: SparkSession, checkpoint: str) -> None:
+        """Learn the topic's Kafka id, refusing one that the query's checkpoint or the topic's tables record
+        otherwise; the tables' commits record it from then on."""
+        archiver = self.archiver
+        layout = archiver.layout
+        tables = [self.config.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)]
+        identity = TopicIdentity(self.topic, self.config.cluster, self.kafka)
+        archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
 
     def started(self, query: StreamingQuery) -> None:
         self.archiver.started(query, "latest")  # each batch is given its range
@@ -335,7 +347,9 @@ class PatternRouter:
         self.metrics = metrics
         self._load = load
         self._stopping = stopping or threading.Event()
-        self.kafka = SharedKafka(config.name, librdkafka_settings(config.kafka, prefix="kafka."))
+        self.kafka = SharedKafka(
+            config.name, librdkafka_settings(config.kafka, prefix="kafka."), isolation_level(config.kafka)
+        )
         self.topics: dict[str, Topic] = {}
         self._tables: dict[str, str] = {}  # table name: the topic archived into it
         self._adding = threading.Lock()
@@ -413,6 +427,9 @@ class PatternRouter:
                 )
             added = TopicArchive(settings, self.spark, self.metrics, self._stopping,
                                  self.kafka.committer(topic, settings.consumer_group))  # fmt: skip
+            added.identify(self.spark, self.config.checkpoint_location)
+        except TopicRecreated:
+            raise  # its records belong to no table yet: the router stops, saying what to do
         except (ConfigError, BergstreamError) as error:
             committer = self.kafka.committer(topic, f"bergstream-router.{topic}")
             added = RejectedTopic(
@@ -420,6 +437,18 @@ class PatternRouter:
             )
         self.topics[topic] = added
         return added
+
+    def _check_ids(self, topics: list[str], batch_id: int) -> None:
+        """Stop before batch `batch_id` is written when one of `topics` is no longer the topic it was when
+        the router met it (deleted and created again): one request for all of them."""
+        known = {
+            topic: archive.archiver.origin.topic_id
+            for topic in topics
+            if isinstance(archive := self.topics[topic], TopicArchive) and archive.archiver.origin.topic_id
+        }
+        for topic, current in topic_ids(self.kafka.admin, sorted(known)).items():
+            where = f"the router, which met it and was about to write batch {batch_id},"
+            refuse_another(topic, current, known[topic], where)
 
     def _resume_offsets(self) -> dict[str, dict[int, int]] | None:
         """Per topic and partition, where a query without checkpoint starts: where the topic's tables end;
@@ -472,6 +501,7 @@ class PatternRouter:
             return
         for topic in busy:
             self._topic_for_batch(topic, query)
+        self._check_ids(busy, batch_id)
         source = records.coalesce(min(self._cores, len(busy)))
         together = self._together(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are

@@ -28,6 +28,7 @@ from bergstream.schemas.positions import (
     EARLIEST,
     NEXT_OFFSETS,
     TOPIC,
+    TOPIC_ID,
     BatchRange,
 )
 
@@ -169,6 +170,22 @@ def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: s
         batch_id=int(summary[BATCH_ID]),
         range=recorded,
     )
+
+
+def recorded_topic_id(spark: SparkSession, identifier: str, topic: str, cluster: str) -> str | None:
+    """The Kafka topic id of the newest commit in `identifier`'s current history that records one for
+    `topic` read from `cluster`; None when none does."""
+    rows = spark.sql(
+        f"""
+        SELECT s.summary['{TOPIC_ID}'] AS topic_id FROM {identifier}.snapshots s
+        JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id
+        WHERE h.is_current_ancestor AND s.summary['{TOPIC_ID}'] IS NOT NULL
+          AND s.summary['{TOPIC}'] = {_sql_string(topic)} AND s.summary['{CLUSTER}'] = {_sql_string(cluster)}
+        ORDER BY h.made_current_at DESC, s.committed_at DESC
+        LIMIT 1
+        """
+    ).collect()
+    return None if not rows else str(rows[0].topic_id)
 
 
 def _per_partition(offsets: dict[str, int]) -> dict[int, int]:

@@ -15,14 +15,13 @@ import uuid
 from pyspark.sql import Observation, SparkSession
 
 from bergstream.kafka_source import kafka_range
-from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.positions import Recorded, checkpoint_has_batches, newest_recorded, resume_offsets
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BatchTableWriter
 from bergstream.schemas.archive import ArchiveLayout
-from bergstream.schemas.positions import EARLIEST
+from bergstream.schemas.positions import EARLIEST, Origin
 
 log = logging.getLogger("bergstream.router")
 
@@ -30,7 +29,7 @@ log = logging.getLogger("bergstream.router")
 def starting_offsets(
     spark: SparkSession,
     config: RouterConfig,
-    tables: ArchiveTables,
+    origin: Origin,
     layout: ArchiveLayout,
     splitter: RecordSplitter,
     kafka: GroupCommitter,
@@ -49,7 +48,7 @@ def starting_offsets(
         return None
     partitions = kafka.partitions()
     if archived is not None and not _covers(dead_lettered, archived):
-        _append_dead_letters(spark, config, archived, dead_letter_id, splitter, kafka, partitions)
+        _append_dead_letters(spark, config, origin, archived, dead_letter_id, splitter, kafka, partitions)
     offsets = resume_offsets(recorded, partitions)
     listed = ", ".join(f"p{p}: {'earliest' if o == EARLIEST else o}" for p, o in sorted(offsets.items()))
     log.warning(
@@ -71,6 +70,7 @@ def _covers(newer: Recorded | None, older: Recorded) -> bool:
 def _append_dead_letters(
     spark: SparkSession,
     config: RouterConfig,
+    origin: Origin,
     archived: Recorded,
     dead_letter_id: str,
     splitter: RecordSplitter,
@@ -93,7 +93,7 @@ def _append_dead_letters(
     observation = Observation(f"bergstream-router-{topic}-resume-{uuid.uuid4().hex}")
     rows = splitter.dead_letter_rows(splitter.stamp(records), observation)
     writer = BatchTableWriter(spark, dead_letter_id, archived.query_id)
-    appended = writer.append(rows, archived.batch_id, batch.properties(config.origin))
+    appended = writer.append(rows, archived.batch_id, batch.properties(origin))
     found = int(observation.get[DEAD_LETTERED]) if appended is not None else 0
     log.warning(
         "%s: the dead-letter table may lack the dead letters of the archive's newest batch (query %s, batch "

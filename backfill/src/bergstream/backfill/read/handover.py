@@ -28,6 +28,7 @@ from bergstream.backfill.read.planner import CLUSTER_COLUMN, TableRef, from_micr
 from bergstream.backfill.read.split import Micros, Split
 from bergstream.catalog import CatalogConfig
 from bergstream.kafka_source import READ_COMMITTED, READ_UNCOMMITTED
+from bergstream.kafka_topics import topic_ids
 from bergstream.schemas.archive import METADATA
 from bergstream.schemas.positions import ISOLATION_LEVEL, TOPIC_ID, BatchRange, offsets_json
 from bergstream.timeparse import format_instant
@@ -240,6 +241,24 @@ def refuse_rows_past(catalog: CatalogConfig, handover: Handover, end: Micros = E
         )
 
 
+def refuse_another_topic(handover: Handover, client_config: Mapping[str, str]) -> None:
+    """Refuse a hand-over to a topic that is not the one archived: deleted and created again under its
+    name since, its offsets started over. A router commit that records no topic id is not checked."""
+    from confluent_kafka.admin import AdminClient
+
+    if handover.topic_id is None:
+        return
+    current = topic_ids(AdminClient(dict(client_config)), [handover.topic]).get(handover.topic)
+    if current is not None and current != handover.topic_id:
+        raise BackfillConfigError(
+            f"topic {handover.topic}: Kafka's topic of that name has id {current}, and the router commit "
+            f"that records the hand-over (snapshot {handover.position_snapshot} of {handover.table}) records "
+            f"id {handover.topic_id}: the topic was deleted and created again, and its offsets started over, "
+            f"so {offsets_json(handover.offsets)} is not where the archive ends in it. Run the application "
+            "live, or bootstrap it from an archive of the new topic (a router of its own from its start)"
+        )
+
+
 def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -> None:
     """Refuse a hand-over whose offsets Kafka no longer holds, or a partition Kafka no longer has; Kafka is
     asked at the hand-over's isolation level, as the source's own check at the switch asks it."""
@@ -257,6 +276,7 @@ def refuse_lost_handover(handover: Handover, client_config: Mapping[str, str]) -
         if metadata is None or metadata.error is not None:
             why = "it does not exist" if metadata is None else str(metadata.error)
             raise BackfillConfigError(f"topic {handover.topic}: cannot hand over to it: {why}")
+        refuse_another_topic(handover, client_config)
         for partition, offset in sorted(handover.offsets.items()):
             if partition not in metadata.partitions:
                 raise BackfillConfigError(

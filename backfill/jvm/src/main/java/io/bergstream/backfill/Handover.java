@@ -23,6 +23,7 @@ import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.IsolationLevel;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 
 /**
@@ -53,23 +54,28 @@ public final class Handover implements Serializable {
   // The isolation level the archive was read with, which Kafka is asked at; null in a plan written before
   // the plan carried it (the Kafka options' level is then asked at).
   final String isolationLevel;
+  // Kafka's id of the topic the router read (its own tools' text); null where the router commit records
+  // none. A topic of the same name with another id was deleted and created again: its offsets started over.
+  final String topicId;
 
   private Handover(
       String topic,
       String cluster,
       long snapshotId,
       SortedMap<Integer, Long> offsets,
-      String isolationLevel) {
+      String isolationLevel,
+      String topicId) {
     this.topic = topic;
     this.cluster = cluster;
     this.snapshotId = snapshotId;
     this.offsets = Collections.unmodifiableSortedMap(offsets);
     this.isolationLevel = isolationLevel;
+    this.topicId = topicId;
   }
 
   /**
    * The plan's {@code "handover": {"topic", "cluster", "snapshot_id", "offsets": {"0": 1174, ...},
-   * "isolation_level": "read_committed"}}, the level optional.
+   * "isolation_level": "read_committed", "topic_id": "..."}}, the level and the id optional.
    */
   static Handover of(JsonNode node) {
     if (!node.isObject()) {
@@ -88,8 +94,14 @@ public final class Handover implements Serializable {
     if (!level.isEmpty() && isolationLevel(level) == null) {
       throw new IllegalArgumentException("'handover' has isolation_level " + level + ", not a Kafka level");
     }
+    String topicId = node.path("topic_id").asText("");
     return new Handover(
-        topic, cluster, snapshotId, offsets(topic, node.path("offsets")), level.isEmpty() ? null : level);
+        topic,
+        cluster,
+        snapshotId,
+        offsets(topic, node.path("offsets")),
+        level.isEmpty() ? null : level,
+        topicId.isEmpty() ? null : topicId);
   }
 
   /** Spark's Kafka offsets of the hand-over, {@code {"<topic>":{"0":1174,"1":800}}}, partitions ascending. */
@@ -109,7 +121,7 @@ public final class Handover implements Serializable {
    * with; {@code when} says when the check is made.
    */
   void check(Map<String, String> kafkaOptions, String when) {
-    check(kafkaOptions, topic, offsets, when, isolationLevel);
+    check(kafkaOptions, topic, offsets, when, isolationLevel, topicId);
   }
 
   /**
@@ -153,7 +165,7 @@ public final class Handover implements Serializable {
     if (node != null && node.size() == 1 && node.has(topic) && node.get(topic).isObject()) {
       node = node.get(topic);
     }
-    check(kafkaOptions, topic, offsets(topic, node), when, null);
+    check(kafkaOptions, topic, offsets(topic, node), when, null, null);
   }
 
   private static void check(
@@ -161,7 +173,8 @@ public final class Handover implements Serializable {
       String topic,
       SortedMap<Integer, Long> offsets,
       String when,
-      String level) {
+      String level,
+      String topicId) {
     String prefix = topic + ": " + when + ": ";
     Properties config = adminConfig(kafkaOptions);
     IsolationLevel asked = level != null ? isolationLevel(level) : isolationLevel(config);
@@ -171,6 +184,16 @@ public final class Handover implements Serializable {
     }
     try (Admin admin = Admin.create(config)) {
       TopicDescription description = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
+      Uuid id = description.topicId();
+      String currentId = id == null || Uuid.ZERO_UUID.equals(id) ? null : id.toString();
+      if (topicId != null && currentId != null && !topicId.equals(currentId)) {
+        throw new IllegalStateException(String.format(
+            "%sKafka's topic %s has id %s, and the router commit of the hand-over records id %s: the topic"
+                + " was deleted and created again, and its offsets started over, so %s is not where the"
+                + " archive ends in it. Run the application live, or bootstrap it from an archive of the new"
+                + " topic",
+            prefix, topic, currentId, topicId, startingOffsets(topic, offsets)));
+      }
       TreeSet<Integer> partitions = new TreeSet<>();
       for (TopicPartitionInfo partition : description.partitions()) {
         partitions.add(partition.partition());

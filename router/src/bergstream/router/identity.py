@@ -1,0 +1,120 @@
+"""A topic is its identity, not its name: Kafka's topic id, recorded beside the router's checkpoint and in
+every router commit, and checked against Kafka when the router starts and before each micro-batch.
+
+A topic deleted and created again under its name starts its offsets over. A router that went on from its
+checkpoint, or from the positions its tables record, would read the new topic from the old topic's offsets:
+every record below them skipped, without an error. Spark's Kafka source knows topics by name alone, so
+bergstream asks Kafka for the topic's id with an admin client and refuses a topic whose id is not the one
+recorded, naming the topic, both ids and what to do.
+
+What the checks catch: a topic recreated while the router was stopped (at start), and one recreated
+between two micro-batches (before the next one is written). What they cannot catch: a topic recreated
+during a micro-batch, between the check and Spark's fetch of the batch's records; those records, the
+first of the new topic read at the old topic's offsets, are lost from that batch (Spark counts them as data
+loss), and the next batch stops the router. Commits and checkpoints written before ids were recorded have
+no id, and are accepted as unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from bergstream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from bergstream.router.consumer_group import GroupCommitter
+
+log = logging.getLogger("bergstream.router")
+# Beside Spark's offset log in the query's checkpoint: {"<topic>": "<topic id>", ...}.
+IDS_FILE = "bergstream-topic-ids.json"
+
+
+class TopicRecreated(ConfigError):
+    """The topic Kafka has under a name is not the one the router archived under it."""
+
+
+def refuse_another(topic: str, current: str | None, recorded: str | None, where: str) -> None:
+    """Refuse to go on when `where` records another id of `topic` than Kafka's current one."""
+    if current is None or recorded is None or current == recorded:
+        return
+    raise TopicRecreated(
+        f"topic {topic}: Kafka's topic of that name has id {current}, and {where} records id {recorded}: the "
+        "topic was deleted and created again, and its offsets started over, so reading on from the recorded "
+        "offsets would skip or mix records. Archive the new topic with a router of its own from its start "
+        "(another table and checkpoint), and keep the old archive as it is"
+    )
+
+
+class CheckpointIds:
+    """The topic ids kept beside a query's checkpoint (IDS_FILE), on the checkpoint's own file system."""
+
+    def __init__(self, spark: SparkSession, checkpoint: str) -> None:
+        jvm = spark._jvm
+        assert jvm is not None
+        self._path = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/" + IDS_FILE)
+        self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())
+        self.location = f"{checkpoint.rstrip('/')}/{IDS_FILE}"
+
+    def read(self) -> dict[str, str]:
+        if not self._fs.exists(self._path):
+            return {}
+        stream = self._fs.open(self._path)
+        try:
+            text = bytes(stream.readAllBytes()).decode()
+        finally:
+            stream.close()
+        try:
+            ids = json.loads(text)
+        except ValueError as error:
+            raise ConfigError(
+                f"{self.location} is not JSON: {error}; remove it to record the ids again"
+            ) from error
+        return {str(topic): str(topic_id) for topic, topic_id in ids.items()}
+
+    def write(self, ids: Mapping[str, str]) -> None:
+        stream = self._fs.create(self._path, True)
+        try:
+            stream.write(json.dumps(dict(sorted(ids.items())), indent=1).encode())
+        finally:
+            stream.close()
+
+
+class TopicIdentity:
+    """One topic's id: learnt from Kafka when the router starts, checked then against the one kept beside
+    the checkpoint and those the tables' commits record, and against Kafka's again before each batch."""
+
+    def __init__(self, topic: str, cluster: str, kafka: GroupCommitter) -> None:
+        self.topic = topic
+        self.cluster = cluster
+        self.kafka = kafka
+        self.topic_id: str | None = None
+
+    def at_start(self, spark: SparkSession, checkpoint: str, tables: list[str]) -> str | None:
+        """Kafka's id of the topic now, once the checkpoint and `tables` are found to record no other; it is
+        then kept beside the checkpoint."""
+        from bergstream.router.positions import recorded_topic_id
+
+        current = self.kafka.topic_id()
+        kept = CheckpointIds(spark, checkpoint)
+        ids = kept.read()
+        refuse_another(self.topic, current, ids.get(self.topic), f"the router's checkpoint ({kept.location})")
+        for identifier in tables:
+            recorded = recorded_topic_id(spark, identifier, self.topic, self.cluster)
+            refuse_another(self.topic, current, recorded, f"table {identifier}")
+        if current is not None and ids.get(self.topic) != current:
+            kept.write({**ids, self.topic: current})
+        self.topic_id = current
+        return current
+
+    def before_batch(self, batch_id: int) -> None:
+        """Stop before batch `batch_id` is written when the topic is not the one the router started on."""
+        if self.topic_id is not None:
+            refuse_another(
+                self.topic, self.kafka.topic_id(), self.topic_id,
+                f"the router, which started on it and was about to write batch {batch_id},",
+            )  # fmt: skip

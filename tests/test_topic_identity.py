@@ -1,0 +1,130 @@
+"""A topic deleted and created again under its name, on a real broker, Spark and Iceberg: its offsets start
+over, and neither the router (from its checkpoint, or from its tables' positions) nor a bootstrap reads on
+from the old topic's offsets into the new one. Each refuses, naming the topic, both ids and what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.handover import pin_handover, refuse_lost_handover
+from bergstream.backfill.read.planner import table_ref
+from bergstream.kafka_topics import topic_ids
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.router.app import archive_available_now
+from bergstream.router.config import RouterConfig
+from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated
+from bergstream.schemas.positions import TOPIC_ID
+from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+CLUSTER = "us-east-1"
+
+
+def recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete `topic` and create it again under its name, once Kafka has finished deleting it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+            return
+        except KafkaException as error:  # still being deleted
+            assert time.monotonic() < deadline, f"{topic}: not created again in 60s: {error}"
+            time.sleep(0.2)
+
+
+def router(stack: Services, topic: str, checkpoint: Path, table: str | None = None) -> RouterConfig:
+    return RouterConfig(
+        topic=topic, schema="playback", encoding="json", table=table or topic, cluster=CLUSTER,
+        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=str(checkpoint), catalog=stack.catalog, max_offsets_per_trigger=500,
+    )  # fmt: skip
+
+
+def test_a_router_and_a_bootstrap_refuse_a_topic_deleted_and_created_again(
+    stack: Services, spark: SparkSession, tmp_path: Path
+) -> None:
+    topic = "recreated_playback"
+    bootstrap = {"bootstrap.servers": stack.bootstrap_servers}
+    produce(ProduceRequest(topic=topic, schema="playback", count=900, partitions=3, seed=1),
+            stack.bootstrap_servers, show_progress=False)  # fmt: skip
+    config = router(stack, topic, tmp_path / "checkpoint")
+    assert archive_available_now(spark, config).archived == 900
+    old = topic_ids(AdminClient(bootstrap), [topic])[topic]
+    assert old is not None
+    assert json.loads((tmp_path / "checkpoint" / IDS_FILE).read_text()) == {topic: old}
+    table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{topic}")
+    assert table.current_snapshot().summary.additional_properties[TOPIC_ID] == old  # type: ignore[union-attr]
+    handover = pin_handover(stack.catalog, table_ref(topic, stack.catalog), topic, CLUSTER)
+    assert handover.topic_id == old
+
+    recreate(stack.bootstrap_servers, topic, 3)
+    produce(ProduceRequest(topic=topic, schema="playback", count=3000, partitions=3, seed=2),
+            stack.bootstrap_servers, show_progress=False)  # fmt: skip
+    new = topic_ids(AdminClient(bootstrap), [topic])[topic]
+    assert new is not None and new != old
+
+    with pytest.raises(TopicRecreated) as from_checkpoint:
+        archive_available_now(spark, config)
+    assert str(from_checkpoint.value).startswith(
+        f"topic {topic}: Kafka's topic of that name has id {new}, and the router's checkpoint "
+        f"({tmp_path / 'checkpoint'}/{IDS_FILE}) records id {old}: the topic was deleted and created again"
+    )
+    assert "Archive the new topic with a router of its own from its start" in str(from_checkpoint.value)
+    shutil.rmtree(tmp_path / "checkpoint")
+    with pytest.raises(
+        TopicRecreated, match=f"table {stack.catalog.table_identifier(topic)} records id {old}"
+    ):
+        archive_available_now(spark, config)
+    assert spark.table(stack.catalog.table_identifier(topic)).count() == 900, "nothing of the new topic"
+
+    with pytest.raises(BackfillConfigError) as refused:
+        refuse_lost_handover(handover, bootstrap)
+    assert str(refused.value).startswith(
+        f"topic {topic}: Kafka's topic of that name has id {new}, and the router commit that records the "
+        f"hand-over (snapshot {handover.snapshot_id} of {handover.table}) records id {old}"
+    )
+    check_planned = spark._jvm.io.bergstream.backfill.Handover.checkPlanned  # type: ignore[union-attr]
+    with pytest.raises(Exception, match=f"at the switch: Kafka's topic {topic} has id {new}, and the router"):
+        check_planned({"kafka.bootstrap.servers": stack.bootstrap_servers}, json.dumps(handover.to_json()),
+                      "at the switch")  # fmt: skip
+
+    # What the message says to do: the new topic archived whole, from its start, beside the old archive.
+    fresh = router(stack, topic, tmp_path / "new-checkpoint", table=f"{topic}_2")
+    assert archive_available_now(spark, fresh).archived == 3000
+
+
+def test_a_topic_created_again_while_the_router_runs_stops_it_before_its_next_batch(
+    stack: Services, spark: SparkSession, tmp_path: Path
+) -> None:
+    topic = "recreated_running"
+    produce(ProduceRequest(topic=topic, schema="playback", count=10, partitions=2, seed=3),
+            stack.bootstrap_servers, show_progress=False)  # fmt: skip
+    kafka = GroupCommitter(
+        topic, f"bergstream-router.{topic}", {"bootstrap.servers": stack.bootstrap_servers}
+    )
+    try:
+        identity = TopicIdentity(topic, CLUSTER, kafka)
+        started_on = identity.at_start(spark, str(tmp_path / "checkpoint"), [])
+        identity.before_batch(6)  # the same topic: no error
+        recreate(stack.bootstrap_servers, topic, 2)
+        with pytest.raises(TopicRecreated) as stopped:
+            identity.before_batch(7)
+        assert f"records id {started_on}" in str(stopped.value)
+        assert "the router, which started on it and was about to write batch 7," in str(stopped.value)
+    finally:
+        kafka.close()
