@@ -410,6 +410,53 @@ def test_an_expired_hand_over_is_refused_at_the_switch_and_at_start_naming_the_o
     assert not (tmp_path / "expired" / "commits" / "0").exists(), "refused before any batch"
 
 
+def test_a_replayed_switch_batch_whose_hand_over_range_expired_fails_naming_it(
+    stack: Services, spark: SparkSession, tmp_path: Path
+) -> None:
+    """The switch micro-batch logged, not committed, then the hand-over's first offsets deleted by retention:
+    Spark replays the batch from its offset log without asking for a latest offset, and with failOnDataLoss
+    false (bergstream's default for a live source) would skip them. The replay is refused, naming them."""
+    from pyspark.errors import StreamingQueryException
+
+    topic = "hy_replayed_switch"
+    ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic, 1)
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    send(stack, topic, {0: 3}, start, timedelta(minutes=30), seed=7)
+    archive(stack, spark, topic, tmp_path / "router")
+    found, _ = hybrid_plan(stack, spark, topic, start, tmp_path / "plan.json")
+    assert found.handover == {0: 3}
+    send(stack, topic, {0: 5}, seed=8)
+    switch = len(found.epochs)
+    checkpoint = tmp_path / "query"
+
+    def run(fail_at: int | None) -> str:
+        def on_batch(_batch: Any, batch_id: int) -> None:
+            if batch_id == fail_at:
+                raise RuntimeError(f"the sink fails in batch {batch_id}")
+
+        query = (
+            spark.readStream.format(HYBRID).option("plan", str(found.plan))
+            .option("kafka.bootstrap.servers", stack.bootstrap_servers).option("failOnDataLoss", "false")
+            .load().writeStream.foreachBatch(on_batch).trigger(availableNow=True)
+            .option("checkpointLocation", str(checkpoint)).start()
+        )  # fmt: skip
+        with pytest.raises(StreamingQueryException) as failed:
+            query.awaitTermination(120)
+        return str(failed.value)
+
+    assert f"the sink fails in batch {switch}" in run(fail_at=switch)
+    assert (checkpoint / "offsets" / str(switch)).exists() and not (
+        checkpoint / "commits" / str(switch)
+    ).exists()
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.delete_records([TopicPartition(topic, 0, 5)])[TopicPartition(topic, 0, 5)].result(30)
+    assert (
+        f"{topic}: reading the switch micro-batch: Kafka no longer holds the hand-over offset: topic {topic} "
+        "partition 0, hand-over offset 3, earliest offset 5, next offset 8"
+    ) in run(fail_at=None)
+    assert not (checkpoint / "commits" / str(switch)).exists(), "nothing of the switch batch committed"
+
+
 def test_options_that_would_read_elsewhere_and_plans_without_a_hand_over_are_refused(
     stack: Services, spark: SparkSession, archived: Archived, tmp_path: Path
 ) -> None:

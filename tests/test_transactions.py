@@ -183,3 +183,41 @@ def test_both_hand_over_checks_ask_kafka_at_the_archive_s_level_past_an_open_tra
                 check_planned(options, document, "at start")
     finally:
         writer.end("abort")
+
+
+def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Services) -> None:
+    """The router reads up to the last stable offset: the records of a transaction still open are not lag
+    (no reader of committed records may read them) but unstable, until it ends."""
+    from bergstream.router.consumer_group import GroupCommitter
+    from bergstream.router.lag import LagReporter
+    from bergstream.router.metrics import RouterMetrics
+
+    topic = "txn_lag"
+    writer = TransactionalWriter(stack.bootstrap_servers, topic, "txn-lag", datetime.now(UTC), Sent())
+    writer.transaction(60, "commit")
+    writer.begin(40)
+    kafka = GroupCommitter(
+        topic, f"bergstream-router.{topic}", {"bootstrap.servers": stack.bootstrap_servers}
+    )
+    metrics = RouterMetrics(topic)
+    try:
+        reporter = LagReporter(topic, CLUSTER, kafka, metrics)
+        stable = {p: high for p, (_, high) in kafka.watermarks().items()}
+        reporter.refresh(stable, None)  # the router has read all it can
+
+        def value(name: str, partition: int, **labels: str) -> float:
+            found = metrics.registry.get_sample_value(
+                name, {"topic": topic, "partition": str(partition), **labels}
+            )
+            assert found is not None, f"{name} of partition {partition} is not set"
+            return found
+
+        lag = {"group": f"bergstream-router.{topic}", "cluster_name": CLUSTER}
+        assert sum(value("bergstream_router_unstable_offsets", p) for p in stable) == 40
+        assert sum(value("bergstream_router_lag_offsets", p, **lag) for p in stable) == 0
+        assert {p: value("bergstream_router_last_stable_offset", p) for p in stable} == stable
+        writer.end("abort")
+        reporter.refresh(stable, None)
+        assert sum(value("bergstream_router_unstable_offsets", p) for p in stable) == 0
+    finally:
+        kafka.close()

@@ -2,6 +2,8 @@
 table, and running on a 1-second trigger (or commit interval) while events arrive at a steady rate.
 
   (b) the router                         bergstream's archive table, Spark in this process
+  (u) the router reading uncommitted     the same, with kafka.isolation.level read_uncommitted (Spark's
+                                         default): what reading committed records alone costs
   (d) the plain Spark job (plain.py)     the event and the Kafka timestamp, Spark in this process
   (e) Iceberg's Kafka Connect sink       the same table layout as (d), a Kafka Connect worker (connect.py)
 """
@@ -100,6 +102,7 @@ class RouterPeer:
     key: str = "b"
     label: str = "(b) router"
     stamp: tuple[str, ...] = (METADATA, INGESTION_TS)
+    isolation_level: str = "read_committed"
     _running: tuple[Router, threading.Thread] | None = None
 
     def cpu(self) -> CpuClock:
@@ -112,7 +115,11 @@ class RouterPeer:
             schema=side.schema_name,
             encoding=side.encoding,
             table=table,
-            kafka={"kafka.bootstrap.servers": side.bootstrap, "startingOffsets": "earliest"},
+            kafka={
+                "kafka.bootstrap.servers": side.bootstrap,
+                "startingOffsets": "earliest",
+                "kafka.isolation.level": self.isolation_level,
+            },
             checkpoint_location=str(side.home / "checkpoints" / table),
             catalog=side.catalog,
             max_offsets_per_trigger=side.max_offsets_per_trigger,
@@ -122,7 +129,7 @@ class RouterPeer:
     def drain(self, topic: str, table: str, events: int) -> None:
         totals = archive_available_now(self.side.spark, self.config(topic, table))
         if totals.read != events:
-            raise BergstreamError(f"(b) read {totals.read:,} records of {topic}, not {events:,}")
+            raise BergstreamError(f"{self.label} read {totals.read:,} records of {topic}, not {events:,}")
 
     def start(self, topic: str, table: str) -> None:
         config = self.config(topic, table)

@@ -5,10 +5,12 @@ One run, on one machine, against the embedded stack, on the same events:
   (a2) the same, decoding each value (from_json or from_avro): the ceiling for any Spark job reading
        the events
   (b) the router end to end: Kafka to the archive and dead-letter tables, committed
+  (u) the same router reading with kafka.isolation.level read_uncommitted (not run by default): what (b)'s
+      read_committed costs
   (c) plain confluent-kafka consumption: what a Python consumer reads without Spark
   (d) the plain Spark job a user would write instead: decode, keep the Kafka timestamp, append to Iceberg
   (e) Apache Iceberg's Kafka Connect sink in a standalone Kafka Connect worker, into the layout of (d)
-(b), (d) and (e) each drain the backlog (warm: --warm-ups times before, into other tables, since the
+(b), (u), (d) and (e) each drain the backlog (warm: --warm-ups times before, into other tables, since the
 JVMs' compilers take a few drains to settle), with the CPU seconds of their own processes; then each runs
 on a 1-second trigger (commit interval) while events arrive at each steady rate, for freshness (Kafka
 timestamp to committed in the table) and files per hour. Storage: bytes per event of each table, the
@@ -68,7 +70,8 @@ from bergstream.spark import build_spark_session
 
 OUT = Path(__file__).parent.parent / "out"
 PARTITIONS = 4
-PEERS = ("b", "d", "e")
+PEERS = ("b", "u", "d", "e")
+DEFAULT_PEERS = ("b", "d", "e")
 AVRO_CONNECT = (
     "Avro values need Confluent's AvroConverter (the schema registry's wire format), not on Maven Central"
 )
@@ -196,8 +199,8 @@ def main() -> None:
     parser.add_argument(
         "--peers",
         type=peers_list,
-        default=list(PEERS),
-        help="of b (router), d (plain job), e (Kafka Connect)",
+        default=list(DEFAULT_PEERS),
+        help="of b (router), u (router reading uncommitted records), d (plain job), e (Kafka Connect)",
     )
     parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
     parser.add_argument(
@@ -296,6 +299,9 @@ def main() -> None:
             for key in args.peers:
                 if key == "b":
                     peers.append(RouterPeer(side))
+                elif key == "u":
+                    label = "(u) router, read_uncommitted"
+                    peers.append(RouterPeer(side, key="u", label=label, isolation_level="read_uncommitted"))
                 elif key == "d":
                     peers.append(PlainPeer(side))
                 elif args.encoding == "avro":

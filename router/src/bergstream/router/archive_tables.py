@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_metadata, evolve_table
+from bergstream.router.positions import recorded_topics
 from bergstream.router.schedule import warn_of_long_history
 from bergstream.router.table import ensure_tables, maintained_properties
 from bergstream.router.write import BatchTableWriter
@@ -42,6 +44,15 @@ class ArchiveTables:
             described[SUBJECT_PROPERTY] = config.subject
         properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
         ensure_tables(self.spark, config.catalog, layout, config.target_file_size_bytes, properties)
+        for table in (layout.table, layout.dead_letter_table):
+            identifier = config.catalog.table_identifier(table)
+            others = sorted(recorded_topics(self.spark, identifier) - {config.topic})
+            if others:
+                raise ConfigError(
+                    f"table {identifier} holds records of topic {', '.join(others)}, written by another "
+                    f"router, and not of {config.topic} alone: one table holds one topic. Give topic "
+                    f"{config.topic} a table of its own (`table:` in its settings file)"
+                )
         warn_of_long_history(config)
         self.evolve(layout)
         evolve_metadata(self.spark, config.catalog.table_identifier(layout.dead_letter_table))

@@ -19,6 +19,7 @@ from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.router.errors import SecondWriter
 from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
@@ -98,6 +99,7 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
+        self._refuse_second_writer(batch_id, covered)
         properties = covered.properties(self.origin)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
@@ -131,6 +133,9 @@ class BatchArchiver:
 
                 result, counts = self.retry.attempt(archive_writer.identifier, batch_id, archive)
                 appended.append((archive_writer, result))
+                if result is not None and result.records:
+                    # Two routers whose batches committed at the same moment did not see each other before.
+                    self._refuse_second_writer(batch_id, covered, committed=True)
             # A replayed batch whose archive append is committed may still lack its dead letters.
             if counts is None or counts.dead_lettered:
 
@@ -182,6 +187,29 @@ class BatchArchiver:
             frame = self.splitter.combined_rows(self.splitter.stamp(template))
             self._rows_plan = (self.splitter, getattr(spark._jvm, _TOPIC_ROWS).of(frame._jdf))
         return self._rows_plan[1]
+
+    def _refuse_second_writer(self, batch_id: int, covered: BatchRange, committed: bool = False) -> None:
+        """Stop before batch `batch_id` is written when another router's commit since this query's last one
+        covers offsets this batch covers: the same topic written into the table twice. `committed`: the
+        batch's archive append is committed; look past it, and stop if another's covers the same offsets."""
+        assert self._writers is not None
+        for writer in self._writers[:1] if committed else self._writers:
+            overlaps = writer.overlapping(self.origin, covered, batch_id if committed else None)
+            if overlaps and committed:
+                raise SecondWriter(
+                    f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it "
+                    f"into {writer.identifier}: its {overlaps[0].describe()}, and this router's batch "
+                    f"{batch_id} (query {writer.query_id}) committed the same offsets at the same time: they "
+                    "are archived twice. This router stops; run one router per topic and table, and delete "
+                    "the rows of one of the two snapshots"
+                )
+            if overlaps:
+                raise SecondWriter(
+                    f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it "
+                    f"into {writer.identifier}: its {overlaps[0].describe()}, which this router's batch "
+                    f"{batch_id} (query {writer.query_id}) would archive again. This router stops; run one "
+                    "router per topic and table, or give the other one a table of its own"
+                )
 
     @property
     def identifiers(self) -> tuple[str, str]:

@@ -42,6 +42,7 @@ class GroupCommitter:
     ) -> None:
         self.topic = topic
         self.group = group
+        self.isolation_level = isolation_level
         self._errors = ClientErrors()
         settings = {**client_config, **self._errors.settings()}
         try:
@@ -159,6 +160,19 @@ class GroupCommitter:
             result[partition] = (low, high)
         return result
 
+    def high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        """{partition: the next offset to be written}, past any open transaction: what a reader of uncommitted
+        records can read up to. One request for every partition."""
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        requests = {TopicPartition(self.topic, p): latest for p in partitions}
+        answers = self._admin.list_offsets(
+            requests, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=10
+        )
+        return {tp.partition: future.result(10).offset for tp, future in answers.items()}
+
     def record_timestamps(self, positions: dict[int, int], timeout: float = 5.0) -> dict[int, float]:
         """{partition: Kafka timestamp in seconds} of the record at each {partition: offset} (or the first
         one after it); a partition whose record does not come within `timeout` is left out.
@@ -210,6 +224,7 @@ class SharedKafka:
         self, name: str, client_config: dict[str, str], isolation_level: str = READ_COMMITTED
     ) -> None:
         self.name = name
+        self.isolation_level = isolation_level
         self.errors = ClientErrors()
         settings = {**client_config, **self.errors.settings()}
         try:
@@ -253,6 +268,7 @@ class SharedGroupCommitter(GroupCommitter):
     def __init__(self, topic: str, group: str, shared: SharedKafka) -> None:
         self.topic = topic
         self.group = group
+        self.isolation_level = shared.isolation_level
         self._errors = shared.errors
         self._consumer = shared.consumer
         self._admin = shared.admin

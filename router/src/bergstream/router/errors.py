@@ -7,3 +7,8 @@ from bergstream.errors import BergstreamError
 
 class RouterStopped(BergstreamError):
     """The streaming query failed; the message carries Spark's reason."""
+
+
+class SecondWriter(BergstreamError):
+    """Another router writes the same topic into the same table: the later one stops, before it archives
+    a record twice."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from bergstream.kafka_source import READ_COMMITTED
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offsets import LogEndSamples, lag, time_lag
@@ -16,6 +17,11 @@ class LagReporter:
     """Reads each partition's log end, keeps when it was seen where (LogEndSamples), and sets the lag metrics
     from the offsets the archive holds: records behind, seconds behind, and the age of the newest archived
     record, which grows on a quiet topic even when nothing is behind.
+
+    The log end is what the router can read: under read_committed (the default), the last stable offset.
+    Records of a transaction still open are not lag, since no reader of committed records may read them;
+    they are counted apart (`bergstream_router_unstable_offsets`), with the last stable offset itself, so
+    that a transaction left open (which holds back every record after it) shows, and alerts.
 
     The lag series carry the consumer group and the cluster's name as kafka-lag-exporter labels its own
     (`group`, `cluster_name`), so dashboards and alerts built on it join them."""
@@ -41,6 +47,8 @@ class LagReporter:
         now = time.time()
         log_start = {p: low for p, (low, _) in watermarks.items()}
         log_end = {p: high for p, (_, high) in watermarks.items()}
+        if self._kafka.isolation_level == READ_COMMITTED:
+            self._unstable(log_end)
         for partition, end in log_end.items():
             self._samples.setdefault(partition, LogEndSamples()).observe(end, now)
         next_offsets = {p: max(archived.get(p, log_start[p]), log_start[p]) for p in log_end}
@@ -65,6 +73,18 @@ class LagReporter:
             samples.forget_before(offset)
         if newest_ingestion is not None:
             metrics.newest_archived_age.labels(topic).set(max(0.0, now - newest_ingestion))
+
+    def _unstable(self, stable: dict[int, int]) -> None:
+        """Set each partition's last stable offset (`stable`, the router's log end), and the records past."""
+        try:
+            high = self._kafka.high_watermarks(sorted(stable))
+        except Exception as error:
+            log.debug("reading the high watermarks of %s failed: %s", self.topic, error)
+            return
+        for partition, offset in stable.items():
+            label = (self.topic, str(partition))
+            self._metrics.last_stable_offset.labels(*label).set(offset)
+            self._metrics.unstable_offsets.labels(*label).set(max(0, high.get(partition, offset) - offset))
 
     def _record_timestamps(self, positions: dict[int, int]) -> dict[int, float | None]:
         """The Kafka timestamps of the records at `positions`, each read from Kafka once."""

@@ -94,6 +94,19 @@ class RouterMetrics:
             _LAG_LABELS,
             registry=r,
         )
+        self.unstable_offsets = Gauge(
+            "bergstream_router_unstable_offsets",
+            "Records past the last stable offset, which a router reading committed records cannot read yet: "
+            "in transactions still open, or behind one",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.last_stable_offset = Gauge(
+            "bergstream_router_last_stable_offset",
+            "The partition's last stable offset: where a router reading committed records can read up to",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.newest_ingestion = Gauge(
             "bergstream_router_newest_ingestion_timestamp_seconds",
             "Newest Kafka record timestamp committed to the archive",

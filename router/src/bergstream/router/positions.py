@@ -172,6 +172,18 @@ def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: s
     )
 
 
+def recorded_topics(spark: SparkSession, identifier: str) -> set[str]:
+    """The topics the commits of `identifier`'s current history record rows of."""
+    rows = spark.sql(
+        f"""
+        SELECT DISTINCT s.summary['{TOPIC}'] AS topic FROM {identifier}.snapshots s
+        JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id
+        WHERE h.is_current_ancestor AND s.summary['{TOPIC}'] IS NOT NULL
+        """
+    ).collect()
+    return {str(row.topic) for row in rows}
+
+
 def recorded_topic_id(spark: SparkSession, identifier: str, topic: str, cluster: str) -> str | None:
     """The Kafka topic id of the newest commit in `identifier`'s current history that records one for
     `topic` read from `cluster`; None when none does."""

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
-from bergstream.schemas.archive import ArchiveLayout
+from bergstream.schemas.archive import TOPIC_PROPERTY, ArchiveLayout
 
 TARGET_FILE_SIZE = "write.target-file-size-bytes"
 # Metadata files beyond the newest `PREVIOUS_METADATA_VERSIONS` are deleted by the commit that supersedes
@@ -64,6 +65,14 @@ def ensure_tables(
             for statement in statements(identifier):
                 spark.sql(statement)
         current = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
+        archived = current.get(TOPIC_PROPERTY)
+        if TOPIC_PROPERTY in wanted and archived is not None and archived != wanted[TOPIC_PROPERTY]:
+            raise ConfigError(
+                f"table {identifier} archives topic {archived} (its property {TOPIC_PROPERTY}), not "
+                f"{wanted[TOPIC_PROPERTY]}: one table holds one topic, so that a backfill or a bootstrap of "
+                f"either reads its own records alone. Give topic {wanted[TOPIC_PROPERTY]} a table of its own "
+                f"(`table:` in its settings file)"
+            )
         changed = {key: value for key, value in wanted.items() if current.get(key) != value}
         if changed:
             settings = ", ".join(f"'{key}' = '{value}'" for key, value in changed.items())

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
+from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange, Origin
+
 QUERY_ID = "bergstream.router.query-id"
 BATCH_ID = "bergstream.router.batch-id"
 # How far back from the newest snapshot an append is looked for before asking the snapshots table.
@@ -28,6 +30,21 @@ def write_tasks_for(previous_read: int | None, most: int, records_per_task: int)
     if previous_read is None:
         return most
     return max(1, min(most, -(-previous_read // records_per_task)))
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Another query's commit covering offsets a batch covers: per partition, [first, end)."""
+
+    snapshot_id: int
+    query_id: str
+    offsets: dict[int, tuple[int, int]]
+
+    def describe(self) -> str:
+        ranges = ", ".join(
+            f"partition {p} offsets {a} to {b - 1}" for p, (a, b) in sorted(self.offsets.items())
+        )
+        return f"query {self.query_id} committed {ranges} in snapshot {self.snapshot_id}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,34 @@ class BatchTableWriter:
             snapshot = table.snapshot(parent) if parent is not None else None
         summaries = self._snapshot_summaries(batch_id)
         return summaries[0] if summaries else None
+
+    def overlapping(self, origin: Origin, covered: BatchRange, batch_id: int | None = None) -> list[Overlap]:
+        """Router commits of `origin`'s topic and cluster by another query, among the snapshots since this
+        query's newest commit (at most _NEWEST_SNAPSHOTS of them), that cover offsets `covered` covers too:
+        another router writing the same topic into the table. With `batch_id`, once this query committed
+        that batch: the snapshots since its commit before it, its own commit of `batch_id` passed over."""
+        table = self._spark3util.loadIcebergTable(self.spark._jsparkSession, self.identifier)
+        snapshot = table.currentSnapshot()
+        found = []
+        for _ in range(_NEWEST_SNAPSHOTS):
+            if snapshot is None:
+                break
+            summary = snapshot.summary()
+            query_id = summary.get(QUERY_ID)
+            if query_id == self.query_id:
+                if batch_id is None or summary.get(BATCH_ID) != str(batch_id):
+                    break
+            elif query_id is not None:
+                recorded = {key: summary.get(key) for key in (TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS)}
+                theirs = BatchRange.recorded(
+                    {k: v for k, v in recorded.items() if v is not None}, origin.topic, origin.cluster
+                )
+                shared = {} if theirs is None else covered.overlap(theirs)
+                if shared:
+                    found.append(Overlap(int(snapshot.snapshotId()), str(query_id), shared))
+            parent = snapshot.parentId()
+            snapshot = table.snapshot(parent) if parent is not None else None
+        return found
 
     @property
     def last_committed(self) -> int:

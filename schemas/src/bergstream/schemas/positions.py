@@ -70,6 +70,25 @@ class BatchRange:
         start = self.start if isinstance(self.start, str) else offsets_json(self.start)
         return {**origin.properties(), BATCH_START: start, NEXT_OFFSETS: offsets_json(self.end)}
 
+    def overlap(self, other: BatchRange) -> dict[int, tuple[int, int]]:
+        """Per partition, the offsets [first, end) both ranges cover; a start by name counts as `earliest`
+        (0), except `latest`, whose start is not known here and is taken as the range's end."""
+        overlaps = {}
+        for partition, end in self.end.items():
+            other_end = other.end.get(partition)
+            if other_end is None:
+                continue
+            first = max(self._start_of(partition, end), other._start_of(partition, other_end))
+            last = min(end, other_end)
+            if first < last:
+                overlaps[partition] = (first, last)
+        return overlaps
+
+    def _start_of(self, partition: int, end: int) -> int:
+        if isinstance(self.start, str):
+            return end if self.start == "latest" else 0
+        return self.start.get(partition, 0)
+
     def starting_offsets(self, topic: str) -> str:
         """The range's start as Spark's Kafka source takes it."""
         return self.start if isinstance(self.start, str) else spark_offsets(topic, self.start)

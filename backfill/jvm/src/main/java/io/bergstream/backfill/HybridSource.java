@@ -35,9 +35,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * may have expired. The schema stays the same, and so does the state of the query that reads it.
  *
  * <p>Every option but {@code plan} goes to Spark's Kafka source ({@code kafka.bootstrap.servers},
- * {@code kafka.security.*}, {@code failOnDataLoss}, {@code maxOffsetsPerTrigger}, ...). The source sets
- * {@code subscribe} to the hand-over's topic, {@code includeHeaders} and {@code startingOffsets} itself,
- * and refuses options that would read from anywhere else.
+ * {@code kafka.security.*}, {@code failOnDataLoss} after the switch, {@code maxOffsetsPerTrigger}, ...).
+ * The source sets {@code subscribe} to the hand-over's topic, {@code includeHeaders} and
+ * {@code startingOffsets} itself, and refuses options that would read from anywhere else.
  */
 public final class HybridSource implements TableProvider, DataSourceRegister {
   static final String NAME = "bergstream-hybrid";
@@ -175,6 +175,10 @@ public final class HybridSource implements TableProvider, DataSourceRegister {
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
       Scan kafkaScan = kafka.newScanBuilder(kafkaOptions).build();
+      Map<String, String> strict = new HashMap<>(kafkaOptions.asCaseSensitiveMap());
+      strict.keySet().removeIf(key -> key.equalsIgnoreCase("failOnDataLoss"));
+      strict.put("failOnDataLoss", "true");
+      Scan switchScan = kafka.newScanBuilder(new CaseInsensitiveStringMap(strict)).build();
       StructType archiveType = (StructType) schema.apply(ARCHIVE_COLUMN).dataType();
       int kafkaColumns = schema.fields().length - 1;
       return () -> new Scan() {
@@ -195,6 +199,7 @@ public final class HybridSource implements TableProvider, DataSourceRegister {
               plan,
               new EpochStream(plan, iceberg, archiveType),
               kafkaScan.toMicroBatchStream(checkpointLocation + "/kafka"),
+              switchScan.toMicroBatchStream(checkpointLocation + "/kafka"),
               kafkaOptions.asCaseSensitiveMap(),
               kafkaColumns);
         }

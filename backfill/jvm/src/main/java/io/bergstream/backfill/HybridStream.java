@@ -29,7 +29,12 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
  *
  * <p>Kafka phase: Spark's own Kafka stream, with the options given to the source. Its read limit
  * ({@code maxOffsetsPerTrigger}, {@code minOffsetsPerTrigger} and {@code maxTriggerDelay}) applies,
- * its metrics are reported beside this source's, and it reads with {@code failOnDataLoss} as given.
+ * its metrics are reported beside this source's, and it reads with {@code failOnDataLoss} as given, but
+ * for the switch micro-batch: until it is committed, the hand-over is what the bootstrap promised to
+ * read exactly, so an offset of its range that Kafka no longer holds fails the query. The switch
+ * micro-batch is planned after a check of the hand-over (also when Spark replays it from the offset log
+ * after a restart, without asking for a latest offset), and read by a Kafka stream of its own that fails
+ * on data loss, for offsets that expire between its planning and its reading.
  *
  * <p>With an availableNow trigger, the archive phase emits one epoch per micro-batch, as with any other
  * trigger, and the Kafka phase reads up to the end Kafka had at the switch (or, after a restart in the
@@ -51,6 +56,8 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
   private final Plan plan;
   private final EpochStream archive;
   private final MicroBatchStream kafka;
+  // The same Kafka stream with failOnDataLoss: what plans the switch micro-batch.
+  private final MicroBatchStream switchKafka;
   private final Map<String, String> kafkaOptions;
   private final int kafkaColumns;
   private Offset handover;
@@ -62,6 +69,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
   // What the last planned micro-batch reads, for its reader factory.
   private boolean plannedArchive;
   private boolean plannedKafka;
+  private boolean plannedSwitch;
   // The furthest offset returned or read back: what the progress description shows.
   private volatile HybridOffset furthest;
 
@@ -69,6 +77,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
       Plan plan,
       EpochStream archive,
       MicroBatchStream kafka,
+      MicroBatchStream switchKafka,
       Map<String, String> kafkaOptions,
       int kafkaColumns) {
     if (!(kafka instanceof SupportsAdmissionControl)) {
@@ -77,6 +86,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
     this.plan = plan;
     this.archive = archive;
     this.kafka = kafka;
+    this.switchKafka = switchKafka;
     this.kafkaOptions = kafkaOptions;
     this.kafkaColumns = kafkaColumns;
   }
@@ -184,6 +194,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
     List<InputPartition> partitions = new ArrayList<>();
     plannedArchive = false;
     plannedKafka = false;
+    plannedSwitch = false;
     if (start.inArchive()) {
       Offset upTo = end.inArchive() ? end.archive : new EpochOffset(plan.size(), plan);
       for (InputPartition epoch : archive.planInputPartitions(start.archive, upTo)) {
@@ -192,8 +203,15 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
       }
     }
     if (!end.inArchive()) {
-      Offset from = start.inArchive() ? handover() : start.kafka;
-      for (InputPartition range : kafka.planInputPartitions(from, end.kafka)) {
+      MicroBatchStream reads = kafka;
+      Offset from = start.kafka;
+      if (start.inArchive()) {
+        plan.handover.check(kafkaOptions, "reading the switch micro-batch");
+        plannedSwitch = true;
+        reads = switchKafka;
+        from = handover();
+      }
+      for (InputPartition range : reads.planInputPartitions(from, end.kafka)) {
         partitions.add(HybridPartition.kafka(range));
         plannedKafka = true;
       }
@@ -205,7 +223,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
   public PartitionReaderFactory createReaderFactory() {
     return new HybridReaderFactory(
         plannedArchive ? archive.createReaderFactory() : null,
-        plannedKafka ? kafka.createReaderFactory() : null,
+        plannedKafka ? (plannedSwitch ? switchKafka : kafka).createReaderFactory() : null,
         kafkaColumns);
   }
 
@@ -247,6 +265,7 @@ final class HybridStream implements MicroBatchStream, SupportsTriggerAvailableNo
   public void stop() {
     try {
       kafka.stop();
+      switchKafka.stop();
     } finally {
       archive.stop();
     }
