@@ -25,7 +25,7 @@ from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
-from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
+from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
 from bergstream.schemas.positions import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
@@ -194,7 +194,12 @@ class BatchArchiver:
         batch's archive append is committed; look past it, and stop if another's covers the same offsets."""
         assert self._writers is not None
         for writer in self._writers[:1] if committed else self._writers:
-            overlaps = writer.overlapping(self.origin, covered, batch_id if committed else None)
+
+            def look(writer: BatchTableWriter = writer) -> list[Overlap]:
+                return writer.overlapping(self.origin, covered, batch_id if committed else None)
+
+            # Reading the table's snapshots waits out a catalog's outage as a commit does.
+            overlaps = self.retry.attempt(writer.identifier, batch_id, look)
             if overlaps and committed:
                 raise SecondWriter(
                     f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it "

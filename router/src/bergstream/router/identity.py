@@ -114,7 +114,13 @@ class TopicIdentity:
     def before_batch(self, batch_id: int) -> None:
         """Stop before batch `batch_id` is written when the topic is not the one the router started on."""
         if self.topic_id is not None:
+            try:
+                current = self.kafka.topic_id()
+            except ConfigError as error:  # Kafka out for a moment: Spark's reader waits it out, or fails
+                log.warning("%s: batch %d is written without checking the topic's id: %s", self.topic,
+                            batch_id, error)  # fmt: skip
+                return
             refuse_another(
-                self.topic, self.kafka.topic_id(), self.topic_id,
+                self.topic, current, self.topic_id,
                 f"the router, which started on it and was about to write batch {batch_id},",
             )  # fmt: skip

@@ -446,7 +446,12 @@ class PatternRouter:
             for topic in topics
             if isinstance(archive := self.topics[topic], TopicArchive) and archive.archiver.origin.topic_id
         }
-        for topic, current in topic_ids(self.kafka.admin, sorted(known)).items():
+        try:
+            current_ids = topic_ids(self.kafka.admin, sorted(known))
+        except Exception as error:  # Kafka out for a moment: Spark's reader waits it out, or fails
+            log.warning("batch %d is written without checking its topics' ids: %s", batch_id, error)
+            return
+        for topic, current in current_ids.items():
             where = f"the router, which met it and was about to write batch {batch_id},"
             refuse_another(topic, current, known[topic], where)
 
