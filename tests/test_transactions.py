@@ -233,3 +233,52 @@ def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Service
         unstable_once_refreshed(0)
     finally:
         kafka.close()
+
+
+def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_uncommitted_ones_archived(
+    stack: Services, spark: SparkSession, tmp_path: Path
+) -> None:
+    """An archive made with read_uncommitted holds the aborted records; `router aborted` counts them per
+    partition and table, and with --delete leaves each committed record once."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    topic = "txn_uncommitted"
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    sent = Sent()
+    writer = TransactionalWriter(stack.bootstrap_servers, topic, "txn-uncommitted", start, sent)
+    writer.transaction(700, "commit")
+    writer.transaction(300, "abort")
+    writer.transaction(400, "commit")
+    writer.transaction(200, "abort")
+    config = router(stack, topic, tmp_path / "checkpoint")
+    uncommitted = config.model_copy(
+        update={"kafka": {**config.kafka, "kafka.isolation.level": "read_uncommitted"}}
+    )
+    archive_available_now(spark, uncommitted)
+    assert {name for name, _, _ in archived(spark, stack, topic)} == sent.committed | sent.aborted
+
+    settings = tmp_path / f"{topic}.yaml"
+    settings.write_text(yaml.safe_dump(uncommitted.model_dump(mode="json", by_alias=True)))
+    command = [sys.executable, "-m", "bergstream", "router", "aborted", "--topic", topic, "--config",
+               str(settings), "--json"]  # fmt: skip
+    found = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert found.returncode == 0, found.stderr[-3000:]
+    report = json.loads(found.stdout)
+    archive_report, dead_letter_report = report["tables"]
+    assert archive_report["aborted"] == 500 and archive_report["deleted_in"] is None
+    assert sum(archive_report["per_partition"].values()) == 500
+    assert dead_letter_report["aborted"] == 0
+    assert len(archived(spark, stack, topic)) == 1600, "nothing removed without --delete"
+
+    removed = subprocess.run([*command, "--delete"], capture_output=True, text=True, timeout=300, check=False)
+    assert removed.returncode == 0, removed.stderr[-3000:]
+    assert json.loads(removed.stdout)["tables"][0]["deleted_in"] is not None
+    spark.sql(f"REFRESH TABLE {stack.catalog.table_identifier(topic)}")
+    rows = archived(spark, stack, topic)
+    assert_once(rows)
+    assert {name for name, _, _ in rows} == sent.committed
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert json.loads(again.stdout)["tables"][0]["aborted"] == 0

@@ -285,6 +285,39 @@ def router_maintain(
     echo_report(as_json, "router maintain", {"topic": topic, "tables": tables}, lines)
 
 
+@router.command("aborted")
+@click.option("--topic", required=True, help="The topic whose tables to look through.")
+@click.option("--delete", is_flag=True, help="Remove the rows found, one commit per table.")
+@TABLE
+@ROUTER_CONFIG
+@SPARK_CONF
+@JSON_REPORT
+@DATA_DIR
+@reports_json("router aborted")
+def router_aborted(
+    topic: str,
+    delete: bool,
+    table: str | None,
+    config_file: Path | None,
+    spark_conf: tuple[str, ...],
+    as_json: bool,
+    data_dir: Path | None,
+) -> None:
+    """Find the records of aborted transactions that a router reading uncommitted records archived (the
+    rows whose offsets a read_committed read of the topic does not return, where Kafka still holds them);
+    with --delete, remove them."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.router.aborted import find_aborted
+    from bergstream.spark import spark_session
+
+    configure_logging()
+    overrides = {"table": table, "spark": spark_overrides(spark_conf)}
+    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
+    with spark_session(config.catalog, config.spark, f"bergstream-aborted-{topic}") as spark:
+        report = find_aborted(spark, config, delete)
+    echo_report(as_json, "router aborted", report.to_json(), report.lines())
+
+
 @router.command("redrive")
 @click.option("--topic", required=True, help="The topic whose dead letters to parse again.")
 @click.option("--reason", default=None, help="Only the dead letters whose reason contains this text.")
