@@ -155,8 +155,9 @@ def agreed_isolation_level(handover: Handover, reads_with: str) -> Handover:
         log.warning(
             "%s: the router commits of topic %s do not record the isolation level they read with (written "
             "before levels were recorded, so read with %s): if a transactional producer writes the topic, "
-            "the archive may hold records of aborted transactions (README: Transactions)",
-            handover.table, handover.topic, READ_UNCOMMITTED,
+            "the archive may hold records of aborted transactions: `bergstream router aborted --topic %s` "
+            "finds them",
+            handover.table, handover.topic, READ_UNCOMMITTED, handover.topic,
         )  # fmt: skip
         return Handover(**{**handover.__dict__, "isolation_level": reads_with})
     if recorded != reads_with:
