@@ -244,6 +244,26 @@ def read(
     return query
 
 
+def failure_of(
+    spark: SparkSession,
+    plan_path: Path,
+    checkpoint: Path,
+    options: dict[str, str],
+    on_batch: Callable[[Any, int], None],
+) -> str:
+    """The error of the hybrid source's query, run with an availableNow trigger until it fails."""
+    from pyspark.errors import StreamingQueryException
+
+    query = (
+        spark.readStream.format(HYBRID).option("plan", str(plan_path)).options(**options)
+        .load().writeStream.foreachBatch(on_batch).trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint)).start()
+    )  # fmt: skip
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(120)
+    return str(failed.value)
+
+
 def kafka_expected(archived: Archived, ends: dict[int, int]) -> set[tuple[int, int]]:
     """Kafka's offsets from the hand-over on; a partition the hand-over lacks from its start (0)."""
     return {(p, offset) for p, end in ends.items() for offset in range(archived.handover.get(p, 0), end)}
@@ -360,7 +380,6 @@ def test_an_expired_hand_over_is_refused_at_the_switch_and_at_start_naming_the_o
     stack: Services, spark: SparkSession, tmp_path: Path
 ) -> None:
     from py4j.protocol import Py4JJavaError
-    from pyspark.errors import StreamingQueryException
 
     topic = "hy_expiring"
     ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic, 1)
@@ -378,14 +397,7 @@ def test_an_expired_hand_over_is_refused_at_the_switch_and_at_start_naming_the_o
         )
 
     def run(checkpoint: Path, on_batch: Callable[[Any, int], None]) -> str:
-        query = (
-            spark.readStream.format(HYBRID).option("plan", str(found.plan)).options(**kafka_options(stack))
-            .load().writeStream.foreachBatch(on_batch).trigger(availableNow=True)
-            .option("checkpointLocation", str(checkpoint)).start()
-        )  # fmt: skip
-        with pytest.raises(StreamingQueryException) as failed:
-            query.awaitTermination(120)
-        return str(failed.value)
+        return failure_of(spark, found.plan, checkpoint, kafka_options(stack), on_batch)
 
     # Retention deletes the records past the hand-over while the archive phase runs (in its last epoch).
     last_epoch = len(found.epochs) - 1
@@ -416,7 +428,6 @@ def test_a_replayed_switch_batch_whose_hand_over_range_expired_fails_naming_it(
     """The switch micro-batch logged, not committed, then the hand-over's first offsets deleted by retention:
     Spark replays the batch from its offset log without asking for a latest offset, and with failOnDataLoss
     false (bergstream's default for a live source) would skip them. The replay is refused, naming them."""
-    from pyspark.errors import StreamingQueryException
 
     topic = "hy_replayed_switch"
     ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic, 1)
@@ -429,20 +440,14 @@ def test_a_replayed_switch_batch_whose_hand_over_range_expired_fails_naming_it(
     switch = len(found.epochs)
     checkpoint = tmp_path / "query"
 
+    options = {"kafka.bootstrap.servers": stack.bootstrap_servers, "failOnDataLoss": "false"}
+
     def run(fail_at: int | None) -> str:
         def on_batch(_batch: Any, batch_id: int) -> None:
             if batch_id == fail_at:
                 raise RuntimeError(f"the sink fails in batch {batch_id}")
 
-        query = (
-            spark.readStream.format(HYBRID).option("plan", str(found.plan))
-            .option("kafka.bootstrap.servers", stack.bootstrap_servers).option("failOnDataLoss", "false")
-            .load().writeStream.foreachBatch(on_batch).trigger(availableNow=True)
-            .option("checkpointLocation", str(checkpoint)).start()
-        )  # fmt: skip
-        with pytest.raises(StreamingQueryException) as failed:
-            query.awaitTermination(120)
-        return str(failed.value)
+        return failure_of(spark, found.plan, checkpoint, options, on_batch)
 
     assert f"the sink fails in batch {switch}" in run(fail_at=switch)
     assert (checkpoint / "offsets" / str(switch)).exists() and not (
