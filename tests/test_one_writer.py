@@ -95,9 +95,7 @@ def test_two_routers_committing_the_same_offsets_at_once_each_find_the_other_aft
     from bergstream.schemas.positions import BatchRange, Origin
 
     fill(stack, "raced", 20, seed=3)
-    archive_available_now(
-        spark, router(stack, "raced", Path(spark.conf.get("spark.local.dir", "/tmp")) / "raced")
-    )
+    archive_available_now(spark, router(stack, "raced", tmp_path / "raced"))
     source = stack.catalog.table_identifier("raced")
     identifier = stack.catalog.table_identifier("raced_copy")
     spark.sql(f"CREATE TABLE {identifier} USING iceberg AS SELECT * FROM {source} LIMIT 0")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import threading
+import uuid
 from typing import TYPE_CHECKING
 
 from bergstream.errors import ConfigError
@@ -76,12 +77,35 @@ class CheckpointIds:
             ) from error
         return {str(topic): str(topic_id) for topic, topic_id in ids.items()}
 
-    def write(self, ids: Mapping[str, str]) -> None:
-        stream = self._fs.create(self._path, True)
-        try:
-            stream.write(json.dumps(dict(sorted(ids.items())), indent=1).encode())
-        finally:
-            stream.close()
+    def record(self, topic: str, topic_id: str) -> None:
+        """Keep `topic_id` as `topic`'s, beside the others: read, changed and written whole (to a file beside
+        it, then renamed over it), one topic at a time in this process, as topics of one query are added
+        from several threads."""
+        with _lock_of(self.location):
+            ids = self.read()
+            if ids.get(topic) == topic_id:
+                return
+            ids[topic] = topic_id
+            jvm_path = self._path
+            written = jvm_path.suffix(f".{uuid.uuid4().hex}.tmp")
+            stream = self._fs.create(written, True)
+            try:
+                stream.write(json.dumps(dict(sorted(ids.items())), indent=1).encode())
+            finally:
+                stream.close()
+            if self._fs.exists(jvm_path):
+                self._fs.delete(jvm_path, False)
+            if not self._fs.rename(written, jvm_path):
+                raise ConfigError(f"cannot write {self.location}: renaming {written} over it failed")
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(location: str) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(location, threading.Lock())
 
 
 class TopicIdentity:
@@ -106,8 +130,8 @@ class TopicIdentity:
         for identifier in tables:
             recorded = recorded_topic_id(spark, identifier, self.topic, self.cluster)
             refuse_another(self.topic, current, recorded, f"table {identifier}")
-        if current is not None and ids.get(self.topic) != current:
-            kept.write({**ids, self.topic: current})
+        if current is not None:
+            kept.record(self.topic, current)
         self.topic_id = current
         return current
 
