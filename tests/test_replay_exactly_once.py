@@ -244,6 +244,20 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
     assert len(archived_sources) == len(set(archived_sources)), "a replayed record archived twice"
     assert set(archived_sources) == expected
 
+    # And an application bootstrapped over that archive writes what it writes reading the topic live.
+    from bergstream.backfill.runtime.run import run_app
+    from tests.jobs.identity_app import identity_settings
+
+    window = {"start": lower, "max_misalignment": "15m"}
+    bootstrap = identity_settings(stack, target, "us-east-1", tmp_path / "bootstrap", "rx_bootstrapped",
+                                  mode="bootstrap", backfill=window)  # fmt: skip
+    assert run_app(spark, bootstrap, available_now=True, show_progress=False).position.phase == "kafka"
+    live = identity_settings(stack, target, "us-east-1", tmp_path / "live", "rx_live", mode="live")
+    run_app(spark, live, available_now=True, show_progress=False)
+    written = sorted(tuple(row) for row in spark.table("bergstream.apps.rx_bootstrapped").collect())
+    assert written == sorted(tuple(row) for row in spark.table("bergstream.apps.rx_live").collect())
+    assert len(written) == len(expected)
+
 
 def set_max_message_bytes(bootstrap: str, topic: str, value: str) -> None:
     """Set the topic's max.message.bytes and wait until the broker reports it."""

@@ -22,7 +22,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated
+from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
 from bergstream.schemas.positions import TOPIC_ID
 from tests.services import Services
 
@@ -128,3 +128,13 @@ def test_a_topic_created_again_while_the_router_runs_stops_it_before_its_next_ba
         assert "the router, which started on it and was about to write batch 7," in str(stopped.value)
     finally:
         kafka.close()
+
+
+def test_commits_and_checkpoints_without_an_id_are_accepted_as_unknown() -> None:
+    refuse_another("plays", "AAAA", None, "table t")  # written before ids were recorded
+    refuse_another("plays", None, "BBBB", "table t")  # a broker that gives no id
+    refuse_another("plays", "AAAA", "AAAA", "table t")
+    with pytest.raises(
+        TopicRecreated, match="topic plays: Kafka's topic of that name has id AAAA, and table t "
+    ):
+        refuse_another("plays", "AAAA", "BBBB", "table t")
