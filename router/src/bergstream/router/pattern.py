@@ -72,7 +72,13 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.fleet import failure_reason
 from bergstream.router.identity import TopicIdentity, TopicRecreated, refuse_another
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
+from bergstream.router.positions import (
+    checkpoint_has_batches,
+    may_hold_records,
+    newest_recorded,
+    resume_offsets,
+    topic_ranges,
+)
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import starting_offsets
 from bergstream.router.retry import CommitRetrySettings
@@ -81,7 +87,7 @@ from bergstream.router.table import ensure_namespace
 from bergstream.router.write import Appended, BatchTableWriter
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
 from bergstream.schemas.parse import ERROR
-from bergstream.schemas.positions import BatchRange, Origin
+from bergstream.schemas.positions import BatchRange, Origin, offsets_json
 from bergstream.schemas.stamp import metadata
 from bergstream.settings_file import merge, problems, read_mapping, without_none
 from bergstream.signals import on_stop_signals
@@ -298,7 +304,18 @@ class RejectedTopic:
         return self.accounting.totals
 
     def resume(self, spark: SparkSession) -> dict[int, int] | None:
-        return None
+        """Where the topic starts when the query's checkpoint holds no batch: where its dead-letter table
+        ends, as a topic archived resumes where its tables end; None when it records no position."""
+        recorded = newest_recorded(spark, self.identifier, self.topic, self.config.cluster)
+        if recorded is None:
+            return None
+        offsets = resume_offsets([recorded], self.kafka.partitions())
+        log.warning(
+            "topic %s, dead-lettered whole: the query's checkpoint holds no batch; resuming where %s ends "
+            "(%s), not from the settings' startingOffsets", self.topic, self.identifier,
+            offsets_json(offsets),
+        )  # fmt: skip
+        return offsets
 
     def started(self, query: StreamingQuery) -> None:
         self._writer = BatchTableWriter(self.spark, self.identifier, str(query.id))
