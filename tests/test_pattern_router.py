@@ -445,3 +445,75 @@ def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_wh
     assert set(rows) == sent[bad]
     archived = archived_offsets(stack, table_for_topic(good))
     assert len(archived) == len(set(archived)) and set(archived) == sent[good]
+
+
+@pytest.mark.integration
+def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_first_offset(
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+) -> None:
+    """A topic archived by a router of its own, then given a file under `--all --one-query`: the query's
+    checkpoint exists, so Spark reads the topic from its earliest offset; the records its tables already
+    hold are dropped, the others archived, every offset once."""
+    from bergstream.router.app import archive_available_now
+    from bergstream.router.config import RouterConfig
+
+    prefix = topic_name[:40]
+    first, joined = f"{prefix}.first", f"{prefix}.joined"
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    settings = {"schema": "playback", "encoding": "json"}
+    (topics_dir / f"{first}.yaml").write_text(yaml.safe_dump(settings))
+    kafka = {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"}
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": kafka,
+                "checkpoint_location": str(tmp_path / "checkpoint"),
+                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+            }
+        )
+    )
+
+    def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
+        request = ProduceRequest(topic=topic, count=count, partitions=2, schema="playback", seed=seed)
+        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+    def run() -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
+             "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    sent = {first: send(first, 100, 1), joined: send(joined, 150, 2)}
+    run()
+    own = RouterConfig(
+        topic=joined, schema="playback", encoding="json", table=table_for_topic(joined), kafka=kafka,
+        checkpoint_location=str(tmp_path / "own"), catalog=stack.catalog,
+    )  # fmt: skip
+    assert archive_available_now(spark, own).archived == 150
+    (topics_dir / f"{joined}.yaml").write_text(yaml.safe_dump(settings))
+    sent[joined] |= send(joined, 60, 3)
+    sent[first] |= send(first, 20, 4)
+    run()
+
+    def assert_once() -> None:
+        for topic in (first, joined):
+            rows = archived_offsets(stack, table_for_topic(topic))
+            assert len(rows) == len(set(rows)), (
+                f"{topic}: {len(rows) - len(set(rows))} offsets archived twice"
+            )
+            assert set(rows) == sent[topic], topic
+
+    assert_once()
+    floors = tmp_path / "checkpoint" / "bergstream-topic-floors.json"
+    assert joined in json.loads(floors.read_text()), "kept until a batch of the topic starts past it"
+    sent[joined] |= send(joined, 10, 5)
+    run()
+    assert_once()
+    assert joined not in json.loads(floors.read_text()), (
+        "the floor goes once the topic's ranges start past it"
+    )

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bergstream.errors import ConfigError
 
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bergstream.router")
 # Beside Spark's offset log in the query's checkpoint: {"<topic>": "<topic id>", ...}.
 IDS_FILE = "bergstream-topic-ids.json"
+# And {"<topic>": {"<partition>": <offset>, ...}}: where a topic new to the query starts (router/pattern.py).
+FLOORS_FILE = "bergstream-topic-floors.json"
 
 
 class TopicRecreated(ConfigError):
@@ -51,17 +53,18 @@ def refuse_another(topic: str, current: str | None, recorded: str | None, where:
     )
 
 
-class CheckpointIds:
-    """The topic ids kept beside a query's checkpoint (IDS_FILE), on the checkpoint's own file system."""
+class CheckpointFile:
+    """A JSON object kept beside a query's checkpoint (`name`), on the checkpoint's own file system: the
+    topic ids (IDS_FILE), the positions topics new to the query start from (FLOORS_FILE)."""
 
-    def __init__(self, spark: SparkSession, checkpoint: str) -> None:
+    def __init__(self, spark: SparkSession, checkpoint: str, name: str = IDS_FILE) -> None:
         jvm = spark._jvm
         assert jvm is not None
-        self._path = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/" + IDS_FILE)
+        self._path = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/" + name)
         self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())
-        self.location = f"{checkpoint.rstrip('/')}/{IDS_FILE}"
+        self.location = f"{checkpoint.rstrip('/')}/{name}"
 
-    def read(self) -> dict[str, str]:
+    def read(self) -> dict[str, Any]:
         if not self._fs.exists(self._path):
             return {}
         stream = self._fs.open(self._path)
@@ -70,32 +73,36 @@ class CheckpointIds:
         finally:
             stream.close()
         try:
-            ids = json.loads(text)
+            document = json.loads(text)
         except ValueError as error:
             raise ConfigError(
-                f"{self.location} is not JSON: {error}; remove it to record the ids again"
+                f"{self.location} is not JSON: {error}; remove it to record it again"
             ) from error
-        return {str(topic): str(topic_id) for topic, topic_id in ids.items()}
+        if not isinstance(document, dict):
+            raise ConfigError(f"{self.location} is not a JSON object; remove it to record it again")
+        return document
 
-    def record(self, topic: str, topic_id: str) -> None:
-        """Keep `topic_id` as `topic`'s, beside the others: read, changed and written whole (to a file beside
-        it, then renamed over it), one topic at a time in this process, as topics of one query are added
-        from several threads."""
+    def put(self, key: str, value: Any) -> None:
+        """Keep `value` under `key` (None: remove it), beside the others: read, changed and written whole (to
+        a file beside it, then renamed over it), one key at a time in this process, as topics of one query
+        are added from several threads."""
         with _lock_of(self.location):
-            ids = self.read()
-            if ids.get(topic) == topic_id:
+            document = self.read()
+            if document.get(key) == value:
                 return
-            ids[topic] = topic_id
-            jvm_path = self._path
-            written = jvm_path.suffix(f".{uuid.uuid4().hex}.tmp")
+            if value is None:
+                document.pop(key)
+            else:
+                document[key] = value
+            written = self._path.suffix(f".{uuid.uuid4().hex}.tmp")
             stream = self._fs.create(written, True)
             try:
-                stream.write(json.dumps(dict(sorted(ids.items())), indent=1).encode())
+                stream.write(json.dumps(dict(sorted(document.items())), indent=1).encode())
             finally:
                 stream.close()
-            if self._fs.exists(jvm_path):
-                self._fs.delete(jvm_path, False)
-            if not self._fs.rename(written, jvm_path):
+            if self._fs.exists(self._path):
+                self._fs.delete(self._path, False)
+            if not self._fs.rename(written, self._path):
                 raise ConfigError(f"cannot write {self.location}: renaming {written} over it failed")
 
 
@@ -124,14 +131,14 @@ class TopicIdentity:
         from bergstream.router.positions import recorded_topic_id
 
         current = self.kafka.topic_id()
-        kept = CheckpointIds(spark, checkpoint)
-        ids = kept.read()
+        kept = CheckpointFile(spark, checkpoint)
+        ids = {str(topic): str(topic_id) for topic, topic_id in kept.read().items()}
         refuse_another(self.topic, current, ids.get(self.topic), f"the router's checkpoint ({kept.location})")
         for identifier in tables:
             recorded = recorded_topic_id(spark, identifier, self.topic, self.cluster)
             refuse_another(self.topic, current, recorded, f"table {identifier}")
         if current is not None:
-            kept.record(self.topic, current)
+            kept.put(self.topic, current)
         self.topic_id = current
         return current
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -70,9 +70,16 @@ from bergstream.router.consumer_group import GroupCommitter, SharedKafka
 from bergstream.router.counts import BatchCounts, PartitionRead, from_observation, observed_columns
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.fleet import failure_reason
-from bergstream.router.identity import TopicIdentity, TopicRecreated, refuse_another
+from bergstream.router.identity import (
+    FLOORS_FILE,
+    CheckpointFile,
+    TopicIdentity,
+    TopicRecreated,
+    refuse_another,
+)
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import (
+    EARLIEST_START,
     checkpoint_has_batches,
     may_hold_records,
     newest_recorded,
@@ -80,14 +87,14 @@ from bergstream.router.positions import (
     topic_ranges,
 )
 from bergstream.router.progress import ProgressFollower
-from bergstream.router.resume import starting_offsets
+from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.router.schedule import RotatingMaintenance
 from bergstream.router.table import ensure_namespace
 from bergstream.router.write import Appended, BatchTableWriter
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
 from bergstream.schemas.parse import ERROR
-from bergstream.schemas.positions import BatchRange, Origin, offsets_json
+from bergstream.schemas.positions import EARLIEST, BatchRange, Origin, offsets_json
 from bergstream.schemas.stamp import metadata
 from bergstream.settings_file import merge, problems, read_mapping, without_none
 from bergstream.signals import on_stop_signals
@@ -240,6 +247,13 @@ class TopicArchive:
     def totals(self) -> RouterTotals:
         return self.accounting.totals
 
+    def positions(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where the topic's tables say its archive ends; None when they record no position."""
+        archiver = self.archiver
+        return recorded_positions(
+            spark, self.config, archiver.origin, archiver.layout, archiver.splitter, self.kafka
+        )
+
     def resume(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic starts when the query's checkpoint holds no batch: where its tables end."""
         archiver = self.archiver
@@ -303,13 +317,17 @@ class RejectedTopic:
     def totals(self) -> RouterTotals:
         return self.accounting.totals
 
+    def positions(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where the topic's dead-letter table says its archive ends; None when it records no position."""
+        recorded = newest_recorded(spark, self.identifier, self.topic, self.config.cluster)
+        return None if recorded is None else resume_offsets([recorded], self.kafka.partitions())
+
     def resume(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic starts when the query's checkpoint holds no batch: where its dead-letter table
         ends, as a topic archived resumes where its tables end; None when it records no position."""
-        recorded = newest_recorded(spark, self.identifier, self.topic, self.config.cluster)
-        if recorded is None:
+        offsets = self.positions(spark)
+        if offsets is None:
             return None
-        offsets = resume_offsets([recorded], self.kafka.partitions())
         log.warning(
             "topic %s, dead-lettered whole: the query's checkpoint holds no batch; resuming where %s ends "
             "(%s), not from the settings' startingOffsets", self.topic, self.identifier,
@@ -376,6 +394,13 @@ class PatternRouter:
         self._starting = "latest"
         self._resume: dict[str, dict[int, int]] | None = None
         self._previous: tuple[int, dict[str, dict[int, int]]] | None = None
+        # Per topic new to the checkpoint, where its tables say its archive ends: its rows below are dropped
+        # until its ranges start past it (kept beside the checkpoint, for a restart meanwhile).
+        self._floor_file = CheckpointFile(spark, config.checkpoint_location, FLOORS_FILE)
+        self._floors = {
+            str(topic): {int(p): int(o) for p, o in floor.items()}
+            for topic, floor in self._floor_file.read().items()
+        }
         self._followed_batch: int | None = None
         workers = config.parallel_topics or spark.sparkContext.defaultParallelism
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bergstream-topic")
@@ -521,6 +546,7 @@ class PatternRouter:
         busy = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
         if not busy:
             return
+        records = self._above_floors(records, ranges, busy)
         for topic in busy:
             self._topic_for_batch(topic, query)
         self._check_ids(busy, batch_id)
@@ -566,6 +592,48 @@ class PatternRouter:
         finally:
             if cached:
                 source.unpersist()
+
+    def _above_floors(self, records: DataFrame, ranges: dict[str, BatchRange], busy: list[str]) -> DataFrame:
+        """Spark reads a topic new to the checkpoint (met mid-query, or back in it) from its earliest offset,
+        where no other start can be given. Where the topic's tables record where its archive ends (its own
+        router before, this query before it left), its rows below that floor are dropped and its range
+        raised to it (`ranges` changed in place): never archived twice."""
+        excluded: Column | None = None
+        for topic in busy:
+            floor = self._floor(topic, ranges[topic])
+            if floor is None:
+                continue
+            ranges[topic] = ranges[topic].raised_to(floor)
+            for partition, offset in floor.items():
+                below = (
+                    (F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < offset)
+                )
+                excluded = below if excluded is None else excluded | below
+        return records if excluded is None else records.where(~excluded)
+
+    def _floor(self, topic: str, covered: BatchRange) -> dict[int, int] | None:
+        """The topic's floor in this batch: found in its tables when it is new to the checkpoint (its range
+        starts at `earliest`), kept until every partition's range starts past it."""
+        if topic not in self._floors and covered.start == EARLIEST_START:
+            positions = self.topics[topic].positions(self.spark) or {}
+            found = {p: offset for p, offset in positions.items() if offset != EARLIEST}
+            if found:
+                log.warning(
+                    "topic %s is new to the query's checkpoint, and Spark reads it from its earliest offset; "
+                    "its tables record that its archive ends at %s: the records below are dropped, not "
+                    "archived twice", topic, offsets_json(found),
+                )  # fmt: skip
+                self._floors[topic] = found
+                self._floor_file.put(topic, {str(p): o for p, o in sorted(found.items())})
+        floor = self._floors.get(topic)
+        if floor is None:
+            return None
+        start = covered.start
+        if isinstance(start, dict) and all(start.get(p, 0) >= offset for p, offset in floor.items()):
+            del self._floors[topic]
+            self._floor_file.put(topic, None)
+            return None
+        return floor
 
     def _together(self, batch_id: int, busy: list[str]) -> list[str]:
         """The busy topics whose tables can be written together; the others are archived one by one:

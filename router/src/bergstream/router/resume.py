@@ -38,6 +38,28 @@ def starting_offsets(
     position (EARLIEST for a partition they do not); None otherwise: the settings' startingOffsets hold."""
     if checkpoint_has_batches(spark, config.checkpoint_location):
         return None
+    offsets = recorded_positions(spark, config, origin, layout, splitter, kafka)
+    if offsets is None:
+        return None
+    listed = ", ".join(f"p{p}: {'earliest' if o == EARLIEST else o}" for p, o in sorted(offsets.items()))
+    log.warning(
+        "%s: the checkpoint %s holds no batch; resuming where the tables' snapshots say the archive ends "
+        "(%s), not from the settings' startingOffsets", config.topic, config.checkpoint_location, listed,
+    )  # fmt: skip
+    return offsets
+
+
+def recorded_positions(
+    spark: SparkSession,
+    config: RouterConfig,
+    origin: Origin,
+    layout: ArchiveLayout,
+    splitter: RecordSplitter,
+    kafka: GroupCommitter,
+) -> dict[int, int] | None:
+    """Per partition, where the topic's tables say its archive ends (EARLIEST for a partition they do not);
+    None when they record no position. The dead letters of the archive's newest batch are appended first
+    if the dead-letter table may lack them."""
     catalog = config.catalog
     archive_id = catalog.table_identifier(layout.table)
     dead_letter_id = catalog.table_identifier(layout.dead_letter_table)
@@ -49,13 +71,7 @@ def starting_offsets(
     partitions = kafka.partitions()
     if archived is not None and not _covers(dead_lettered, archived):
         _append_dead_letters(spark, config, origin, archived, dead_letter_id, splitter, kafka, partitions)
-    offsets = resume_offsets(recorded, partitions)
-    listed = ", ".join(f"p{p}: {'earliest' if o == EARLIEST else o}" for p, o in sorted(offsets.items()))
-    log.warning(
-        "%s: the checkpoint %s holds no batch; resuming where the tables' snapshots say the archive ends "
-        "(%s), not from the settings' startingOffsets", config.topic, config.checkpoint_location, listed,
-    )  # fmt: skip
-    return offsets
+    return resume_offsets(recorded, partitions)
 
 
 def _covers(newer: Recorded | None, older: Recorded) -> bool:

@@ -70,6 +70,12 @@ class BatchRange:
         start = self.start if isinstance(self.start, str) else offsets_json(self.start)
         return {**origin.properties(), BATCH_START: start, NEXT_OFFSETS: offsets_json(self.end)}
 
+    def raised_to(self, floor: Mapping[int, int]) -> BatchRange:
+        """This range with no partition below `floor`: every record below a floor is archived already, so
+        its start and its end (the position it records) are raised to it."""
+        start = {p: max(self._start_of(p, end), floor.get(p, 0)) for p, end in self.end.items()}
+        return BatchRange(start, {p: max(end, floor.get(p, end)) for p, end in self.end.items()})
+
     def overlap(self, other: BatchRange) -> dict[int, tuple[int, int]]:
         """Per partition, the offsets [first, end) both ranges cover; a start by name counts as `earliest`
         (0), except `latest`, whose start is not known here and is taken as the range's end."""
