@@ -394,6 +394,7 @@ class PatternRouter:
         self._starting = "latest"
         self._resume: dict[str, dict[int, int]] | None = None
         self._previous: tuple[int, dict[str, dict[int, int]]] | None = None
+        self._fresh_checkpoint = False
         # Per topic new to the checkpoint, where its tables say its archive ends: its rows below are dropped
         # until its ranges start past it (kept beside the checkpoint, for a restart meanwhile).
         self._floor_file = CheckpointFile(spark, config.checkpoint_location, FLOORS_FILE)
@@ -433,6 +434,9 @@ class PatternRouter:
             # Side by side: each topic's settings, schema and tables take a fraction of a second.
             list(self._pool.map(self._add, matching))
             if not checkpoint_has_batches(self.spark, config.checkpoint_location):
+                # The first batch starts each topic known now where its tables end (or, recording none,
+                # where the settings say): no floor to look for in it.
+                self._fresh_checkpoint = True
                 self._resume = self._resume_offsets()
             threading.Thread(
                 target=self._refresh_lag, args=(refreshing,), name="bergstream-lag", daemon=True
@@ -546,10 +550,10 @@ class PatternRouter:
         busy = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
         if not busy:
             return
-        records = self._above_floors(records, ranges, busy)
         for topic in busy:
             self._topic_for_batch(topic, query)
         self._check_ids(busy, batch_id)
+        records = self._above_floors(records, batch_id, ranges, busy)
         source = records.coalesce(min(self._cores, len(busy)))
         together = self._together(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
@@ -593,14 +597,16 @@ class PatternRouter:
             if cached:
                 source.unpersist()
 
-    def _above_floors(self, records: DataFrame, ranges: dict[str, BatchRange], busy: list[str]) -> DataFrame:
+    def _above_floors(
+        self, records: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: list[str]
+    ) -> DataFrame:
         """Spark reads a topic new to the checkpoint (met mid-query, or back in it) from its earliest offset,
         where no other start can be given. Where the topic's tables record where its archive ends (its own
         router before, this query before it left), its rows below that floor are dropped and its range
         raised to it (`ranges` changed in place): never archived twice."""
         excluded: Column | None = None
         for topic in busy:
-            floor = self._floor(topic, ranges[topic])
+            floor = self._floor(topic, ranges[topic], batch_id)
             if floor is None:
                 continue
             ranges[topic] = ranges[topic].raised_to(floor)
@@ -611,11 +617,15 @@ class PatternRouter:
                 excluded = below if excluded is None else excluded | below
         return records if excluded is None else records.where(~excluded)
 
-    def _floor(self, topic: str, covered: BatchRange) -> dict[int, int] | None:
+    def _floor(self, topic: str, covered: BatchRange, batch_id: int) -> dict[int, int] | None:
         """The topic's floor in this batch: found in its tables when it is new to the checkpoint (its range
         starts at `earliest`), kept until every partition's range starts past it."""
-        if topic not in self._floors and covered.start == EARLIEST_START:
-            positions = self.topics[topic].positions(self.spark) or {}
+        new = covered.start == EARLIEST_START and not (batch_id == 0 and self._fresh_checkpoint)
+        if topic not in self._floors and new:
+            share = self.topics[topic]
+            retry = share.archiver.retry if isinstance(share, TopicArchive) else share.retry
+            # Its tables are read as a commit would be: through a catalog's outage.
+            positions = retry.attempt(topic, batch_id, lambda: share.positions(self.spark)) or {}
             found = {p: offset for p, offset in positions.items() if offset != EARLIEST}
             if found:
                 log.warning(
