@@ -193,7 +193,9 @@ class BatchArchiver:
         covers offsets this batch covers: the same topic written into the table twice. `committed`: the
         batch's archive append is committed; look past it, and stop if another's covers the same offsets."""
         assert self._writers is not None
-        for writer in self._writers[:1] if committed else self._writers:
+        # The archive table alone, each look being a catalog read per batch: a second writer whose batches
+        # hold dead letters alone is not seen.
+        for writer in self._writers[:1]:
 
             def look(writer: BatchTableWriter = writer) -> list[Overlap]:
                 return writer.overlapping(self.origin, covered, batch_id if committed else None)
