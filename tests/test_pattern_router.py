@@ -400,28 +400,13 @@ def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_wh
     (topics_dir / f"{good}.yaml").write_text(yaml.safe_dump({"schema": "playback", "encoding": "json"}))
     (topics_dir / f"{bad}.yaml").write_text(yaml.safe_dump({"schema": "no_such_schema", "encoding": "json"}))
     checkpoint = tmp_path / "checkpoint"
-    defaults = tmp_path / "defaults.yaml"
-    defaults.write_text(
-        yaml.safe_dump(
-            {
-                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
-                "checkpoint_location": str(checkpoint),
-                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
-                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
-            }
-        )
-    )
+    defaults = one_query_defaults(stack, tmp_path)
 
     def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
-        request = ProduceRequest(topic=topic, count=count, partitions=2, schema="playback", seed=seed)
-        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+        return send_playback(stack, topic, count, seed)
 
     def run() -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
-             "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        )  # fmt: skip
+        done = run_all_in_one_query(defaults, topics_dir)
         # A run with a topic dead-lettered whole reports it as failed, and exits non-zero.
         assert done.returncode == 1, done.stderr[-3000:]
         assert done.stderr.rstrip().endswith(f"bergstream: error: 1 of 2 topics failed: {bad}"), done.stderr[
@@ -464,28 +449,13 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     settings = {"schema": "playback", "encoding": "json"}
     (topics_dir / f"{first}.yaml").write_text(yaml.safe_dump(settings))
     kafka = {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"}
-    defaults = tmp_path / "defaults.yaml"
-    defaults.write_text(
-        yaml.safe_dump(
-            {
-                "kafka": kafka,
-                "checkpoint_location": str(tmp_path / "checkpoint"),
-                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
-                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
-            }
-        )
-    )
+    defaults = one_query_defaults(stack, tmp_path)
 
     def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
-        request = ProduceRequest(topic=topic, count=count, partitions=2, schema="playback", seed=seed)
-        return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+        return send_playback(stack, topic, count, seed)
 
     def run() -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
-             "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        )  # fmt: skip
+        done = run_all_in_one_query(defaults, topics_dir)
         assert done.returncode == 0, done.stderr[-3000:]
 
     sent = {first: send(first, 100, 1), joined: send(joined, 150, 2)}
@@ -517,3 +487,34 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     assert joined not in json.loads(floors.read_text()), (
         "the floor goes once the topic's ranges start past it"
     )
+
+
+def one_query_defaults(stack: Services, tmp_path: Path) -> Path:
+    """The defaults file of an `--all --one-query` router over the stack, checkpointing to tmp_path/checkpoint
+    and reading each topic from its earliest offset."""
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+                "checkpoint_location": str(tmp_path / "checkpoint"),
+                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+            }
+        )
+    )
+    return defaults
+
+
+def send_playback(stack: Services, topic: str, count: int, seed: int) -> set[tuple[int, int]]:
+    request = ProduceRequest(topic=topic, count=count, partitions=2, schema="playback", seed=seed)
+    return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+
+
+def run_all_in_one_query(defaults: Path, topics_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`router run --all --one-query --available-now` over the topics with a file in `topics_dir`."""
+    return subprocess.run(
+        [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
+         "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+    )  # fmt: skip
