@@ -20,8 +20,8 @@ from bergstream.backfill.runtime.run import run_app
 from bergstream.cli import cli
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import MaintenanceSettings, RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
 from tests.services import Services
 from tests.test_backfill_spark import Archived, app_settings, output_rows

@@ -17,8 +17,8 @@ from bergstream.backfill.read.planner import to_micros
 from bergstream.backfill.runtime.run import run_app
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from tests.services import Services
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ import pytest
 from pyspark.sql import Observation
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router import app
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from tests.services import Services
 
@@ -84,7 +84,7 @@ def test_a_topic_of_many_partitions_is_written_by_few_tasks_and_counted_per_part
         checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog, max_offsets_per_trigger=700,
         write_tasks=3,
     )  # fmt: skip
-    totals = app.archive_available_now(spark, config)
+    totals = archive_available_now(spark, config)
     bad = sum(report.malformed.values())
     assert (totals.read, totals.archived, totals.dead_lettered) == (2000, 2000 - bad, bad)
     assert totals.per_partition == dict(report.per_partition)
@@ -114,7 +114,7 @@ def test_small_batches_are_written_by_one_task_and_large_ones_by_several(
             checkpoint_location=str(tmp_path / table), catalog=stack.catalog, max_offsets_per_trigger=600,
             write_tasks=2, records_per_write_task=records_per_write_task,
         )  # fmt: skip
-        totals = app.archive_available_now(spark, config)
+        totals = archive_available_now(spark, config)
         assert totals.read == 2400 and totals.batches >= 4
         identifier = stack.catalog.table_identifier(table)
         rows = spark.sql(

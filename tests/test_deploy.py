@@ -466,7 +466,7 @@ def pattern_files(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_pattern_renders_one_query_whose_pod_holds_the_defaults_and_the_matching_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bergstream.router.pattern import load_pattern_config, topic_settings
+    from bergstream.router.driver.settings import load_pattern_settings, pattern_topic_settings
 
     monkeypatch.delenv("BERGSTREAM_SITE", raising=False)
     defaults, topics = pattern_files(tmp_path)
@@ -490,13 +490,13 @@ def test_a_pattern_renders_one_query_whose_pod_holds_the_defaults_and_the_matchi
     inside.mkdir()
     for file_name, text in files.items():
         (inside / file_name).write_text(text)
-    config = load_pattern_config(r"orders\..*", "orders", inside / "defaults.yaml", {}, {})
+    config = load_pattern_settings(r"orders\..*", "orders", inside / "defaults.yaml", {}, {})
     assert config.spark.master == "k8s://https://kubernetes.default.svc"
     assert config.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
     assert config.spark.conf["spark.executor.instances"] == "5"
     assert config.checkpoint_location == "s3a://archive/checkpoints/orders"
     assert config.catalog.password is not None and config.catalog.password.get_secret_value() == "pw"
-    load = topic_settings(config, inside / "defaults.yaml", inside, lambda topic: {}, {})
+    load = pattern_topic_settings(config, inside / "defaults.yaml", inside, lambda topic: {}, {})
     assert load("orders.eu").schema_name == "impression"
     assert load("orders.us").schema_name == "playback"  # no file of its own: the defaults
 

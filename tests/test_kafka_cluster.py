@@ -23,8 +23,8 @@ from bergstream.backfill.replay import ReplayReport, replay
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig, kafka_broker
 from bergstream.local.processes import free_ports
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import load_router_config
+from bergstream.router.driver.launch import archive_available_now
 from tests.routers import archived_offsets, produced_offsets, start_router, write_config
 from tests.services import Services
 

@@ -19,8 +19,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bergstream.loadgen.events import EventModel
 from bergstream.router import maintain
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import load_router_config
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import closed_before, until_committed
 from bergstream.router.retry import Backoff
 from bergstream.schemas.event_schema import load_event_schema

@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 from bergstream.backfill.runtime.pins import pin
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import NEWEST_APPEND_TAG, maintain
 from bergstream.router.table import ensure_tables, maintained_properties
 from bergstream.router.write import BATCH_ID, QUERY_ID

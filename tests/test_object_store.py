@@ -33,8 +33,8 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, rest_catalog
 from bergstream.local import object_store as store_server
 from bergstream.local.processes import alive, free_port, free_ports
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
 from tests.routers import ROOT, produced_offsets
 from tests.services import Services

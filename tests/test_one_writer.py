@@ -12,8 +12,8 @@ import pytest
 
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig, table_for_topic
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.errors import RouterStopped
 from bergstream.router.write import QUERY_ID
 from tests.services import Services

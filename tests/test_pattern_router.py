@@ -23,7 +23,7 @@ from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
-from bergstream.router.pattern import load_pattern_config, pattern_name
+from bergstream.router.driver.settings import load_pattern_settings, pattern_name
 from bergstream.router.positions import _first_start, may_hold_records
 from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
@@ -61,17 +61,17 @@ def test_the_query_settings_are_refused_with_what_to_fix(tmp_path: Path) -> None
         "checkpoint_location": str(tmp_path / "checkpoint"),
     }
     with pytest.raises(ConfigError, match="not a regular expression"):
-        load_pattern_config("orders.(", "orders", None, endpoints, {})
+        load_pattern_settings("orders.(", "orders", None, endpoints, {})
     defaults = tmp_path / "defaults.yaml"
     defaults.write_text(yaml.safe_dump({"topic": "orders", "encoding": "json"}))
     with pytest.raises(ConfigError, match="leave `topic` out"):
-        load_pattern_config("orders.*", "orders", defaults, endpoints, {})
+        load_pattern_settings("orders.*", "orders", defaults, endpoints, {})
     defaults.write_text(yaml.safe_dump({"trigger_interval": "often"}))
     with pytest.raises(ConfigError, match="trigger_interval"):
-        load_pattern_config("orders.*", "orders", defaults, endpoints, {})
+        load_pattern_settings("orders.*", "orders", defaults, endpoints, {})
     with pytest.raises(ConfigError, match="no such file"):
-        load_pattern_config("orders.*", "orders", tmp_path / "missing.yaml", endpoints, {})
-    config = load_pattern_config("orders.*", pattern_name("orders.*"), None, endpoints, {})
+        load_pattern_settings("orders.*", "orders", tmp_path / "missing.yaml", endpoints, {})
+    config = load_pattern_settings("orders.*", pattern_name("orders.*"), None, endpoints, {})
     assert config.name.startswith("pattern-") and config.regex.fullmatch("orders-eu")
 
 
@@ -439,8 +439,8 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     """A topic archived by a router of its own, then given a file under `--all --one-query`: the query's
     checkpoint exists, so Spark reads the topic from its earliest offset; the records its tables already
     hold are dropped, the others archived, every offset once."""
-    from bergstream.router.app import archive_available_now
     from bergstream.router.config import RouterConfig
+    from bergstream.router.driver.launch import archive_available_now
 
     prefix = topic_name[:40]
     first, joined = f"{prefix}.first", f"{prefix}.joined"

@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.positions import Recorded, newest_recorded, resume_offsets
 from bergstream.router.write import QUERY_ID
 from bergstream.schemas.positions import (

@@ -26,8 +26,8 @@ from bergstream.backfill.read.order import ordering
 from bergstream.backfill.replay import replay
 from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.events import EventModel
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.redrive import (
     ALREADY_ARCHIVED,
     FINISHED_LATER_PROPERTY,

@@ -30,8 +30,8 @@ from bergstream.backfill.read.order import BoundedOrder
 from bergstream.backfill.read.planner import to_micros
 from bergstream.backfill.replay import replay
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.event_schema import load_event_schema
 from tests.kafka_reads import read_committed
 from tests.services import Services

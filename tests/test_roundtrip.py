@@ -15,8 +15,8 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.transforms import HourTransform
 
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas import ArchiveLayout, load_event_schema
 from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.parse import ERROR, UNDECODABLE_JSON, parse_and_explain

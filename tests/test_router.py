@@ -20,8 +20,8 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import load_router_config
+from bergstream.router.driver.launch import archive_available_now
 from tests.routers import (
     archived_offsets,
     committed_offsets,

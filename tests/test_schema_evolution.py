@@ -14,8 +14,8 @@ from pyiceberg import types as it
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import load_router_config
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.event_schema import AVRO_DIR, load_event_schema
 from tests.routers import run_router, write_config
 from tests.services import Services

@@ -36,8 +36,8 @@ from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import schema_registry as registry_server
 from bergstream.local.processes import free_port
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.registry_topic import RegistryTopic
 from bergstream.schemas import wire
 from bergstream.schemas.event_schema import load_event_schema
@@ -333,14 +333,17 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
         known = client.register_schema(f"{topic_name}-value", Schema(playback.avro_json, "AVRO"))
         config = _config(stack, topic_name, tmp_path, "avro", url=server.url, timeout_seconds=1,
                          give_up_after_seconds=4, initial_backoff_seconds=0.5)  # fmt: skip
-        from bergstream.router.app import Router
+        from bergstream.router.driver.query import TopicsQuery
+        from bergstream.router.driver.settings import named_topics_settings
         from bergstream.router.metrics import RouterMetrics
 
-        router = Router(config, spark, RouterMetrics(topic_name))  # knows the first version only
+        settings = named_topics_settings(topic_name, [config], None)
+        router = TopicsQuery(settings, lambda topic: config, spark, RouterMetrics(topic_name), strict=True)
         quality = {"name": "quality", "type": ["null", "string"], "default": None}
         v2 = dict(playback.avro, fields=[*playback.avro["fields"], quality])
         unseen = client.register_schema(f"{topic_name}-value", Schema(json.dumps(v2), "AVRO"))
         ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic_name, 1)
+        router.prepare()  # knows the first version only
         events = EventModel(seed=9).events("playback")
         _send(
             stack,
@@ -351,7 +354,7 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
         os.kill(pid, signal.SIGSTOP)  # the registry hangs: connections open, no answers
         try:
             started = time.monotonic()
-            totals = router.run(available_now=True)
+            totals = router.run(available_now=True)[topic_name]
             waited = time.monotonic() - started
         finally:
             os.kill(pid, signal.SIGCONT)

@@ -19,9 +19,9 @@ from bergstream.backfill.read.handover import pin_handover, refuse_lost_handover
 from bergstream.backfill.read.planner import table_ref
 from bergstream.kafka_topics import topic_ids
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
 from bergstream.schemas.positions import TOPIC_ID
 from tests.services import Services

@@ -17,8 +17,8 @@ import pytest
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.handover import Handover, agreed_isolation_level, refuse_lost_handover
 from bergstream.backfill.runtime.run import run_app
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.positions import ISOLATION_LEVEL
 from tests.jobs.identity_app import identity_settings
 from tests.kafka_reads import read_committed

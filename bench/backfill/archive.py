@@ -28,8 +28,8 @@ from typing import Any
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.spark import build_spark_session

@@ -32,9 +32,9 @@ from bench.router.cpu import CpuClock
 from bench.router.run import machine
 from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
 from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.driver.launch import topic_query
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import ArchiveLayout
@@ -119,7 +119,7 @@ def drain(spark: SparkSession, config: RouterConfig) -> dict[str, Any]:
     metrics = RouterMetrics(config.topic)
     durations = BatchDurations(metrics, config.topic)
     cpu, started = clock.seconds(), time.monotonic()
-    totals = Router(config, spark, metrics).run(available_now=True)
+    totals = topic_query(spark, config, metrics).run(available_now=True)[config.topic]
     elapsed, spent = time.monotonic() - started, clock.seconds() - cpu
     return {
         "records": totals.read,

@@ -39,8 +39,8 @@ from bench.router.plain import create_plain_table, start_plain_job
 from bench.router.run import percentile
 from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.app import Router
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import topic_query
 from bergstream.router.metrics import RouterMetrics
 from bergstream.spark import build_spark_session
 
@@ -111,8 +111,8 @@ def run_router(spark: Any, config: RouterConfig) -> tuple[int, int, list[float],
     reports them to its `batch_duration_seconds` histogram) and Spark's durations."""
     metrics = RouterMetrics(config.topic)
     durations = BatchDurations(metrics, config.topic)
-    router = Router(config, spark, metrics)
-    totals = router.run(available_now=True)
+    router = topic_query(spark, config, metrics)
+    totals = router.run(available_now=True)[config.topic]
     return totals.batches, totals.read, durations.seconds, spark_durations(router.runner.query)
 
 

@@ -21,9 +21,9 @@ from bench.router.cpu import CpuClock
 from bench.router.plain import TIMESTAMP, create_plain_table, start_plain_job
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
-from bergstream.router.app import Router, archive_available_now
 from bergstream.router.config import RouterConfig
-from bergstream.router.metrics import RouterMetrics
+from bergstream.router.driver.launch import archive_available_now, topic_query
+from bergstream.router.driver.query import TopicsQuery
 from bergstream.schemas.archive import INGESTION_TS, METADATA
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class RouterPeer:
     label: str = "(b) router"
     stamp: tuple[str, ...] = (METADATA, INGESTION_TS)
     isolation_level: str = "read_committed"
-    _running: tuple[Router, threading.Thread] | None = None
+    _running: tuple[TopicsQuery, threading.Thread] | None = None
 
     def cpu(self) -> CpuClock:
         return CpuClock.spark_in_process()
@@ -133,7 +133,7 @@ class RouterPeer:
 
     def start(self, topic: str, table: str) -> None:
         config = self.config(topic, table)
-        router = Router(config, self.side.spark, RouterMetrics(config.topic))
+        router = topic_query(self.side.spark, config)
         runner = threading.Thread(target=router.run, name=f"router-{topic}")
         runner.start()
         self._running = (router, runner)

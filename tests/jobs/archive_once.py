@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict
 
 from bergstream.catalog import CatalogConfig
-from bergstream.router.app import archive_available_now
 from bergstream.router.config import RouterConfig
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.spark import build_spark_session
 
 

@@ -46,7 +46,7 @@ def run_demo(data_dir: Path, count: int) -> None:
     from bergstream.loadgen.producer import ProduceRequest, produce
     from bergstream.local import LocalStack, StackConfig
     from bergstream.local.processes import free_ports
-    from bergstream.router.launch import Launch, launch
+    from bergstream.router.driver.launch import Launch, launch
     from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
     from bergstream.spark import build_spark_session
 

@@ -50,7 +50,7 @@ class PatternRender:
     ) -> None:
         from bergstream.cli.endpoints import Endpoints
         from bergstream.router.config import topics_dir as topics_folder
-        from bergstream.router.pattern import load_pattern_config, pattern_defaults, pattern_name
+        from bergstream.router.driver.settings import load_pattern_settings, pattern_defaults, pattern_name
         from bergstream.site import site_topic_defaults
 
         endpoints = Endpoints.resolve(data_dir)
@@ -59,7 +59,7 @@ class PatternRender:
         # Elsewhere than this machine, the local stack's addresses mean nothing: only the site's count.
         use = local_stack or endpoints.site is not None
         under = endpoints.router_defaults(named) if use else {}
-        self.config = load_pattern_config(pattern, named, self.defaults_file, under, {})
+        self.config = load_pattern_settings(pattern, named, self.defaults_file, under, {})
         self.defaults = pattern_defaults(self.defaults_file, under)
         self.topics_dir = topics_folder(topics_dir)
         regex = self.config.regex
@@ -167,7 +167,7 @@ def deploy_kubernetes(
     name: str | None,
 ) -> None:
     """Print the Kubernetes manifests of a topic's router, for `kubectl apply -f -`; with --group, one
-    Deployment whose driver archives every --topic, a query each; with --pattern, one query for every
+    Deployment whose driver archives every --topic in one query; with --pattern, one query for every
     matching topic.
 
     Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and

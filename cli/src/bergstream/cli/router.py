@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -28,12 +27,12 @@ from bergstream.cli.options import (
 if TYPE_CHECKING:
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.config import RouterConfig
-    from bergstream.router.fleet import TopicOutcome
+    from bergstream.router.driver.run import TopicOutcome
 
 
 @click.group()
 def router() -> None:
-    """One Spark Structured Streaming job per topic, archiving it into Iceberg."""
+    """Spark Structured Streaming queries archiving Kafka topics into Iceberg."""
 
 
 def topic_loader(
@@ -52,16 +51,15 @@ def topic_loader(
 @router.command("run")
 @click.option(
     "--topic", "topics", multiple=True,
-    help="The Kafka topic to archive; repeated, its topics run in one driver, one query each.",
+    help="The Kafka topic to archive; repeated, its topics run in one driver and one query (one per set of "
+    "query-level settings: trigger, rate limit, Kafka options).",
 )  # fmt: skip
 @click.option(
-    "--all", "all_topics", is_flag=True, help="Every topic with a file in --topics-dir, in one driver."
-)
-@click.option(
-    "--one-query", is_flag=True,
-    help="With --all: every topic with a file in one query, as --pattern runs them (named `all` unless "
-    "--name says otherwise), instead of one query each.",
+    "--all", "all_topics", is_flag=True,
+    help="Every topic with a file in --topics-dir, in one driver and one query (named `all` unless --group "
+    "says otherwise), as --topic repeated runs them.",
 )  # fmt: skip
+@click.option("--one-query", is_flag=True, hidden=True)
 @click.option(
     "--pattern", default=None, metavar="REGEX",
     help="Every topic whose whole name matches, in one query: topics created later too, each into its "
@@ -69,26 +67,27 @@ def topic_loader(
 )  # fmt: skip
 @click.option(
     "--defaults", "defaults_file", type=click.Path(path_type=Path), default=None,
-    help="With --pattern or --all --one-query: the settings of every topic without its own file, and of "
-    "the query itself (default: the site's topic_defaults).",
+    help="With --pattern: the settings of every topic without its own file, and of the query itself "
+    "(default: the site's topic_defaults).",
 )  # fmt: skip
 @click.option(
     "--name", default=None,
-    help="With --pattern or --all --one-query: the query's name, which names its checkpoint (default: from "
-    "the pattern; `all`).",
+    help="With --pattern: the query's name, which names its checkpoint (default: from the pattern).",
 )  # fmt: skip
 @TOPICS_DIR
 @click.option(
-    "--group", default=None, help="With several topics or --all: the driver's name (its Spark app)."
-)
+    "--group", default=None,
+    help="With several topics or --all: the name of the driver (its Spark app) and of its query, which names "
+    "its checkpoint.",
+)  # fmt: skip
 @click.option(
     "--restart-backoff", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-    help="With several topics or --all: seconds before a failed topic starts again; doubles on each "
+    help="With several topics or --all: seconds before a failed query starts again; doubles on each "
     "failure in a row, up to --max-restart-backoff.",
 )  # fmt: skip
 @click.option(
     "--max-restart-backoff", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
-    help="The longest wait before a failed topic starts again.",
+    help="The longest wait before a failed query starts again.",
 )  # fmt: skip
 @click.option(
     "--schema", default=None, help="Event schema (default: from the topic's file, else the topic's name)."
@@ -130,26 +129,27 @@ def router_run(
 ) -> None:
     """Archive a topic into its Iceberg table, exactly once, until stopped (or once with --available-now).
 
-    With --topic repeated or --all, one driver runs a query per topic; a topic that fails is reported
-    and started again with backoff while the others go on. With --pattern, or --all --one-query, one query
-    archives every topic."""
+    With --topic repeated or --all, one query archives every topic (one per set of query-level settings);
+    with --pattern, one query archives every matching topic, those created later too. A topic whose
+    settings do not load under --all or --pattern is dead-lettered whole, with why, while the others go on."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.config import topics_dir as topics_folder
-    from bergstream.router.fleet import RestartSettings, topics_in
-    from bergstream.router.launch import Launch, launch
+    from bergstream.router.driver.launch import Launch, launch
+    from bergstream.router.driver.named import RestartSettings, topics_in
 
+    if one_query:
+        raise click.UsageError("--one-query is gone: --all runs every topic in one query now; drop the flag")
     if sum((all_topics, bool(topics), pattern is not None)) > 1:
         raise click.UsageError("give one of --topic, --all (every topic of --topics-dir) and --pattern")
     if not all_topics and not topics and pattern is None:
         raise click.UsageError(
             "name the topic to archive with --topic (repeatable), or give --all or --pattern"
         )
-    if one_query and not all_topics:
-        raise click.UsageError("--one-query is for --all: --pattern runs its topics in one query already")
-    if pattern is None and not one_query:
+    if pattern is None:
         for flag, value in (("--defaults", defaults_file), ("--name", name)):
             if value is not None:
-                raise click.UsageError(f"{flag} is for --pattern and --all --one-query")
+                hint = " (--group names the query of several topics)" if flag == "--name" else ""
+                raise click.UsageError(f"{flag} is for --pattern{hint}")
     else:
         for flag, value in (
             ("--config", config_file), ("--schema", schema), ("--table", table), ("--group", group),
@@ -159,11 +159,6 @@ def router_run(
                     f"{flag} is not for one query of many topics: each topic's own file in --topics-dir, "
                     "else --defaults, sets it"
                 )
-        if pattern is None:
-            # Every topic with a file, by its exact name: a topic whose file is added later joins at the
-            # next start, the query's checkpoint (`all`) kept, as a topic created later joins a pattern.
-            pattern = "|".join(re.escape(topic) for topic in topics_in(topics_folder(topics_dir)))
-            name = name or "all"
         configure_logging()
         outcomes = run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port,
                                maintain_every, spark_conf, data_dir)  # fmt: skip
@@ -196,7 +191,7 @@ def router_run(
             initial_backoff_seconds=restart_backoff, max_backoff_seconds=max_restart_backoff
         ),
         metrics_port=metrics_port,
-        group=group,
+        group=group if group is not None or not all_topics else "all",
     )  # fmt: skip
     report_outcomes(launch(request), as_json)
 
@@ -230,14 +225,14 @@ def run_pattern(
 ) -> list[TopicOutcome]:
     """`router run --pattern`: one query for every matching topic."""
     from bergstream.cli.endpoints import Endpoints
-    from bergstream.router.launch import launch_pattern
-    from bergstream.router.pattern import load_pattern_config, pattern_name, topic_settings
+    from bergstream.router.driver.launch import launch_pattern
+    from bergstream.router.driver.settings import load_pattern_settings, pattern_name, pattern_topic_settings
     from bergstream.site import site_topic_defaults
 
     endpoints = Endpoints.resolve(data_dir)
     named = name or pattern_name(pattern)
     defaults = defaults_file if defaults_file is not None else site_topic_defaults()
-    config = load_pattern_config(
+    settings = load_pattern_settings(
         pattern, named, defaults, endpoints.router_defaults(named),
         {"metrics_port": metrics_port, "spark": spark_overrides(spark_conf)},
     )  # fmt: skip
@@ -246,8 +241,8 @@ def run_pattern(
         "spark": spark_overrides(spark_conf),
         "maintenance": None if maintain_every is None else {"every": maintain_every},
     }
-    load = topic_settings(config, defaults, topics_dir, endpoints.router_defaults, overrides)
-    return launch_pattern(config, load, available_now)
+    load = pattern_topic_settings(settings, defaults, topics_dir, endpoints.router_defaults, overrides)
+    return launch_pattern(settings, load, available_now)
 
 
 @router.command("maintain")

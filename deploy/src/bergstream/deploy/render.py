@@ -8,7 +8,7 @@
 
 Both are built from a validated RouterConfig: what renders is what `bergstream router run` accepts.
 
-A group of topics renders the same way as one driver running a query per topic (router/fleet.py):
+A group of topics renders the same way as one driver running one query of its topics (router/driver):
 `spark_submit_group` and `group_manifests`. The topics of a group share their catalog, their `spark`
 and their `deploy` settings, since they share a driver, its executors and its pod.
 """
@@ -25,9 +25,9 @@ import yaml
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
-from bergstream.router.fleet import check_shared_driver, fleet_app_name, fleet_spark_conf
-from bergstream.router.launch import PATTERN_SPARK_CONF
-from bergstream.router.pattern import PatternConfig
+from bergstream.router.driver.launch import MANY_TOPICS_SPARK_CONF
+from bergstream.router.driver.named import check_shared_driver, driver_app_name, driver_spark_conf
+from bergstream.router.driver.settings import DriverSettings
 from bergstream.schemas.event_schema import AVRO_DIR
 from bergstream.spark import REDACTION_REGEX, session_conf
 
@@ -52,7 +52,7 @@ _SPARK_APPLICATION_FIELDS = {
 
 
 # The settings of one driver: a topic's router (or a group's first topic), or a pattern's query.
-Driver = TypeVar("Driver", RouterConfig, PatternConfig)
+Driver = TypeVar("Driver", RouterConfig, DriverSettings)
 
 
 def app_name(topic: str) -> str:
@@ -66,7 +66,7 @@ def _name(topic: str) -> str:
 
 
 def group_app_name(group: str) -> str:
-    return fleet_app_name([], group)
+    return driver_app_name([], group)
 
 
 def _group_name(group: str) -> str:
@@ -94,7 +94,7 @@ def check_group(configs: list[RouterConfig]) -> None:
             )
 
 
-def metrics_port(config: RouterConfig | PatternConfig) -> int:
+def metrics_port(config: RouterConfig | DriverSettings) -> int:
     """The router's own metrics_port when it sets one, else the deployment's."""
     return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
 
@@ -118,20 +118,21 @@ def spark_submit_group(
     for config in configs:
         arguments += ["--topic", config.topic]
     arguments += ["--topics-dir", str(topics_dir.absolute())]
-    conf = fleet_spark_conf(first.spark.conf)
+    conf = {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(first.spark.conf)}
     return _spark_submit(first, group_app_name(group), conf, arguments, available_now)
 
 
 def spark_submit_pattern(
-    config: PatternConfig, defaults_file: Path | None, topics_dir: Path | None, available_now: bool = False
+    config: DriverSettings, defaults_file: Path | None, topics_dir: Path | None, available_now: bool = False
 ) -> list[str]:
     """The spark-submit command of one query archiving every topic `config.pattern` matches."""
+    assert config.pattern is not None, "a query of named topics renders as a group"
     arguments = ["--pattern", config.pattern, "--name", config.name]
     if defaults_file is not None:
         arguments += ["--defaults", str(defaults_file.absolute())]
     if topics_dir is not None:
         arguments += ["--topics-dir", str(topics_dir.absolute())]
-    conf = {**PATTERN_SPARK_CONF, **config.spark.conf}
+    conf = {**MANY_TOPICS_SPARK_CONF, **config.spark.conf}
     return _spark_submit(config, pattern_app_name(config.name), conf, arguments, available_now)
 
 
@@ -140,7 +141,7 @@ def pattern_app_name(name: str) -> str:
 
 
 def _spark_submit(
-    config: RouterConfig | PatternConfig,
+    config: RouterConfig | DriverSettings,
     name: str,
     spark_conf: dict[str, str],
     arguments: list[str],
@@ -244,7 +245,7 @@ def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, A
 
 
 def pattern_manifests(
-    config: PatternConfig, defaults: dict[str, Any], topic_files: dict[str, str]
+    config: DriverSettings, defaults: dict[str, Any], topic_files: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The same objects for one query archiving every topic `config.pattern` matches (`router run
     --pattern`), topics created later included. The Secret holds the defaults (`defaults`: the endpoints
@@ -267,13 +268,14 @@ def pattern_manifests(
         )
     files = {DEFAULTS_FILE: yaml.safe_dump({**defaults, **pod}, sort_keys=False)}
     files.update({f"{topic}.yaml": text for topic, text in sorted(topic_files.items())})
+    assert config.pattern is not None, "a query of named topics renders as a group"
     arguments = ["--pattern", config.pattern, "--name", config.name,
                  "--defaults", f"{CONFIG_MOUNT}/{DEFAULTS_FILE}", "--topics-dir", CONFIG_MOUNT]  # fmt: skip
     return _manifests(name, inside, files, arguments)
 
 
 def _manifests(
-    name: str, inside: RouterConfig | PatternConfig, files: dict[str, str], arguments: list[str]
+    name: str, inside: RouterConfig | DriverSettings, files: dict[str, str], arguments: list[str]
 ) -> list[dict[str, Any]]:
     """`files`: the settings files the Secret holds and the pod finds in CONFIG_MOUNT, by name."""
     deploy = inside.deploy
@@ -354,7 +356,7 @@ def _manifests(
 
 def _deployment(
     metadata: dict[str, Any],
-    inside: RouterConfig | PatternConfig,
+    inside: RouterConfig | DriverSettings,
     command: list[str],
     ports: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -398,7 +400,7 @@ def _deployment(
 
 def _spark_application(
     metadata: dict[str, Any],
-    inside: RouterConfig | PatternConfig,
+    inside: RouterConfig | DriverSettings,
     command: list[str],
     ports: list[dict[str, Any]],
 ) -> dict[str, Any]:

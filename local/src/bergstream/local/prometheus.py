@@ -40,7 +40,8 @@ class PrometheusServer:
 
 
 def spark_scrape_configs(targets: list[str]) -> list[dict[str, Any]]:
-    """Prometheus's jobs for the metrics a router's Spark UI serves (router.launch.SPARK_PROMETHEUS_CONF)."""
+    """Prometheus's jobs for the metrics a router's Spark UI serves (SPARK_PROMETHEUS_CONF, in
+    router/driver/launch.py)."""
     return [
         {"job_name": job, "metrics_path": path, "static_configs": [{"targets": targets}]}
         for job, path in (("spark-driver", "/metrics/prometheus"),

@@ -99,7 +99,7 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
-        self._refuse_second_writer(batch_id, covered)
+        self.refuse_second_writer(batch_id, covered)
         properties = covered.properties(self.origin)
         if self.registry is not None:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
@@ -135,7 +135,7 @@ class BatchArchiver:
                 appended.append((archive_writer, result))
                 if result is not None and result.records:
                     # Two routers whose batches committed at the same moment did not see each other before.
-                    self._refuse_second_writer(batch_id, covered, committed=True)
+                    self.refuse_second_writer(batch_id, covered, committed=True)
             # A replayed batch whose archive append is committed may still lack its dead letters.
             if counts is None or counts.dead_lettered:
 
@@ -163,6 +163,11 @@ class BatchArchiver:
     # A batch of many topics (router/pattern.py) writes every topic's tables in one Spark job, each topic's
     # rows given by `combined_rows`, and accounts each topic's part with `written_together`.
 
+    def write_tasks(self) -> int:
+        """How many tasks write the topic's next batch: one per `records_per_write_task` records its last
+        batch read, up to `write_tasks` (write_tasks_for)."""
+        return write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+
     def replayed(self, batch_id: int) -> bool:
         """Whether either table already holds batch `batch_id`: a replay, archived one topic at a time."""
         self._started.wait()
@@ -188,7 +193,7 @@ class BatchArchiver:
             self._rows_plan = (self.splitter, getattr(spark._jvm, _TOPIC_ROWS).of(frame._jdf))
         return self._rows_plan[1]
 
-    def _refuse_second_writer(self, batch_id: int, covered: BatchRange, committed: bool = False) -> None:
+    def refuse_second_writer(self, batch_id: int, covered: BatchRange, committed: bool = False) -> None:
         """Stop before batch `batch_id` is written when another router's commit since this query's last one
         covers offsets this batch covers: the same topic written into the table twice. `committed`: the
         batch's archive append is committed; look past it, and stop if another's covers the same offsets."""

@@ -174,6 +174,28 @@ class RouterMetrics:
             registry=r,
         )
 
+        # Per topic: whether it is archived now, and what failed it (router/driver).
+        self.topic_up = Gauge(
+            "bergstream_router_topic_up",
+            "1 while the topic is archived by a running query; 0 while its query is down, or while it is "
+            "dead-lettered whole (its settings do not load, its schema is not found)",
+            ["topic"],
+            registry=r,
+        )
+        self.topic_restarts = Counter(
+            "bergstream_router_topic_restarts",
+            "Times the topic was archived again after a failure: its query started again, or its settings "
+            "loaded again after it was dead-lettered whole",
+            ["topic"],
+            registry=r,
+        )
+        self.topic_failures = Counter(
+            "bergstream_router_topic_failures",
+            "Failures of the topic's archive, by what failed: settings (dead-lettered whole), start or query",
+            ["topic", "stage"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str) -> int:
         """Serve /metrics; returns the port (useful when 0 asked for any free one)."""
         try:

@@ -1,0 +1,86 @@
+"""One micro-batch of a query: split by topic, each topic's rows above its floor, every topic that can be
+written together written by one Spark job (together.py), the others archived one by one by their workers,
+several at once."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bergstream.errors import first_line
+from bergstream.router.driver.floors import Floors
+from bergstream.router.driver.together import TogetherWriter
+from bergstream.router.topic import TopicWorker
+from bergstream.router.topic.archived import ArchivedTopic
+from bergstream.schemas.positions import BatchRange
+
+log = logging.getLogger("bergstream.router.driver")
+
+
+class BatchArchive:
+    """Archives each batch of one query across its topics' tables."""
+
+    def __init__(
+        self, floors: Floors, together: TogetherWriter, pool: ThreadPoolExecutor, cores: int
+    ) -> None:
+        self.floors = floors
+        self.together = together
+        self._pool = pool
+        self._cores = cores
+
+    def archive(
+        self,
+        records: DataFrame,
+        batch_id: int,
+        ranges: dict[str, BatchRange],
+        busy: dict[str, TopicWorker],
+        first_of_fresh_checkpoint: bool,
+    ) -> None:
+        """Archive batch `batch_id`'s `records` of the `busy` topics, whose Kafka ranges are `ranges`."""
+        records = self.floors.apply(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+        archived = [worker for worker in busy.values() if isinstance(worker, ArchivedTopic)]
+        tasks = sum(worker.archiver.write_tasks() for worker in archived) or 1
+        source = records.coalesce(max(1, min(self._cores, tasks)))
+        together = self.together.writable(batch_id, busy, ranges)
+        # The one job that writes every topic together reads Kafka itself. Where the batch's records are
+        # read again (a topic archived alone, a schema registry's versions looked up first), they are read
+        # from Kafka once, into memory, for all of them.
+        cached = False
+
+        def cache() -> None:
+            nonlocal source, cached
+            if not cached and len(busy) > 1:
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
+                source.count()
+                cached = True
+
+        registries = any(busy[topic].archiver.registry is not None for topic in together)  # type: ignore[attr-defined]
+        if len(together) < len(busy) or registries:
+            cache()
+        try:
+            alone = [topic for topic in busy if topic not in together]
+            if together:
+                alone += self.together.write(source, batch_id, ranges, {t: busy[t] for t in together})
+            if alone:
+                cache()
+            futures = {
+                topic: self._pool.submit(
+                    busy[topic].archive, source.where(F.col("topic") == topic), batch_id, ranges[topic]
+                )
+                for topic in alone
+            }
+            failed = []
+            for topic, future in futures.items():
+                error = future.exception()
+                if error is not None:
+                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(error))
+                    failed.append(error)
+            if failed:
+                raise failed[0]
+        finally:
+            if cached:
+                source.unpersist()

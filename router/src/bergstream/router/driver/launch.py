@@ -1,0 +1,168 @@
+"""`bergstream router run`: a driver's topics, from their settings to their outcomes.
+
+The settings of the topics loaded and checked before Spark takes its time to start (the catalog answers,
+the router's user may read each named topic and commit its group), the metrics served, one SparkSession,
+and a `Driver` running the topics' queries: one for `--topic T`, one per set of query-level settings for
+several topics and `--all`, one for `--pattern`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from bergstream.router.accounting import RouterTotals
+from bergstream.router.config import RouterConfig
+from bergstream.router.consumer_group import require_access
+from bergstream.router.driver.named import (
+    RestartSettings,
+    check_shared_driver,
+    driver_app_name,
+    driver_spark_conf,
+    group_queries,
+    load_topics,
+)
+from bergstream.router.driver.query import TopicsQuery
+from bergstream.router.driver.run import Driver, TopicOutcome
+from bergstream.router.driver.settings import DriverSettings, named_topics_settings
+from bergstream.router.metrics import RouterMetrics
+from bergstream.spark import build_spark_session
+
+log = logging.getLogger("bergstream.router.driver")
+# A query of many topics reads many partitions each batch: Spark's pool of Kafka consumers (64 by default)
+# would close and open consumers every batch.
+MANY_TOPICS_SPARK_CONF = {"spark.kafka.consumer.cache.capacity": "4096"}
+# Spark's own metrics for Prometheus, served by the driver's UI (port 4040, or spark.ui.port) beside the
+# router's: /metrics/prometheus holds the driver's (JVM, scheduler, block manager, and each streaming query's
+# input and processing rates, latency and event-time watermark), /metrics/executors/prometheus every
+# executor's. The namespace keeps their names the same from one run to the next, instead of Spark's default,
+# the application's id. A router's --conf or spark.conf can turn any of them off.
+SPARK_PROMETHEUS_CONF = {
+    "spark.ui.prometheus.enabled": "true",
+    "spark.metrics.conf.*.sink.prometheusServlet.class": "org.apache.spark.metrics.sink.PrometheusServlet",
+    "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus",
+    "spark.metrics.namespace": "bergstream_router",
+    "spark.sql.streaming.metricsEnabled": "true",
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one driver runs. `load(topic)` reads and validates a topic's settings."""
+
+    topics: list[str]
+    load: Callable[[str], RouterConfig]
+    available_now: bool = False
+    # Every topic of a folder (--all): a topic whose settings do not load is dead-lettered whole until they
+    # do while the others start. Otherwise each topic must load, pass its checks and share the driver's
+    # settings.
+    every_topic: bool = False
+    # None: no query is started again; the first failure ends the driver, with its error.
+    restart: RestartSettings | None = None
+    # Over the first topic's metrics_port.
+    metrics_port: int | None = None
+    # The name of the driver and of its query (--group; `all` for --all).
+    group: str | None = None
+
+
+def prepare(config: RouterConfig) -> None:
+    """Refuse a topic that Kafka does not let the router read and commit for."""
+    require_access(config.topic, config.consumer_group, config.kafka_client_config())
+
+
+def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutcome]:
+    """Run the named topics until stopped (or, with available_now, until each archived what it holds).
+
+    `spark`: a session of the caller's to run on, left open; otherwise the driver's own, built from the
+    first topic's settings and stopped at the end."""
+    topics = request.topics
+    strict = not request.every_topic
+    loaded = load_topics(topics, request.load, strict)
+    driver = loaded[0]
+    # A catalog that does not answer, a refused login, an untrusted certificate or a missing ACL is told
+    # before Spark starts.
+    driver.catalog.check_reachable()
+    if strict:
+        for config in loaded:
+            prepare(config)
+    queries = group_queries(topics, loaded, request.group, request.metrics_port)
+    owner = {topic: query for query in queries for topic in query.topics or ()}
+
+    def load_checked(topic: str) -> RouterConfig:
+        config = request.load(topic)
+        check_shared_driver(config, driver)
+        # A topic's commits, ids and floors are its query's, kept beside the query's checkpoint.
+        query = owner.get(topic, queries[0])
+        return config.model_copy(update={"checkpoint_location": query.checkpoint_location})
+
+    metrics = RouterMetrics(", ".join(topics))
+    port = queries[0].metrics_port
+    if port is not None:
+        bound = metrics.serve(port, driver.metrics_host)
+        many = f" for {len(topics)} topics" if len(topics) > 1 else ""
+        log.info("metrics on http://%s:%d/metrics%s", driver.metrics_host, bound, many)
+    conf = (
+        driver.spark.conf
+        if len(topics) == 1
+        else {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(driver.spark.conf)}
+    )
+    session = spark or build_spark_session(
+        driver.catalog, master=driver.spark.master, app_name=driver_app_name(topics, request.group),
+        conf={**SPARK_PROMETHEUS_CONF, **conf},
+    )  # fmt: skip
+    try:
+        # Queries that are started again check their topics' access again: it may have changed meanwhile.
+        again = prepare if request.restart is not None else None
+        runner = Driver(queries, load_checked, session, metrics, request.restart, strict, again)
+        return runner.run(request.available_now)
+    finally:
+        if spark is None:
+            session.stop()
+
+
+def launch_pattern(
+    settings: DriverSettings,
+    load: Callable[[str], RouterConfig],
+    available_now: bool = False,
+    spark: SparkSession | None = None,
+) -> list[TopicOutcome]:
+    """Run the query of every topic `settings.pattern` matches until stopped (or, with available_now, until
+    it archived what they hold). A topic dead-lettered whole is reported as failed, with why."""
+    settings.catalog.check_reachable()
+    metrics = RouterMetrics(settings.pattern or settings.name)
+    if settings.metrics_port is not None:
+        bound = metrics.serve(settings.metrics_port, settings.metrics_host)
+        log.info(
+            "metrics on http://%s:%d/metrics for %s", settings.metrics_host, bound, settings.subscription
+        )
+    session = spark or build_spark_session(
+        settings.catalog, master=settings.spark.master, app_name=f"bergstream-router-{settings.name}",
+        conf={**SPARK_PROMETHEUS_CONF, **MANY_TOPICS_SPARK_CONF, **settings.spark.conf},
+    )  # fmt: skip
+    try:
+        return Driver([settings], load, session, metrics, None, strict=False).run(available_now)
+    finally:
+        if spark is None:
+            session.stop()
+
+
+def topic_query(
+    spark: SparkSession, config: RouterConfig, metrics: RouterMetrics | None = None
+) -> TopicsQuery:
+    """The query of `router run --topic T`, for `config.topic`, on `spark`, to run without a driver around it
+    (no maintenance, no signals)."""
+    settings = named_topics_settings(config.topic, [config], None)
+    return TopicsQuery(
+        settings, lambda topic: config, spark, metrics or RouterMetrics(config.topic), strict=True
+    )
+
+
+def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:
+    """Archive what the topic holds now and return: the query of `router run --topic T --available-now`."""
+    settings = named_topics_settings(config.topic, [config], None)
+    driver = Driver([settings], lambda topic: config, spark, RouterMetrics(config.topic), None, strict=True)
+    (outcome,) = driver.run(available_now=True)
+    return outcome.totals

@@ -1,0 +1,220 @@
+"""One streaming query over a set of topics: named ones (`router run --topic`, `--all`, `--group`) or every
+topic whose whole name a pattern matches (`--pattern`, topics created later too).
+
+Its micro-batch is split by topic: each topic's rows are appended to its own archive and dead-letter
+tables, each exactly once per batch under the query's and the batch's ids, with the Kafka range the batch
+covers in that topic (positions.py), by the topic's worker (router/topic), with its own accounting,
+metrics and consumer group `bergstream-router.<topic>`, committed after each batch. What a batch costs
+grows with the topics that have records in it, not with those read: a quiet topic costs nothing but its
+place in the offset log. A topic over one query costs what a topic's own router always did: it is the
+same code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from bergstream.kafka_settings import librdkafka_settings
+from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level
+from bergstream.query import QueryRunner, foreach_batch
+from bergstream.router.accounting import RouterTotals
+from bergstream.router.config import RouterConfig
+from bergstream.router.consumer_group import SharedKafka
+from bergstream.router.driver.batch import BatchArchive
+from bergstream.router.driver.floors import Floors
+from bergstream.router.driver.members import Members
+from bergstream.router.driver.settings import DriverSettings
+from bergstream.router.driver.together import TogetherWriter
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
+from bergstream.router.topic import TopicWorker
+
+log = logging.getLogger("bergstream.router.driver")
+# The Iceberg commits of one batch's topics made at once.
+COMMIT_THREADS = 8
+# The most topics whose lag is measured after each batch, rather than every lag_refresh_seconds alone.
+MEASURED_EACH_BATCH = 8
+
+
+class TopicsQuery:
+    """The query of `settings`. `load(topic)` reads a topic's settings; `strict` (topics named one by one):
+    each must load and exist in Kafka at start."""
+
+    def __init__(
+        self,
+        settings: DriverSettings,
+        load: Callable[[str], RouterConfig],
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event | None = None,
+        strict: bool = False,
+        on_added: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.metrics = metrics
+        self._stopping = stopping or threading.Event()
+        self.kafka = SharedKafka(
+            settings.name,
+            librdkafka_settings(settings.kafka, prefix="kafka."),
+            isolation_level(settings.kafka),
+        )
+        self.members = Members(settings, load, spark, metrics, self._stopping, self.kafka, strict, on_added)
+        self.runner = QueryRunner(f"the router of {settings.subscription}", self._start, self._stopping)
+        self._query: StreamingQuery | None = None
+        self._started = threading.Event()
+        self._available_now = False
+        self._starting = "latest"
+        self._resume: dict[str, dict[int, int]] | None = None
+        self._previous: tuple[int, dict[str, dict[int, int]]] | None = None
+        self._fresh_checkpoint = False
+        self._prepared = False
+        self._followed_batch: int | None = None
+        workers = settings.parallel_topics or spark.sparkContext.defaultParallelism
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bergstream-topic")
+        cores = max(1, spark.sparkContext.defaultParallelism)
+        # Commits are mostly waits on the catalog and the object store: more at once than cores.
+        together = TogetherWriter(spark, self._pool, cores, max(COMMIT_THREADS, workers))
+        self.batches = BatchArchive(Floors(spark, settings.checkpoint_location), together, self._pool, cores)
+
+    @property
+    def topics(self) -> dict[str, TopicWorker]:
+        return self.members.topics
+
+    @property
+    def running(self) -> bool:
+        return self.runner.running
+
+    def up(self, topic: str) -> float:
+        """1 while the topic is archived by this query running; 0 otherwise (`bergstream_router_topic_up`)."""
+        worker = self.members.topics.get(topic)
+        return 1.0 if self.runner.running and worker is not None and worker.archived else 0.0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def prepare(self) -> None:
+        """Every topic of the query known now, its tables made and its id checked; where a fresh checkpoint
+        starts each. Named topics that Kafka lacks are refused when `strict`, else met once created."""
+        if self._prepared:
+            return
+        self._prepared = True
+        settings = self.settings
+        existing = self.kafka.topics(settings.regex)
+        if settings.topics is not None and self.members.strict:
+            missing = [topic for topic in settings.topics if topic not in existing]
+            if missing:
+                from bergstream.errors import ConfigError
+
+                raise ConfigError(
+                    f"Kafka has no topic {', '.join(missing)} (at "
+                    f"{settings.kafka.get('kafka.bootstrap.servers')}): create it, or check the name and "
+                    "kafka.bootstrap.servers"
+                )
+        log.info(
+            "%s: %d topics now: %s", settings.subscription, len(existing), ", ".join(existing) or "none yet"
+        )
+        # Side by side: each topic's settings, schema and tables take a fraction of a second.
+        list(self._pool.map(self.members.add, existing))
+        if not checkpoint_has_batches(self.spark, settings.checkpoint_location):
+            # The first batch starts each topic known now where its tables end (or, recording none, where the
+            # settings say): no floor to look for in it.
+            self._fresh_checkpoint = True
+            self._resume = self.members.resume_offsets()
+
+    def run(self, available_now: bool = False) -> dict[str, RouterTotals]:
+        """Until stopped (with `available_now`, until every topic is archived as it is now)."""
+        self._available_now = available_now
+        refreshing = threading.Event()
+        try:
+            self.prepare()
+            threading.Thread(
+                target=self._refresh_lag, args=(refreshing,), name="bergstream-lag", daemon=True
+            ).start()
+            log.info("the router of %s checkpoints to %s", self.settings.subscription,
+                     self.settings.checkpoint_location)  # fmt: skip
+            self.runner.run(self._follow)
+        finally:
+            refreshing.set()
+            if self.runner.query is not None:
+                self._follow(self.runner.query)
+            self._pool.shutdown(wait=True)
+            self.kafka.close()
+        return {topic: worker.totals for topic, worker in sorted(self.topics.items())}
+
+    def _start(self) -> StreamingQuery:
+        settings = self.settings
+        options = dict(settings.kafka)
+        if self._resume is not None:
+            options["startingOffsets"] = json.dumps(
+                {
+                    topic: {str(p): o for p, o in sorted(offsets.items())}
+                    for topic, offsets in self._resume.items()
+                }
+            )
+        reader = self.spark.readStream.format("kafka").options(**{**SOURCE_DEFAULTS, **options})
+        option, subscribed = settings.source_options
+        reader = reader.option(option, subscribed).option("includeHeaders", "true")
+        if settings.max_offsets_per_trigger is not None:
+            reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        name = f"bergstream-router-{settings.name}"
+        writer = (
+            reader.load()
+            .writeStream.queryName(name)
+            .foreachBatch(foreach_batch(name, self._archive))
+            .option("checkpointLocation", settings.checkpoint_location)
+        )
+        if self._available_now:
+            query = writer.trigger(availableNow=True).start()
+        else:
+            query = writer.trigger(processingTime=settings.trigger_interval).start()
+        self._query = query
+        self._starting = options.get("startingOffsets", "latest")
+        self._previous = None
+        for worker in self.topics.values():
+            worker.started(query)
+        self._started.set()
+        return query
+
+    def _archive(self, records: DataFrame, batch_id: int) -> None:
+        self._started.wait()
+        query = self._query
+        assert query is not None
+        previous = self._previous[1] if self._previous and self._previous[0] == batch_id - 1 else None
+        ranges = topic_ranges(query, batch_id, self._starting, previous)
+        self._previous = (batch_id, {topic: covered.end for topic, covered in ranges.items()})
+        busy_topics = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
+        if not busy_topics:
+            return
+        busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
+        self.members.check_ids(busy_topics, batch_id)
+        first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
+        self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+
+    def _follow(self, query: StreamingQuery) -> None:
+        """Commit every topic's consumer group to where Spark checkpointed the query."""
+        progress = query.lastProgress
+        if progress is None or not progress.sources or progress.batchId == self._followed_batch:
+            return
+        self._followed_batch = progress.batchId
+        end_offsets = json.loads(progress.sources[0].json).get("endOffset")
+        if not end_offsets:
+            return
+        text = json.dumps(end_offsets)
+        for topic in end_offsets:
+            worker = self.topics.get(topic)
+            if worker is not None:
+                # A query of a few topics measures their lag after each batch; of many, on the lag timer.
+                worker.follower.on_progress(text, measure=len(end_offsets) <= MEASURED_EACH_BATCH)
+
+    def _refresh_lag(self, stop: threading.Event) -> None:
+        while not stop.wait(self.settings.lag_refresh_seconds):
+            for worker in list(self.topics.values()):
+                worker.follower.refresh()

@@ -1,0 +1,243 @@
+"""A query's own settings (`DriverSettings`): what it subscribes to, its Kafka connection and source
+options, trigger, rate limit, checkpoint, Spark session and metrics. Every topic's own settings
+(`RouterConfig`: its schema, table, maintenance) are its worker's (router/topic).
+
+Where they come from:
+- `router run --topic T`: from T's file, the query named T and checkpointed where T's file says, as a
+  topic's router always was;
+- several `--topic`, `--group G` and `--all`: from the topics' files; topics whose files agree on the
+  query-level settings (`QUERY_KEYS`) share a query, named after the group (`--group`, `all` for `--all`,
+  else from the topics' names), its checkpoint beside the first topic's;
+- `--pattern`: from the defaults file (`--defaults`, or the site's `topic_defaults`) over the endpoints;
+  each matching topic's own file, where it has one, sets its topic-level settings alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bergstream.catalog import CatalogConfig
+from bergstream.errors import ConfigError
+from bergstream.router.config import (
+    DeploySettings,
+    KafkaOptions,
+    RouterConfig,
+    TriggerInterval,
+    check_topic_name,
+    load_router_config,
+    topic_file,
+)
+from bergstream.router.retry import CommitRetrySettings
+from bergstream.settings_file import merge, problems, read_mapping, without_none
+from bergstream.spark import SparkSettings
+
+log = logging.getLogger("bergstream.router.driver")
+# The settings of a topic's file that are its query's: topics that differ in one of them run in queries of
+# their own (in one driver).
+QUERY_KEYS = ("kafka", "cluster", "trigger_interval", "max_offsets_per_trigger")
+
+
+class DriverSettings(BaseModel):
+    """A query's own settings: what it reads (`topics`, or every topic whose whole name `pattern` matches)
+    and how."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    pattern: str | None = None
+    topics: tuple[str, ...] | None = None
+    kafka: KafkaOptions = Field(repr=False)
+    cluster: str = "local"
+    trigger_interval: TriggerInterval = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
+    checkpoint_location: str
+    catalog: CatalogConfig
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
+    # How many topics of one batch are appended at once; unset, the driver's cores.
+    parallel_topics: int | None = Field(default=None, gt=0)
+    # How `bergstream deploy --pattern` renders the query's driver.
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        check_topic_name(name)  # it names the checkpoint's folder as a topic's name does
+        return name
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, pattern: str | None) -> str | None:
+        if pattern is None:
+            return None
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"{pattern!r} is not a regular expression: {error}") from error
+        return pattern
+
+    @model_validator(mode="after")
+    def _reads_something(self) -> DriverSettings:
+        if (self.pattern is None) == (self.topics is None):
+            raise ValueError("a query reads either named topics or the topics a pattern matches")
+        if self.topics is not None and not self.topics:
+            raise ValueError("a query of named topics names at least one")
+        return self
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """The whole names the query reads: its pattern, or its topics'."""
+        if self.pattern is not None:
+            return re.compile(self.pattern)
+        return re.compile("|".join(re.escape(topic) for topic in self.topics or ()))
+
+    @property
+    def subscription(self) -> str:
+        """What the query describes itself by in its logs."""
+        if self.pattern is not None:
+            return f"the topics matching {self.pattern!r}"
+        topics = self.topics or ()
+        return f"topic {topics[0]}" if len(topics) == 1 else f"{len(topics)} topics ({', '.join(topics)})"
+
+    @property
+    def source_options(self) -> tuple[str, str]:
+        """Spark's Kafka source option that says what the query reads, and its value."""
+        if self.pattern is not None:
+            return "subscribePattern", self.pattern
+        return "subscribe", ",".join(self.topics or ())
+
+
+def query_key(config: RouterConfig) -> str:
+    """The query-level settings of a topic's file, as text: topics with the same share a query."""
+    return repr(tuple(sorted(config.kafka.items())) + tuple(repr(getattr(config, k)) for k in QUERY_KEYS[1:]))
+
+
+def group_name(topics: list[str], group: str | None) -> str:
+    """The name of a query of several named topics (and of its checkpoint): the group's, else one made
+    from the topics' names."""
+    if group is not None:
+        return group
+    if len(topics) == 1:
+        return topics[0]
+    return f"topics-{hashlib.sha256(','.join(sorted(topics)).encode()).hexdigest()[:10]}"
+
+
+def named_topics_settings(name: str, topics: list[RouterConfig], metrics_port: int | None) -> DriverSettings:
+    """The settings of one query of `topics` (their query-level settings all the same) named `name`: one
+    topic's query checkpoints where its file says; several topics' beside the first one's checkpoint."""
+    first = topics[0]
+    checkpoint = first.checkpoint_location
+    if len(topics) > 1 or name != first.topic:
+        checkpoint = _sibling(first.checkpoint_location, name)
+    return DriverSettings(
+        name=name, topics=tuple(config.topic for config in topics), kafka=first.kafka, cluster=first.cluster,
+        trigger_interval=first.trigger_interval, max_offsets_per_trigger=first.max_offsets_per_trigger,
+        checkpoint_location=checkpoint, catalog=first.catalog, spark=first.spark,
+        metrics_port=metrics_port if metrics_port is not None else first.metrics_port,
+        metrics_host=first.metrics_host, lag_refresh_seconds=first.lag_refresh_seconds,
+        commit_retry=first.commit_retry, deploy=first.deploy,
+    )  # fmt: skip
+
+
+def _sibling(location: str, name: str) -> str:
+    """The folder `name` beside `location` (a path or a URI)."""
+    if "://" in location:
+        scheme, rest = location.split("://", 1)
+        return f"{scheme}://{PurePosixPath(rest.rstrip('/')).parent / name}"
+    return str(Path(location.rstrip("/")).parent / name)
+
+
+def pattern_name(pattern: str) -> str:
+    """The name of a pattern's router when none is given: its Spark query, checkpoint and own group."""
+    return f"pattern-{hashlib.sha256(pattern.encode()).hexdigest()[:10]}"
+
+
+def pattern_defaults(defaults_file: Path | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults file over `defaults` (the endpoints): every topic's settings and the query's."""
+    from_file: dict[str, Any] = {}
+    if defaults_file is not None:
+        if not defaults_file.is_file():
+            raise ConfigError(f"--defaults {defaults_file}: no such file")
+        from_file = read_mapping(defaults_file)
+        if "topic" in from_file:
+            raise ConfigError(
+                f"{defaults_file}: names topic {from_file['topic']!r}, but the defaults are every topic's; "
+                "leave `topic` out"
+            )
+    if "catalog" in from_file:
+        defaults = {key: value for key, value in defaults.items() if key != "catalog"}
+    return merge(defaults, from_file)
+
+
+def load_pattern_settings(
+    pattern: str,
+    name: str,
+    defaults_file: Path | None,
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+) -> DriverSettings:
+    """A pattern's query settings: `defaults` (the endpoints), the defaults file, `overrides` (the flags)."""
+    merged = merge(pattern_defaults(defaults_file, defaults), without_none(overrides))
+    merged.update(name=name, pattern=pattern)
+    merged.pop("topics", None)
+    where = defaults_file if defaults_file is not None else f"the router of {pattern!r}"
+    try:
+        return DriverSettings.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(f"{where}: {problems(error)}") from error
+
+
+def pattern_topic_settings(
+    config: DriverSettings,
+    defaults_file: Path | None,
+    topics_dir: Path | None,
+    endpoints: Callable[[str], dict[str, Any]],
+    overrides: dict[str, Any],
+) -> Callable[[str], RouterConfig]:
+    """Reads a matching topic's settings: its own file over `defaults_file` over `endpoints(topic)`, or the
+    defaults file alone; the query's checkpoint and cluster are the topic's."""
+    warned: set[str] = set()
+
+    def load(topic: str) -> RouterConfig:
+        own = topic_file(topic, topics_dir)
+        if not own.is_file() and defaults_file is None:
+            raise ConfigError(
+                f"topic {topic}: no settings file {own}, and no defaults for topics without one "
+                "(--defaults, or the site's topic_defaults)"
+            )
+        under = endpoints(topic)
+        if own.is_file() and defaults_file is not None:
+            from_defaults = read_mapping(defaults_file)
+            if "catalog" in from_defaults:
+                under = {key: value for key, value in under.items() if key != "catalog"}
+            under = merge(under, from_defaults)
+        path = own if own.is_file() else defaults_file
+        assert path is not None
+        forced = {"checkpoint_location": config.checkpoint_location, "cluster": config.cluster}
+        settings = load_router_config(topic, path, under, {**overrides, **forced})
+        if settings.catalog != config.catalog:
+            raise ConfigError(
+                f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "
+                "topics of one query share their catalog"
+            )
+        ignored = [key for key in ("trigger_interval", "max_offsets_per_trigger")
+                   if getattr(settings, key) != getattr(config, key)]  # fmt: skip
+        if ignored and topic not in warned:
+            warned.add(topic)
+            log.warning(
+                "topic %s: %s sets %s, which the query of %r takes from its defaults alone", topic, path,
+                " and ".join(ignored), config.pattern,
+            )  # fmt: skip
+        return settings
+
+    return load

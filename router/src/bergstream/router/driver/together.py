@@ -1,0 +1,176 @@
+"""Every topic of a batch written in one Spark job, each table committed once (TopicTables and TopicRows,
+in router/jvm), several commits at once. A topic this job cannot write (a replayed batch, a topic
+dead-lettered whole, tables whose last batch cannot be read now, rows that cannot be planned apart, a write
+that failed) is archived on its own by its worker, which waits out outages and finds what landed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bergstream.errors import first_line
+from bergstream.router.counts import BatchCounts, PartitionRead
+from bergstream.router.retry import java_causes
+from bergstream.router.topic import TopicWorker
+from bergstream.router.topic.archived import ArchivedTopic
+from bergstream.router.write import Appended
+from bergstream.schemas.positions import BatchRange
+
+log = logging.getLogger("bergstream.router.driver")
+_TOPIC_TABLES = "io.bergstream.router.TopicTables"
+# Java's Long.MIN_VALUE: no record, no time.
+_NO_TIME = -(2**63)
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line: the Java exception and its deepest cause for an error from Spark, else the message."""
+    causes = java_causes(error)
+    if causes:
+        deepest = f"; caused by {causes[-1].line}" if len(causes) > 1 else ""
+        return causes[0].line + deepest
+    return first_line(error)
+
+
+def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appended]:
+    """A topic's counts of a batch written together with others' (TopicTables.BatchWrite.json), and what
+    its archive and dead-letter appends added."""
+    archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest = (
+        int(value) for value in outcome["totals"]
+    )
+    partitions = tuple(
+        PartitionRead(int(partition), int(read), int(first), int(last))
+        for partition, (read, first, last) in sorted(outcome["partitions"].items(), key=lambda p: int(p[0]))
+    )
+    counts = BatchCounts(
+        read=sum(p.read for p in partitions),
+        archived=archived,
+        newest=None if newest == _NO_TIME else datetime.fromtimestamp(newest / 1e6, UTC),
+        partitions=partitions,
+    )
+    return (
+        counts,
+        Appended(archived, archive_files, archive_bytes),
+        Appended(dead_lettered, dead_files, dead_bytes),
+    )
+
+
+class TogetherWriter:
+    """Writes the topics of a batch that can be written together."""
+
+    def __init__(
+        self, spark: SparkSession, pool: ThreadPoolExecutor, cores: int, commit_threads: int
+    ) -> None:
+        self.spark = spark
+        self._pool = pool
+        self._cores = cores
+        self._commit_threads = commit_threads
+
+    def writable(
+        self, batch_id: int, busy: dict[str, TopicWorker], ranges: dict[str, BatchRange]
+    ) -> list[str]:
+        """The busy topics whose tables can be written together: archived, not replayed (a table holds the
+        batch already), their tables' last batch readable now (the catalog out: the topic's own path waits
+        for it), and no other router's commit in the way (else the topic's own path stops the query)."""
+        together = []
+        for topic, worker in busy.items():
+            if not isinstance(worker, ArchivedTopic):
+                continue
+            try:
+                if worker.archiver.replayed(batch_id):
+                    continue
+            except Exception as error:
+                log.warning("batch %d of topic %s: its tables' last batch cannot be read (%s); alone now",
+                            batch_id, topic, failure_reason(error))  # fmt: skip
+                continue
+            together.append(topic)
+        checks = {
+            topic: self._pool.submit(busy[topic].archiver.refuse_second_writer, batch_id, ranges[topic])  # type: ignore[attr-defined]
+            for topic in together
+        }
+        for future in checks.values():
+            future.result()
+        return together
+
+    def write(
+        self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], workers: dict[str, TopicWorker]
+    ) -> list[str]:
+        """Write the tables of `workers` (archived topics) in one Spark job and commit them; the topics left
+        to archive one by one: those whose rows cannot be planned apart, or whose write failed (their
+        worker tries again, and finds what landed)."""
+        started = time.monotonic()
+        together = list(workers)
+        alone: list[str] = []
+        archivers = []
+        plans = []
+        for topic in list(together):
+            archiver = workers[topic].archiver  # type: ignore[attr-defined]
+            records = source.where(F.col("topic") == topic) if archiver.registry is not None else source
+            try:
+                plans.append(archiver.topic_rows(records, batch_id))
+            except Exception as error:  # a parse Spark cannot plan apart: that topic goes alone
+                log.warning("topic %s: its rows cannot be planned apart (%s); archived alone",
+                            topic, first_line(error))  # fmt: skip
+                together.remove(topic)
+                alone.append(topic)
+                continue
+            archivers.append(archiver)
+        if not together:
+            return alone
+        identifiers = [archiver.identifiers for archiver in archivers]
+        properties = [
+            archiver.batch_properties(batch_id, ranges[topic])
+            for topic, archiver in zip(together, archivers, strict=True)
+        ]
+        planned = time.monotonic()
+        jvm = self.spark._jvm
+        assert jvm is not None
+        try:
+            written = getattr(jvm, _TOPIC_TABLES).append(
+                self.spark._jsparkSession, source._jdf, source.columns.index("topic"), together, plans,
+                [archive for archive, _ in identifiers], [dead_letters for _, dead_letters in identifiers],
+                properties, int(time.time() * 1_000_000), self._cores, self._commit_threads,
+            )  # fmt: skip
+        except Exception as error:
+            # The catalog or the warehouse out, most often: each topic alone waits the outage out
+            # (CommitRetry), and finds what landed before it.
+            log.warning("batch %d: writing %d topics together failed (%s); each alone now", batch_id,
+                        len(together), failure_reason(error))  # fmt: skip
+            for archiver in archivers:
+                archiver.forget_commits()
+            return alone + together
+        seconds = time.monotonic() - started
+        tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
+        log.info(
+            "batch %d: %d topics written together in %.1fs: their plans in %.1fs, their tables loaded "
+            "in %.1fs, one job of %.1fs, %d commits in %.1fs", batch_id,
+            len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
+            commit_ms / 1000,
+        )  # fmt: skip
+        committed = []
+        for topic, archiver, outcome in zip(together, archivers, json.loads(written.json()), strict=True):
+            refused = outcome["error"]
+            if refused is not None:
+                log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
+                            batch_id, topic, refused)  # fmt: skip
+                archiver.forget_commits()
+                alone.append(topic)
+                continue
+            counts, archived, dead_lettered = outcome_counts(outcome)
+            archiver.written_together(batch_id, counts, archived, dead_lettered, seconds)
+            if archived.records:
+                committed.append((topic, archiver))
+        # Two routers whose batches committed at the same moment did not see each other before.
+        checks = [
+            self._pool.submit(archiver.refuse_second_writer, batch_id, ranges[topic], True)
+            for topic, archiver in committed
+        ]
+        for future in checks:
+            future.result()
+        return alone

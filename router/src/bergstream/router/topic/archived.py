@@ -1,0 +1,89 @@
+"""A topic archived: its records parsed into its archive table, those that do not parse into its
+dead-letter table, each batch exactly once (archiver.py), with its accounting, lag and consumer group."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.archive_tables import ArchiveTables
+from bergstream.router.archiver import BatchArchiver
+from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.config import RouterConfig
+from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.expired import ExpiredOffsets
+from bergstream.router.identity import TopicIdentity
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.progress import ProgressFollower
+from bergstream.router.resume import recorded_positions, starting_offsets
+from bergstream.schemas.positions import EARLIEST, BatchRange
+
+log = logging.getLogger("bergstream.router")
+
+
+class ArchivedTopic:
+    """One topic's share of a query: its tables (made if missing), archiver, accounting, lag and group."""
+
+    archived = True
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event,
+        kafka: GroupCommitter,
+    ) -> None:
+        self.config = config
+        self.topic = config.topic
+        self.kafka = kafka
+        self.expired = ExpiredOffsets(config.topic, kafka, metrics)
+        self.accounting = BatchAccounting(config.topic, metrics, self.expired)
+        self.tables = ArchiveTables(spark, config)
+        self.retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
+        self.archiver = BatchArchiver(spark, config, metrics, self.tables, self.retry, self.accounting)
+        self.follower = ProgressFollower(
+            config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
+            config.lag_refresh_seconds, cluster=config.cluster,
+        )  # fmt: skip
+        self.tables.prepare(self.archiver.layout)
+
+    @property
+    def totals(self) -> RouterTotals:
+        return self.accounting.totals
+
+    def positions(self, spark: SparkSession) -> dict[int, int] | None:
+        archiver = self.archiver
+        return recorded_positions(
+            spark, self.config, archiver.origin, archiver.layout, archiver.splitter, self.kafka
+        )
+
+    def resume(self, spark: SparkSession) -> dict[int, int] | None:
+        archiver = self.archiver
+        offsets = starting_offsets(
+            spark, self.config, archiver.origin, archiver.layout, archiver.splitter, self.kafka
+        )
+        if offsets is not None:
+            self.expired.left_off({p: o for p, o in offsets.items() if o != EARLIEST})
+        return offsets
+
+    def identify(self, spark: SparkSession, checkpoint: str) -> None:
+        """Learn the topic's Kafka id, refusing one that the query's checkpoint or the topic's tables record
+        otherwise; the tables' commits record it from then on."""
+        archiver = self.archiver
+        layout = archiver.layout
+        tables = [self.config.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)]
+        identity = TopicIdentity(self.topic, self.config.cluster, self.kafka)
+        archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
+
+    def started(self, query: StreamingQuery) -> None:
+        self.archiver.started(query, "latest")  # each batch is given its range
+        self.follower.start(refresh=False)
+
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        self.archiver.archive(records, batch_id, covered)

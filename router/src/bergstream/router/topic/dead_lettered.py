@@ -1,0 +1,127 @@
+"""A topic dead-lettered whole: its settings do not load, or its schema is not found. It is not dropped and
+stops no other topic: each of its records goes to its dead-letter table with the reason, under the same
+exactly-once append and with the same recorded Kafka ranges as a topic archived, and it resumes from them;
+the query reads its settings again once in a while (`RETRY_SETTINGS_SECONDS`), and `bergstream router
+redrive` archives its dead letters once they parse."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from bergstream.kafka_source import isolation_level
+from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.config import table_for_topic
+from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.expired import ExpiredOffsets
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.positions import newest_recorded, resume_offsets
+from bergstream.router.progress import ProgressFollower
+from bergstream.router.write import BatchTableWriter
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
+from bergstream.schemas.parse import ERROR
+from bergstream.schemas.positions import BatchRange, Origin, offsets_json
+from bergstream.schemas.stamp import metadata
+
+if TYPE_CHECKING:
+    from bergstream.router.driver.settings import DriverSettings
+
+log = logging.getLogger("bergstream.router")
+# How often the settings of a topic that is dead-lettered whole are read again.
+RETRY_SETTINGS_SECONDS = 60.0
+
+
+class DeadLetteredTopic:
+    """A matching topic that cannot be archived (its settings do not load, its schema is not found): each
+    of its records goes to its dead-letter table with `reason`, under the same exactly-once append."""
+
+    archived = False
+
+    def __init__(
+        self,
+        topic: str,
+        reason: str,
+        config: DriverSettings,
+        spark: SparkSession,
+        metrics: RouterMetrics,
+        stopping: threading.Event,
+        kafka: GroupCommitter,
+    ) -> None:
+        self.topic = topic
+        self.reason = reason
+        self.config = config
+        self.spark = spark
+        self.kafka = kafka
+        self.rejected_at = time.monotonic()
+        self.identifier = config.catalog.table_identifier(table_for_topic(topic) + DEAD_LETTER_SUFFIX)
+        self.expired = ExpiredOffsets(topic, kafka, metrics)
+        self.accounting = BatchAccounting(topic, metrics, self.expired)
+        self.retry = CommitRetry(topic, config.commit_retry, metrics, stopping)
+        self.follower = ProgressFollower(
+            topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
+            config.lag_refresh_seconds, cluster=config.cluster,
+        )  # fmt: skip
+        self._counting = observed_columns(spark)
+        self._writer: BatchTableWriter | None = None
+        if not spark.catalog.tableExists(self.identifier):
+            for statement in dead_letter_create_statements(self.identifier):
+                spark.sql(statement)
+        log.error("topic %s is dead-lettered whole into %s: %s", topic, self.identifier, reason)
+
+    @property
+    def totals(self) -> RouterTotals:
+        return self.accounting.totals
+
+    def positions(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where the topic's dead-letter table says its archive ends; None when it records no position."""
+        recorded = newest_recorded(spark, self.identifier, self.topic, self.config.cluster)
+        return None if recorded is None else resume_offsets([recorded], self.kafka.partitions())
+
+    def resume(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where the topic starts when the query's checkpoint holds no batch: where its dead-letter table
+        ends, as a topic archived resumes where its tables end; None when it records no position."""
+        offsets = self.positions(spark)
+        if offsets is None:
+            return None
+        log.warning(
+            "topic %s, dead-lettered whole: the query's checkpoint holds no batch; resuming where %s ends "
+            "(%s), not from the settings' startingOffsets", self.topic, self.identifier,
+            offsets_json(offsets),
+        )  # fmt: skip
+        return offsets
+
+    def started(self, query: StreamingQuery) -> None:
+        self._writer = BatchTableWriter(self.spark, self.identifier, str(query.id))
+        self.follower.start(refresh=False)
+
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        writer = self._writer
+        assert writer is not None
+        started = time.monotonic()
+        stamped = records.select("*", F.lit(self.reason).alias(ERROR), metadata(self.config.cluster))
+        observation = Observation(f"bergstream-router-{self.topic}-{batch_id}-{uuid.uuid4().hex}")
+        rows = stamped.observe(observation, *self._counting).select(
+            F.col("key").alias("raw_key"),
+            F.col("value").alias("raw_value"),
+            F.col(ERROR).alias("error"),
+            F.lit(None).cast("string").alias("schema_name"),
+            F.col(METADATA),
+        )
+        properties = covered.properties(
+            Origin(self.topic, self.config.cluster, isolation_level(self.config.kafka))
+        )
+        result = self.retry.attempt(
+            self.identifier, batch_id, lambda: writer.append(rows, batch_id, properties)
+        )
+        counts = None if result is None else from_observation(observation.get)
+        phases = {self.identifier.rsplit(".", 1)[-1]: time.monotonic() - started}
+        self.accounting.account(batch_id, counts, [(writer, result)], time.monotonic() - started, phases)
