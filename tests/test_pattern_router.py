@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -266,10 +265,10 @@ def archived_dead_letters(stack: Services, identifier: str) -> list[str]:
 
 
 @pytest.mark.integration
-def test_all_in_one_query_archives_the_topics_with_a_file_and_takes_a_new_file_at_its_next_start(
+def test_all_archives_the_topics_with_a_file_in_one_query_and_takes_a_new_file_at_its_next_start(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
-    """`--all --one-query`: the topics with a file in --topics-dir, by name, in one query named `all`; its
+    """`--all`: the topics with a file in --topics-dir, by name, in one query named `all`; its
     checkpoint kept when the files change, a topic whose file is added is archived from its first offset,
     one whose file is removed is no longer read."""
     prefix = topic_name[:40]
@@ -299,14 +298,15 @@ def test_all_in_one_query_archives_the_topics_with_a_file_and_takes_a_new_file_a
 
     def run(files: set[str]) -> dict[str, dict[str, object]]:
         done = subprocess.run(
-            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
+            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--available-now",
              "--json", "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
             capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        # One query, its pattern every topic with a file by its name (the log shows the pattern's repr).
+        # One query, of every topic with a file, checkpointed where the defaults say.
         (one_query,) = [line for line in done.stderr.splitlines() if "checkpoints to" in line]
-        assert all(repr(re.escape(topic))[1:-1] in one_query for topic in files), one_query
+        assert all(topic in one_query for topic in files), one_query
+        assert one_query.endswith(str(tmp_path / "checkpoint")), one_query
         report = json.loads(done.stdout)
         assert report["ok"] is True, report
         return {topic["topic"]: topic for topic in report["topics"]}
@@ -436,7 +436,7 @@ def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_wh
 def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_first_offset(
     stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
-    """A topic archived by a router of its own, then given a file under `--all --one-query`: the query's
+    """A topic archived by a router of its own, then given a file under `--all`: the query's
     checkpoint exists, so Spark reads the topic from its earliest offset; the records its tables already
     hold are dropped, the others archived, every offset once."""
     from bergstream.router.config import RouterConfig
@@ -490,7 +490,7 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
 
 
 def one_query_defaults(stack: Services, tmp_path: Path) -> Path:
-    """The defaults file of an `--all --one-query` router over the stack, checkpointing to tmp_path/checkpoint
+    """The defaults file of an `--all` router over the stack, checkpointing to tmp_path/checkpoint
     and reading each topic from its earliest offset."""
     defaults = tmp_path / "defaults.yaml"
     defaults.write_text(
@@ -512,9 +512,9 @@ def send_playback(stack: Services, topic: str, count: int, seed: int) -> set[tup
 
 
 def run_all_in_one_query(defaults: Path, topics_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`router run --all --one-query --available-now` over the topics with a file in `topics_dir`."""
+    """`router run --all --available-now` over the topics with a file in `topics_dir`."""
     return subprocess.run(
-        [sys.executable, "-m", "bergstream", "router", "run", "--all", "--one-query", "--available-now",
+        [sys.executable, "-m", "bergstream", "router", "run", "--all", "--available-now",
          "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
     )  # fmt: skip

@@ -339,11 +339,11 @@ def test_a_registry_outage_holds_the_batch_then_dead_letters_what_it_cannot_reso
 
         settings = named_topics_settings(topic_name, [config], None)
         router = TopicsQuery(settings, lambda topic: config, spark, RouterMetrics(topic_name), strict=True)
+        ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic_name, 1)
+        router.prepare()  # knows the first version only
         quality = {"name": "quality", "type": ["null", "string"], "default": None}
         v2 = dict(playback.avro, fields=[*playback.avro["fields"], quality])
         unseen = client.register_schema(f"{topic_name}-value", Schema(json.dumps(v2), "AVRO"))
-        ensure_topic({"bootstrap.servers": stack.bootstrap_servers}, topic_name, 1)
-        router.prepare()  # knows the first version only
         events = EventModel(seed=9).events("playback")
         _send(
             stack,

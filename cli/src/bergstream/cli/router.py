@@ -36,12 +36,20 @@ def router() -> None:
 
 
 def topic_loader(
-    endpoints: Endpoints, config_file: Path | None, topics_dir: Path | None, overrides: dict[str, Any]
+    endpoints: Endpoints,
+    config_file: Path | None,
+    topics_dir: Path | None,
+    overrides: dict[str, Any],
+    defaults_file: Path | None = None,
 ) -> Callable[[str], RouterConfig]:
-    """Reads a topic's settings: `config_file`, else <topics dir>/<topic>.yaml, over the endpoints."""
+    """Reads a topic's settings: `config_file`, else <topics dir>/<topic>.yaml over `defaults_file` (or the
+    defaults file alone for a topic without one), over the endpoints."""
     from bergstream.router.config import load_router_config, topic_file
+    from bergstream.router.driver.settings import topic_settings
 
     def load(topic: str) -> RouterConfig:
+        if defaults_file is not None:
+            return topic_settings(topic, defaults_file, topics_dir, endpoints.router_defaults, overrides)
         path = config_file if config_file is not None else topic_file(topic, topics_dir)
         return load_router_config(topic, path, defaults=endpoints.router_defaults(topic), overrides=overrides)
 
@@ -67,8 +75,9 @@ def topic_loader(
 )  # fmt: skip
 @click.option(
     "--defaults", "defaults_file", type=click.Path(path_type=Path), default=None,
-    help="With --pattern: the settings of every topic without its own file, and of the query itself "
-    "(default: the site's topic_defaults).",
+    help="The settings under every topic's own file, and those of a topic without one; with --pattern, "
+    "also the query's own (default: the site's topic_defaults); with several topics, its "
+    "checkpoint_location is their query's.",
 )  # fmt: skip
 @click.option(
     "--name", default=None,
@@ -146,10 +155,10 @@ def router_run(
             "name the topic to archive with --topic (repeatable), or give --all or --pattern"
         )
     if pattern is None:
-        for flag, value in (("--defaults", defaults_file), ("--name", name)):
-            if value is not None:
-                hint = " (--group names the query of several topics)" if flag == "--name" else ""
-                raise click.UsageError(f"{flag} is for --pattern{hint}")
+        if name is not None:
+            raise click.UsageError("--name is for --pattern; --group names the query of several topics")
+        if defaults_file is not None and config_file is not None:
+            raise click.UsageError("give --config (one topic's whole settings) or --defaults, not both")
     else:
         for flag, value in (
             ("--config", config_file), ("--schema", schema), ("--table", table), ("--group", group),
@@ -184,7 +193,7 @@ def router_run(
     }  # fmt: skip
     request = Launch(
         topics=topics_in(topics_folder(topics_dir)) if all_topics else list(topics),
-        load=topic_loader(Endpoints.resolve(data_dir), config_file, topics_dir, overrides),
+        load=topic_loader(Endpoints.resolve(data_dir), config_file, topics_dir, overrides, defaults_file),
         available_now=available_now,
         every_topic=all_topics,
         restart=None if alone else RestartSettings(
@@ -192,8 +201,21 @@ def router_run(
         ),
         metrics_port=metrics_port,
         group=group if group is not None or not all_topics else "all",
+        checkpoint=defaults_checkpoint(defaults_file),
     )  # fmt: skip
     report_outcomes(launch(request), as_json)
+
+
+def defaults_checkpoint(defaults_file: Path | None) -> str | None:
+    """The checkpoint a defaults file names: the query's, for a query of several topics."""
+    from bergstream.settings_file import read_mapping
+
+    if defaults_file is None:
+        return None
+    if not defaults_file.is_file():
+        raise click.UsageError(f"--defaults {defaults_file}: no such file")
+    location = read_mapping(defaults_file).get("checkpoint_location")
+    return None if location is None else str(location)
 
 
 def report_outcomes(outcomes: list[TopicOutcome], as_json: bool) -> None:

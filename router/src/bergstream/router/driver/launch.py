@@ -66,6 +66,9 @@ class Launch:
     metrics_port: int | None = None
     # The name of the driver and of its query (--group; `all` for --all).
     group: str | None = None
+    # The checkpoint of the query of several topics (a defaults file's checkpoint_location); unset, beside
+    # the first topic's.
+    checkpoint: str | None = None
 
 
 def prepare(config: RouterConfig) -> None:
@@ -88,7 +91,7 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
     if strict:
         for config in loaded:
             prepare(config)
-    queries = group_queries(topics, loaded, request.group, request.metrics_port)
+    queries = group_queries(topics, loaded, request.group, request.metrics_port, request.checkpoint)
     owner = {topic: query for query in queries for topic in query.topics or ()}
 
     def load_checked(topic: str) -> RouterConfig:

@@ -12,7 +12,13 @@ from pydantic import Field
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
-from bergstream.router.driver.settings import DriverSettings, group_name, named_topics_settings, query_key
+from bergstream.router.driver.settings import (
+    DriverSettings,
+    group_name,
+    named_topics_settings,
+    query_key,
+    sibling,
+)
 from bergstream.router.retry import Backoff
 
 log = logging.getLogger("bergstream.router.driver")
@@ -91,7 +97,11 @@ def load_topics(topics: list[str], load: Callable[[str], RouterConfig], strict: 
 
 
 def group_queries(
-    topics: list[str], loaded: list[RouterConfig], name: str | None, metrics_port: int | None
+    topics: list[str],
+    loaded: list[RouterConfig],
+    name: str | None,
+    metrics_port: int | None,
+    checkpoint: str | None = None,
 ) -> list[DriverSettings]:
     """The queries of the named `topics`: one per set of equal query-level settings, the first holding the
     topics whose settings did not load. One set: the query is named `name` (else from the topics); several:
@@ -109,7 +119,10 @@ def group_queries(
             rate = first.max_offsets_per_trigger or "unlimited"
             digest = hashlib.sha256(query_key(first).encode()).hexdigest()[:6]
             named = f"{base}-{first.trigger_interval.replace(' ', '')}-{rate}-{digest}"
-        settings = named_topics_settings(named, configs, metrics_port)
+        where = checkpoint
+        if where is not None and len(groups) > 1:
+            where = sibling(where, named)
+        settings = named_topics_settings(named, configs, metrics_port, where)
         if index == 0 and failed:
             settings = settings.model_copy(update={"topics": (*settings.topics, *failed)})  # type: ignore[misc]
         queries.append(settings)

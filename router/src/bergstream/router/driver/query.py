@@ -107,17 +107,13 @@ class TopicsQuery:
             return
         self._prepared = True
         settings = self.settings
-        existing = self.kafka.topics(settings.regex)
         if settings.topics is not None and self.members.strict:
-            missing = [topic for topic in settings.topics if topic not in existing]
-            if missing:
-                from bergstream.errors import ConfigError
-
-                raise ConfigError(
-                    f"Kafka has no topic {', '.join(missing)} (at "
-                    f"{settings.kafka.get('kafka.bootstrap.servers')}): create it, or check the name and "
-                    "kafka.bootstrap.servers"
-                )
+            # Each asked for by name: a topic just created is in Kafka's answer, and so is a refused ACL.
+            for topic in settings.topics:
+                self.kafka.committer(topic, f"bergstream-router.{topic}").require_topic()
+            existing = list(settings.topics)
+        else:
+            existing = self.kafka.topics(settings.regex)
         log.info(
             "%s: %d topics now: %s", settings.subscription, len(existing), ", ".join(existing) or "none yet"
         )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import SparkSession
 
-from bergstream.errors import BergstreamError
+from bergstream.errors import BergstreamError, ConfigError
 from bergstream.query import query_failure
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
@@ -163,8 +163,8 @@ class Driver:
             query = None
             try:
                 if self._prepare is not None:
-                    for topic in settings.topics or ():
-                        self._prepare(self._load(topic))
+                    for config in self._loading(settings.topics or ()):
+                        self._prepare(config)
                 query = TopicsQuery(settings, self._load, self.spark, self.metrics, self._stop, self._strict,
                                     on_added=lambda topic: self._known(topic, settings.name))  # fmt: skip
                 with self._lock:
@@ -218,6 +218,18 @@ class Driver:
             finally:
                 with self._lock:
                     self._queries.pop(settings.name, None)
+
+    def _loading(self, topics: tuple[str, ...]) -> list[RouterConfig]:
+        """The settings of `topics` that load; those that do not are refused by a strict driver, else
+        dead-lettered whole by their query."""
+        loaded = []
+        for topic in topics:
+            try:
+                loaded.append(self._load(topic))
+            except ConfigError:
+                if self._strict:
+                    raise
+        return loaded
 
     def _ended(self, query: TopicsQuery, totals: dict[str, RouterTotals]) -> None:
         """Add what `query` archived to its topics' outcomes; a topic it dead-lettered whole is failed."""

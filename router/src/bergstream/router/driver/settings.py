@@ -132,13 +132,17 @@ def group_name(topics: list[str], group: str | None) -> str:
     return f"topics-{hashlib.sha256(','.join(sorted(topics)).encode()).hexdigest()[:10]}"
 
 
-def named_topics_settings(name: str, topics: list[RouterConfig], metrics_port: int | None) -> DriverSettings:
+def named_topics_settings(
+    name: str, topics: list[RouterConfig], metrics_port: int | None, checkpoint: str | None = None
+) -> DriverSettings:
     """The settings of one query of `topics` (their query-level settings all the same) named `name`: one
-    topic's query checkpoints where its file says; several topics' beside the first one's checkpoint."""
+    topic's query checkpoints where its file says; several topics' at `checkpoint`, else beside the first
+    one's checkpoint."""
     first = topics[0]
-    checkpoint = first.checkpoint_location
-    if len(topics) > 1 or name != first.topic:
-        checkpoint = _sibling(first.checkpoint_location, name)
+    if checkpoint is None:
+        checkpoint = first.checkpoint_location
+        if len(topics) > 1 or name != first.topic:
+            checkpoint = sibling(first.checkpoint_location, name)
     return DriverSettings(
         name=name, topics=tuple(config.topic for config in topics), kafka=first.kafka, cluster=first.cluster,
         trigger_interval=first.trigger_interval, max_offsets_per_trigger=first.max_offsets_per_trigger,
@@ -149,7 +153,7 @@ def named_topics_settings(name: str, topics: list[RouterConfig], metrics_port: i
     )  # fmt: skip
 
 
-def _sibling(location: str, name: str) -> str:
+def sibling(location: str, name: str) -> str:
     """The folder `name` beside `location` (a path or a URI)."""
     if "://" in location:
         scheme, rest = location.split("://", 1)
@@ -197,6 +201,32 @@ def load_pattern_settings(
         raise ConfigError(f"{where}: {problems(error)}") from error
 
 
+def topic_settings(
+    topic: str,
+    defaults_file: Path | None,
+    topics_dir: Path | None,
+    endpoints: Callable[[str], dict[str, Any]],
+    overrides: dict[str, Any],
+) -> RouterConfig:
+    """A topic's settings: its own file (<topics dir>/<topic>.yaml) over `defaults_file` over
+    `endpoints(topic)`, or the defaults file alone where it has no file of its own; `overrides` over all."""
+    own = topic_file(topic, topics_dir)
+    if not own.is_file() and defaults_file is None:
+        raise ConfigError(
+            f"topic {topic}: no settings file {own}, and no defaults for topics without one "
+            "(--defaults, or the site's topic_defaults)"
+        )
+    under = endpoints(topic)
+    if own.is_file() and defaults_file is not None:
+        from_defaults = read_mapping(defaults_file)
+        if "catalog" in from_defaults:
+            under = {key: value for key, value in under.items() if key != "catalog"}
+        under = merge(under, from_defaults)
+    path = own if own.is_file() else defaults_file
+    assert path is not None
+    return load_router_config(topic, path, under, overrides)
+
+
 def pattern_topic_settings(
     config: DriverSettings,
     defaults_file: Path | None,
@@ -209,22 +239,9 @@ def pattern_topic_settings(
     warned: set[str] = set()
 
     def load(topic: str) -> RouterConfig:
-        own = topic_file(topic, topics_dir)
-        if not own.is_file() and defaults_file is None:
-            raise ConfigError(
-                f"topic {topic}: no settings file {own}, and no defaults for topics without one "
-                "(--defaults, or the site's topic_defaults)"
-            )
-        under = endpoints(topic)
-        if own.is_file() and defaults_file is not None:
-            from_defaults = read_mapping(defaults_file)
-            if "catalog" in from_defaults:
-                under = {key: value for key, value in under.items() if key != "catalog"}
-            under = merge(under, from_defaults)
-        path = own if own.is_file() else defaults_file
-        assert path is not None
         forced = {"checkpoint_location": config.checkpoint_location, "cluster": config.cluster}
-        settings = load_router_config(topic, path, under, {**overrides, **forced})
+        settings = topic_settings(topic, defaults_file, topics_dir, endpoints, {**overrides, **forced})
+        path = topic_file(topic, topics_dir) if topic_file(topic, topics_dir).is_file() else defaults_file
         if settings.catalog != config.catalog:
             raise ConfigError(
                 f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "

@@ -1,6 +1,14 @@
 package io.bergstream.router;
 
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.ObjectInputStream;
+import java.io.ObjectOutputStream;
+import java.io.ObjectStreamClass;
 import java.io.Serializable;
+import java.io.UncheckedIOException;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -105,9 +113,12 @@ public final class TopicRows implements Serializable {
             .computeIfAbsent(
                 id,
                 key -> {
+                  // The thread's own copy of the expressions: an expression may keep state between rows
+                  // (a decoder and the record it reuses), and the plan is shared by the executor's threads.
+                  TopicRows own = copied();
                   List<UnsafeProjection> made = new ArrayList<>(expressions.size());
                   for (int i = 0; i < expressions.size(); i++) {
-                    made.add(UnsafeProjection.create(expressions.get(i), inputs.get(i)));
+                    made.add(UnsafeProjection.create(own.expressions.get(i), own.inputs.get(i)));
                   }
                   return made;
                 });
@@ -115,6 +126,43 @@ public final class TopicRows implements Serializable {
       projection.initialize(partition);
     }
     return compiled;
+  }
+
+  /** A copy of this plan that shares no object with it, made through Java serialization. */
+  TopicRows copied() {
+    try {
+      ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+      try (ObjectOutputStream out = new ObjectOutputStream(bytes)) {
+        out.writeObject(this);
+      }
+      try (ObjectInputStream in = new ThreadLoaderInput(new ByteArrayInputStream(bytes.toByteArray()))) {
+        return (TopicRows) in.readObject();
+      }
+    } catch (IOException error) {
+      throw new UncheckedIOException("copying the plan of a topic's rows", error);
+    } catch (ClassNotFoundException error) {
+      throw new IllegalStateException("copying the plan of a topic's rows", error);
+    }
+  }
+
+  /** Classes resolved by the thread's loader: the one that holds Spark's jars and bergstream's. */
+  private static final class ThreadLoaderInput extends ObjectInputStream {
+    ThreadLoaderInput(InputStream in) throws IOException {
+      super(in);
+    }
+
+    @Override
+    protected Class<?> resolveClass(ObjectStreamClass described) throws IOException, ClassNotFoundException {
+      ClassLoader loader = Thread.currentThread().getContextClassLoader();
+      if (loader != null) {
+        try {
+          return Class.forName(described.getName(), false, loader);
+        } catch (ClassNotFoundException notThere) {
+          // a class of the JDK's, or of the loader that loaded this one
+        }
+      }
+      return super.resolveClass(described);
+    }
   }
 
   /** The record's {@code (a, d)} row through {@code projections}; valid until the next call. */
