@@ -37,10 +37,16 @@ from bergstream.router.positions import checkpoint_has_batches, may_hold_records
 from bergstream.router.topic import TopicWorker
 
 log = logging.getLogger("bergstream.router.driver")
+POOL_PROPERTY = "spark.scheduler.pool"
 # The Iceberg commits of one batch's topics made at once.
 COMMIT_THREADS = 8
 # The most topics whose lag is measured after each batch, rather than every lag_refresh_seconds alone.
 MEASURED_EACH_BATCH = 8
+
+
+def pool_name(query: str) -> str:
+    """The FAIR scheduling pool of a query's jobs: a query with a backlog holds back no other."""
+    return f"bergstream-router.{query}"
 
 
 class TopicsQuery:
@@ -78,11 +84,18 @@ class TopicsQuery:
         self._prepared = False
         self._followed_batch: int | None = None
         workers = settings.parallel_topics or spark.sparkContext.defaultParallelism
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="bergstream-topic")
+        # Its threads' jobs run in the query's pool too: a Python thread inherits no Spark local property.
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, workers), thread_name_prefix="bergstream-topic", initializer=self.in_pool
+        )
         cores = max(1, spark.sparkContext.defaultParallelism)
         # Commits are mostly waits on the catalog and the object store: more at once than cores.
         together = TogetherWriter(spark, self._pool, cores, max(COMMIT_THREADS, workers))
         self.batches = BatchArchive(Floors(spark, settings.checkpoint_location), together, self._pool, cores)
+
+    def in_pool(self) -> None:
+        """This thread's Spark jobs run in the query's scheduling pool."""
+        self.spark.sparkContext.setLocalProperty(POOL_PROPERTY, pool_name(self.settings.name))
 
     @property
     def topics(self) -> dict[str, TopicWorker]:
@@ -156,7 +169,7 @@ class TopicsQuery:
                 }
             )
         reader = self.spark.readStream.format("kafka").options(**{**SOURCE_DEFAULTS, **options})
-        option, subscribed = settings.source_options
+        option, subscribed = settings.source_options(every_topic_exists=self.members.strict)
         reader = reader.option(option, subscribed).option("includeHeaders", "true")
         if settings.max_offsets_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))

@@ -24,7 +24,7 @@ from bergstream.query import query_failure
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.named import RestartSettings
-from bergstream.router.driver.query import TopicsQuery
+from bergstream.router.driver.query import POOL_PROPERTY, TopicsQuery, pool_name
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.router.driver.together import failure_reason
 from bergstream.router.errors import RouterStopped
@@ -37,13 +37,6 @@ from bergstream.schemas.schema_registry import RegistryStopped
 from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router.driver")
-POOL_PROPERTY = "spark.scheduler.pool"
-
-
-def pool_name(query: str) -> str:
-    return f"bergstream-router.{query}"
-
-
 @dataclass
 class TopicOutcome:
     topic: str
@@ -164,7 +157,7 @@ class Driver:
             try:
                 if self._prepare is not None:
                     for config in self._loading(settings.topics or ()):
-                        self._prepare(config)
+                        self._checked(config)
                 query = TopicsQuery(settings, self._load, self.spark, self.metrics, self._stop, self._strict,
                                     on_added=lambda topic: self._known(topic, settings.name))  # fmt: skip
                 with self._lock:
@@ -218,6 +211,17 @@ class Driver:
             finally:
                 with self._lock:
                     self._queries.pop(settings.name, None)
+
+    def _checked(self, config: RouterConfig) -> None:
+        """Check what must hold before the topic's query starts (access to Kafka): a strict driver refuses
+        a topic that fails; otherwise (`--all`) the topic is read once it exists, and the others start."""
+        assert self._prepare is not None
+        try:
+            self._prepare(config)
+        except ConfigError as error:
+            if self._strict:
+                raise
+            log.warning("topic %s: %s; its query reads it once that is mended", config.topic, error)
 
     def _loading(self, topics: tuple[str, ...]) -> list[RouterConfig]:
         """The settings of `topics` that load; those that do not are refused by a strict driver, else

@@ -109,12 +109,14 @@ class DriverSettings(BaseModel):
         topics = self.topics or ()
         return f"topic {topics[0]}" if len(topics) == 1 else f"{len(topics)} topics ({', '.join(topics)})"
 
-    @property
-    def source_options(self) -> tuple[str, str]:
-        """Spark's Kafka source option that says what the query reads, and its value."""
-        if self.pattern is not None:
-            return "subscribePattern", self.pattern
-        return "subscribe", ",".join(self.topics or ())
+    def source_options(self, every_topic_exists: bool) -> tuple[str, str]:
+        """Spark's Kafka source option that says what the query reads, and its value. Named topics that
+        all exist are subscribed to by name; otherwise (`--all`, whose topics may be created later) by the
+        pattern of their names, which Spark reads a topic of once it exists, where a subscription by name
+        fails the query while a topic is missing."""
+        if self.pattern is None and every_topic_exists:
+            return "subscribe", ",".join(self.topics or ())
+        return "subscribePattern", self.regex.pattern
 
 
 def query_key(config: RouterConfig) -> str:

@@ -1,5 +1,6 @@
-"""`bergstream router run --topic A --topic B` and `--all`: many topics in one driver, each archived exactly
-once with its own checkpoint, tables, group and metrics; a failing topic is retried while the others go on."""
+"""`bergstream router run --topic A --topic B` and `--all`: many topics in one driver and one query (one per
+set of query-level settings), each archived exactly once into its own tables, with its own group and
+metrics; a topic whose settings do not load is dead-lettered whole while the others go on."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
-from bergstream.router.fleet import RestartSettings, check_shared_driver, pool_name
+from bergstream.router.driver.named import RestartSettings, check_shared_driver, group_queries
+from bergstream.router.driver.query import pool_name
 from tests.routers import (
     ROOT,
     archived_offsets,
@@ -35,7 +37,7 @@ from tests.routers import (
 from tests.services import Services
 
 
-def fleet_command(*flags: str) -> list[str]:
+def driver_command(*flags: str) -> list[str]:
     return [sys.executable, "-m", "bergstream", "router", "run", *flags]
 
 
@@ -59,6 +61,15 @@ def without_java_frames(text: str) -> str:
 def archived_count(stack: Services, table: str) -> int:
     try:
         return len(archived_offsets(stack, table))
+    except Exception:  # the table is not made yet
+        return -1
+
+
+def dead_letter_count(stack: Services, table: str) -> int:
+    try:
+        return len(
+            stack.catalog.load().load_table(f"{stack.catalog.namespace}.{table}__dlq").scan().to_arrow()
+        )
     except Exception:  # the table is not made yet
         return -1
 
@@ -99,11 +110,11 @@ def test_topics_of_one_driver_must_share_its_catalog_and_spark_settings(tmp_path
         (["--all", "--topic", "a"], "give one of --topic, --all (every topic of --topics-dir) and --pattern"),
         (["--pattern", "a.*", "--topic", "a"], "give one of --topic, --all"),
         ([], "name the topic to archive with --topic (repeatable), or give --all or --pattern"),
-        (["--topic", "a", "--defaults", "d.yaml"], "--defaults is for --pattern"),
+        (["--topic", "a", "--name", "n"], "--name is for --pattern; --group names the query"),
+        (["--topic", "a", "--defaults", "d.yaml", "--config", "a.yaml"], "give --config (one topic's whole"),
         (["--pattern", "a.*", "--table", "x"], "--table is not for one query of many topics"),
-        (["--all", "--one-query", "--group", "g"], "--group is not for one query of many topics"),
-        (["--topic", "a", "--one-query"], "--one-query is for --all"),
-        (["--pattern", "a.*", "--one-query"], "--one-query is for --all"),
+        (["--pattern", "a.*", "--group", "g"], "--group is not for one query of many topics"),
+        (["--all", "--one-query"], "--one-query is gone: --all runs every topic in one query now"),
         (["--topic", "a", "--topic", "b", "--config", "a.yaml"], "--config is for one topic"),
         (["--all", "--table", "x"], "--table is for one topic"),
     ],
@@ -118,7 +129,7 @@ def test_the_command_refuses_contradicting_flags_naming_what_to_fix(
 
 def test_all_refuses_a_folder_without_settings(tmp_path: Path) -> None:
     done = subprocess.run(
-        fleet_command("--all", "--topics-dir", str(tmp_path)), capture_output=True, text=True, cwd=ROOT,
+        driver_command("--all", "--topics-dir", str(tmp_path)), capture_output=True, text=True, cwd=ROOT,
         timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1
@@ -133,7 +144,7 @@ def test_topics_named_one_by_one_are_refused_at_start_when_one_is_bad(
     write_config(stack, tmp_path, a)
     bad = write_config(stack, tmp_path, b, trigger_interval="often")
     refused = subprocess.run(
-        fleet_command("--topic", a, "--topic", b, "--topics-dir", str(tmp_path), "--available-now"),
+        driver_command("--topic", a, "--topic", b, "--topics-dir", str(tmp_path), "--available-now"),
         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
     )  # fmt: skip
     assert refused.returncode == 1
@@ -141,11 +152,52 @@ def test_topics_named_one_by_one_are_refused_at_start_when_one_is_bad(
     assert error.startswith(f"bergstream: error: {bad}: trigger_interval: Value error, 'often'"), error
 
 
+def settings_of(tmp_path: Path, topic: str, **extra: Any) -> RouterConfig:
+    return RouterConfig.model_validate(
+        {
+            "topic": topic, "schema": "playback", "encoding": "json", "table": topic,
+            "kafka": {"kafka.bootstrap.servers": "127.0.0.1:1"},
+            "checkpoint_location": str(tmp_path / "checkpoints" / topic),
+            "catalog": CatalogConfig.sqlite(tmp_path / "c.db", tmp_path / "w"), **extra,
+        }
+    )  # fmt: skip
+
+
+def test_named_topics_share_a_query_per_set_of_query_settings(tmp_path: Path) -> None:
+    a, b = settings_of(tmp_path, "a"), settings_of(tmp_path, "b")
+    slow = settings_of(tmp_path, "slow", trigger_interval="2 minutes")
+    (one,) = group_queries(["a", "b"], [a, b], "g", None)
+    assert (one.name, one.topics, one.checkpoint_location) == (
+        "g",
+        ("a", "b"),
+        str(tmp_path / "checkpoints/g"),
+    )
+    assert one.source_options(every_topic_exists=True) == ("subscribe", "a,b")
+    assert one.source_options(every_topic_exists=False) == ("subscribePattern", "a|b")
+    # A topic alone keeps its own query and checkpoint: `router run --topic a` as it always ran.
+    (alone,) = group_queries(["a"], [a], None, None)
+    assert (alone.name, alone.checkpoint_location) == ("a", a.checkpoint_location)
+    # Another trigger, another query; a topic whose settings did not load joins the first, dead-lettered.
+    first, second = group_queries(["a", "slow", "b", "broken"], [a, slow, b], "all", 9000)
+    assert first.topics == ("a", "b", "broken") and second.topics == ("slow",)
+    assert first.name.startswith("all-30seconds-1000000-")
+    assert second.name.startswith("all-2minutes-") and first.name != second.name
+    assert {first.metrics_port, second.metrics_port} == {9000}
+    assert second.checkpoint_location == str(tmp_path / "checkpoints" / second.name)
+    # The names stay from one start to the next: they name the checkpoints.
+    assert [q.name for q in group_queries(["a", "slow", "b"], [a, slow, b], "all", None)] == [
+        first.name, second.name,
+    ]  # fmt: skip
+    # A defaults file's checkpoint is the query's.
+    (given,) = group_queries(["a", "b"], [a, b], "all", None, str(tmp_path / "mine"))
+    assert given.checkpoint_location == str(tmp_path / "mine")
+
+
 @pytest.mark.integration
-def test_all_runs_the_good_topics_retries_a_bad_file_and_a_missing_topic_until_fixed_and_stops_on_sigterm(
+def test_all_runs_its_topics_in_a_query_per_trigger_dead_letters_a_bad_file_archives_a_late_topic_and_stops(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
-    good, bad_file, missing = (f"{topic_name}_{n}" for n in ("a", "b", "c"))
+    good, slow, bad_file, missing = (f"{topic_name}_{n}" for n in ("a", "s", "b", "c"))
     topics_dir = tmp_path / "topics"
     topics_dir.mkdir()
     metrics_port, ui_port = free_ports(2)
@@ -160,6 +212,7 @@ def test_all_runs_the_good_topics_retries_a_bad_file_and_a_missing_topic_until_f
 
     for topic in (good, missing):
         settings(topic)
+    settings(slow, trigger_interval="2 seconds")
     settings(bad_file, trigger_interval="often")
     produced: dict[str, set[tuple[int, int]]] = {}
 
@@ -168,13 +221,12 @@ def test_all_runs_the_good_topics_retries_a_bad_file_and_a_missing_topic_until_f
         report = produce(request, stack.bootstrap_servers, show_progress=False)
         produced[topic] = produced.get(topic, set()) | produced_offsets(report.offsets)
 
-    for topic in (good, bad_file):
-        send(topic, 1)
+    for seed, topic in enumerate((good, slow, bad_file)):
+        send(topic, seed)
     log = tmp_path / "driver.log"
     with log.open("ab") as out:
         driver = subprocess.Popen(
-            fleet_command("--all", "--topics-dir", str(topics_dir), "--metrics-port", str(metrics_port),
-                          "--restart-backoff", "1", "--max-restart-backoff", "2"),
+            driver_command("--all", "--topics-dir", str(topics_dir), "--metrics-port", str(metrics_port)),
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
     try:
@@ -182,47 +234,47 @@ def test_all_runs_the_good_topics_retries_a_bad_file_and_a_missing_topic_until_f
         def archived_all(*topics: str) -> bool:
             return all(archived_count(stack, topic) == len(produced.get(topic, ())) for topic in topics)
 
-        eventually(lambda: archived_all(good), "the good topic archived", timeout=150)
+        eventually(lambda: archived_all(good, slow), "the good topics archived", timeout=150)
+        # The bad file's records are not dropped and stop nothing: dead-lettered whole, with the reason.
+        eventually(lambda: dead_letter_count(stack, bad_file) == 1000, "the bad file's records kept")
         text = log.read_text()
-        assert (
-            f"{bad_file}.yaml: trigger_interval" in text and f"the router of topic {bad_file} failed" in text
-        )
-        assert f"the router of topic {missing} failed (start, attempt 1): Kafka has no topic" in text
-        eventually(
-            lambda: min(metric_values(metrics_port, "bergstream_router_topic_restarts_total").get(t, 0)
-                        for t in (bad_file, missing)) >= 2,
-            "both failing topics started again twice",
-        )  # fmt: skip
+        assert f"{bad_file}.yaml: trigger_interval" in text and "dead-lettered whole" in text
         up = metric_values(metrics_port, "bergstream_router_topic_up")
-        assert up == {good: 1, bad_file: 0, missing: 0}
+        assert up == {good: 1, slow: 1, bad_file: 0, missing: 0}
+        failures = metric_values(metrics_port, "bergstream_router_topic_failures_total")
+        assert failures == {bad_file: 1}
 
-        # The good topic goes on while the others fail; then both are fixed and recover, no restart.
-        send(good, 2)
-        eventually(lambda: archived_all(good), "the second round of the good topic archived")
-        settings(bad_file)
+        # A topic created after the driver started is archived once it exists.
         send(missing, 3)
-        eventually(lambda: archived_all(good, bad_file, missing), "every topic archived", timeout=150)
+        send(good, 4)
+        eventually(lambda: archived_all(good, slow, missing), "the late topic archived", timeout=150)
         eventually(
-            lambda: metric_values(metrics_port, "bergstream_router_topic_up") == dict.fromkeys(produced, 1),
-            "every topic up",
+            lambda: metric_values(metrics_port, "bergstream_router_topic_up")
+            == {good: 1, slow: 1, bad_file: 0, missing: 1},
+            "the late topic up",
         )  # fmt: skip
-        # A batch's counts reach the metrics after its commit, which the tables show first.
-        wanted = {topic: len(offsets) for topic, offsets in produced.items()}
+        archived = {topic: offsets for topic, offsets in produced.items() if topic != bad_file}
+        wanted = {topic: len(offsets) for topic, offsets in archived.items()}
         eventually(
-            lambda: metric_values(metrics_port, "bergstream_router_records_archived_total") == wanted,
+            lambda: {t: v for t, v in metric_values(
+                metrics_port, "bergstream_router_records_archived_total").items() if v} == wanted,
             "every topic's archived records counted",
-        )
+        )  # fmt: skip
         for topic, offsets in produced.items():
             ends = {p: max(o for q, o in offsets if q == p) + 1 for p in (0, 1)}
             eventually(lambda t=topic, e=ends: committed_offsets(stack, t, [0, 1]) == e, f"{topic}'s group")
 
-        # Each topic's jobs, foreachBatch's appends among them, ran in the topic's own FAIR pool.
+        # Two queries (one per trigger), each with its jobs, foreachBatch's writes among them, in its pool.
+        queries = sorted(
+            path.name for path in (tmp_path / "checkpoints").iterdir() if path.name.startswith("all-")
+        )
+        assert len(queries) == 2, queries
         api = f"http://127.0.0.1:{ui_port}/api/v1/applications"
         with urllib.request.urlopen(api, timeout=60) as answer:  # the REST API starts on first use
             (application,) = json.load(answer)
         with urllib.request.urlopen(f"{api}/{application['id']}/stages", timeout=60) as answer:
             stages = [stage for stage in json.load(answer) if stage["status"] != "SKIPPED"]
-        assert {stage["schedulingPool"] for stage in stages} == {pool_name(topic) for topic in produced}
+        assert {stage["schedulingPool"] for stage in stages} == {pool_name(query) for query in queries}
     finally:
         driver.send_signal(signal.SIGTERM)  # as Kubernetes stops a pod: the driver's process, not its JVM
         try:
@@ -231,11 +283,10 @@ def test_all_runs_the_good_topics_retries_a_bad_file_and_a_missing_topic_until_f
             if driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGKILL)
     text = log.read_text()
-    assert driver.returncode == 0, without_java_frames(text)
-    assert "stopping the routers of 3 topics after their current batches" in text
-    for topic, offsets in produced.items():
+    # Stopped cleanly; the topic dead-lettered whole is reported as failed, with why.
+    assert driver.returncode == 1, without_java_frames(text)
+    assert text.rstrip().endswith(f"bergstream: error: 1 of 4 topics failed: {bad_file}"), text[-2000:]
+    for topic, offsets in archived.items():
         seen = archived_offsets(stack, topic)
         assert len(seen) == len(set(seen)) and set(seen) == offsets, topic
         assert f"{topic}: " in text
-        assert (tmp_path / "checkpoints" / topic / "commits").is_dir()
-    assert f"{bad_file}: " in text and "restarts" in text
