@@ -232,7 +232,7 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
 
 
 def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
-    """The same objects for one driver archiving every topic of `configs`, a query each; the Secret holds
+    """The same objects for one driver archiving every topic of `configs` in one query; the Secret holds
     each topic's settings file."""
     check_group(configs)
     name = _group_name(group)

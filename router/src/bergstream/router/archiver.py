@@ -160,7 +160,7 @@ class BatchArchiver:
         self._previous_read = None if counts is None else counts.read
         self.accounting.account(batch_id, counts, appended, time.monotonic() - started, phases)
 
-    # A batch of many topics (router/pattern.py) writes every topic's tables in one Spark job, each topic's
+    # A query's batch (router/driver/together.py) writes every topic's tables in one Spark job, each topic's
     # rows given by `combined_rows`, and accounts each topic's part with `written_together`.
 
     def write_tasks(self) -> int:

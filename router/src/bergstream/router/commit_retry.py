@@ -54,7 +54,7 @@ class CommitRetry:
                 if waited >= settings.give_up_after_seconds:
                     raise RouterStopped(
                         f"{topic} batch {batch_id}: {identifier} could not be committed for "
-                        f"{waited:.0f}s ({reason}); gave up after {number} attempts (commit_retry)"
+                        f"{waited:.0f}s ({reason}); set aside after {number} attempts (commit_retry)"
                     ) from error
                 delay = next(delays)
                 self.metrics.commit_retries.labels(topic, identifier).inc()

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bergstream.router")
 # Beside Spark's offset log in the query's checkpoint: {"<topic>": "<topic id>", ...}.
 IDS_FILE = "bergstream-topic-ids.json"
-# And {"<topic>": {"<partition>": <offset>, ...}}: where a topic new to the query starts (router/pattern.py).
+# And {"<topic>": {"<partition>": <offset>, ...}}: where a topic new to the query starts
+# (router/driver/floors.py).
 FLOORS_FILE = "bergstream-topic-floors.json"
 
 

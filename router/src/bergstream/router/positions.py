@@ -226,3 +226,15 @@ def checkpoint_has_batches(spark: SparkSession, location: str) -> bool:
     if not fs.exists(path):
         return False
     return any(status.getPath().getName().isdigit() for status in fs.listStatus(path))
+
+
+def last_committed_batch(spark: SparkSession, location: str) -> int | None:
+    """The newest batch the query's checkpoint records as committed; None before its first."""
+    jvm = spark._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/commits")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return None
+    batches = [int(name) for status in fs.listStatus(path) if (name := status.getPath().getName()).isdigit()]
+    return max(batches, default=None)

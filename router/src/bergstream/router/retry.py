@@ -59,8 +59,9 @@ class Backoff(BaseModel):
 class CommitRetrySettings(Backoff):
     """How long a router waits for its catalog and warehouse to come back before it gives up."""
 
-    # Past this the query fails; restarted, the router resumes from its checkpoint.
-    give_up_after_seconds: float = Field(default=1800.0, ge=0)
+    # Past this the batch goes on without the topic: its share is set aside by Kafka range and archived from
+    # Kafka once its tables take commits again (router/driver/behind.py).
+    give_up_after_seconds: float = Field(default=60.0, ge=0)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
+from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
-from bergstream.router.driver.together import TogetherWriter
+from bergstream.router.driver.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
 from bergstream.router.topic.archived import ArchivedTopic
 from bergstream.schemas.positions import BatchRange
@@ -25,9 +26,10 @@ class BatchArchive:
     """Archives each batch of one query across its topics' tables."""
 
     def __init__(
-        self, floors: Floors, together: TogetherWriter, pool: ThreadPoolExecutor, cores: int
+        self, floors: Floors, together: TogetherWriter, behind: SetAside, pool: ThreadPoolExecutor, cores: int
     ) -> None:
         self.floors = floors
+        self.behind = behind
         self.together = together
         self._pool = pool
         self._cores = cores
@@ -42,10 +44,19 @@ class BatchArchive:
     ) -> None:
         """Archive batch `batch_id`'s `records` of the `busy` topics, whose Kafka ranges are `ranges`."""
         records = self.floors.apply(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+        # A topic behind has its share set aside again, not written: it catches up from Kafka.
+        for topic in [topic for topic in busy if topic in self.behind]:
+            self.behind.set_aside(topic, ranges[topic], "behind")
+            del busy[topic]
+        if not busy:
+            return
         archived = [worker for worker in busy.values() if isinstance(worker, ArchivedTopic)]
         tasks = sum(worker.archiver.write_tasks() for worker in archived) or 1
         source = records.coalesce(max(1, min(self._cores, tasks)))
-        together = self.together.writable(batch_id, busy, ranges)
+        together, refused = self.together.writable(batch_id, busy, ranges)
+        for topic, error in refused.items():
+            self._set_aside(topic, ranges[topic], error)
+            del busy[topic]
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
         # read again (a topic archived alone, a schema registry's versions looked up first), they are read
         # from Kafka once, into memory, for all of them.
@@ -73,14 +84,18 @@ class BatchArchive:
                 )
                 for topic in alone
             }
-            failed = []
             for topic, future in futures.items():
-                error = future.exception()
-                if error is not None:
-                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(error))
-                    failed.append(error)
-            if failed:
-                raise failed[0]
+                failed = future.exception()
+                if failed is not None:
+                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(failed))
+                    self._set_aside(topic, ranges[topic], failed)
         finally:
             if cached:
                 source.unpersist()
+
+    def _set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
+        """The topic's share of the batch is archived later, from Kafka; an error no other way mends (another
+        router writing the topic, the topic recreated) stops the query."""
+        if self.behind.fails(error):
+            raise error
+        self.behind.set_aside(topic, covered, failure_reason(error))

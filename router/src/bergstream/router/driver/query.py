@@ -28,12 +28,19 @@ from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import SharedKafka
 from bergstream.router.driver.batch import BatchArchive
+from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.router.driver.together import TogetherWriter
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import checkpoint_has_batches, may_hold_records, topic_ranges
+from bergstream.router.positions import (
+    checkpoint_has_batches,
+    last_committed_batch,
+    may_hold_records,
+    topic_ranges,
+)
+from bergstream.router.table import ensure_namespace
 from bergstream.router.topic import TopicWorker
 
 log = logging.getLogger("bergstream.router.driver")
@@ -82,6 +89,9 @@ class TopicsQuery:
         self._previous: tuple[int, dict[str, dict[int, int]]] | None = None
         self._fresh_checkpoint = False
         self._prepared = False
+        self._checkpoint_batch: int | None = None
+        # With available_now, the topics that could not be caught up before the query ended, with why.
+        self.still_behind: dict[str, str] = {}
         self._followed_batch: int | None = None
         workers = settings.parallel_topics or spark.sparkContext.defaultParallelism
         # Its threads' jobs run in the query's pool too: a Python thread inherits no Spark local property.
@@ -91,7 +101,9 @@ class TopicsQuery:
         cores = max(1, spark.sparkContext.defaultParallelism)
         # Commits are mostly waits on the catalog and the object store: more at once than cores.
         together = TogetherWriter(spark, self._pool, cores, max(COMMIT_THREADS, workers))
-        self.batches = BatchArchive(Floors(spark, settings.checkpoint_location), together, self._pool, cores)
+        self.behind = SetAside(spark, settings.checkpoint_location, dict(settings.kafka))
+        floors = Floors(spark, settings.checkpoint_location)
+        self.batches = BatchArchive(floors, together, self.behind, self._pool, cores)
 
     def in_pool(self) -> None:
         """This thread's Spark jobs run in the query's scheduling pool."""
@@ -108,7 +120,8 @@ class TopicsQuery:
     def up(self, topic: str) -> float:
         """1 while the topic is archived by this query running; 0 otherwise (`bergstream_router_topic_up`)."""
         worker = self.members.topics.get(topic)
-        return 1.0 if self.runner.running and worker is not None and worker.archived else 0.0
+        archived = worker is not None and worker.archived and topic not in self.behind
+        return 1.0 if self.runner.running and archived else 0.0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -130,6 +143,8 @@ class TopicsQuery:
         log.info(
             "%s: %d topics now: %s", settings.subscription, len(existing), ", ".join(existing) or "none yet"
         )
+        # Made once here: topics creating their tables at once would each try to make the namespace.
+        ensure_namespace(self.spark, settings.catalog)
         # Side by side: each topic's settings, schema and tables take a fraction of a second.
         list(self._pool.map(self.members.add, existing))
         if not checkpoint_has_batches(self.spark, settings.checkpoint_location):
@@ -150,10 +165,14 @@ class TopicsQuery:
             log.info("the router of %s checkpoints to %s", self.settings.subscription,
                      self.settings.checkpoint_location)  # fmt: skip
             self.runner.run(self._follow)
+            last = self._last_batch() if available_now and self.behind.topics() else None
+            if last is not None:
+                self.still_behind = self.behind.finish(self.topics, last)
         finally:
             refreshing.set()
             if self.runner.query is not None:
                 self._follow(self.runner.query)
+            self.behind.close()
             self._pool.shutdown(wait=True)
             self.kafka.close()
         return {topic: worker.totals for topic, worker in sorted(self.topics.items())}
@@ -204,11 +223,32 @@ class TopicsQuery:
             return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
         self.members.check_ids(busy_topics, batch_id)
+        self._catch_up(batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
         self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
 
+    def _last_batch(self) -> int | None:
+        """The query's last batch: this run's, else (nothing new since the start) its checkpoint's."""
+        if self._previous is not None:
+            return self._previous[0]
+        if self._checkpoint_batch is None:
+            self._checkpoint_batch = last_committed_batch(self.spark, self.settings.checkpoint_location)
+        return self._checkpoint_batch
+
+    def _catch_up(self, batch_id: int) -> None:
+        """Catch up the topics set aside that are due; those that caught up rejoin the query's batches, their
+        consumer group committed where they reached."""
+        for topic, reached in self.behind.catch_up(self.topics, batch_id, self._stopping):
+            worker = self.topics[topic]
+            worker.follower.on_progress(json.dumps({topic: {str(p): o for p, o in reached.items()}}))
+
     def _follow(self, query: StreamingQuery) -> None:
-        """Commit every topic's consumer group to where Spark checkpointed the query."""
+        """Commit every topic's consumer group to where Spark checkpointed the query; catch up the topics set
+        aside while no batch runs too."""
+        if self.behind.topics():
+            last = self._last_batch()
+            if last is not None:
+                self._catch_up(last)
         progress = query.lastProgress
         if progress is None or not progress.sources or progress.batchId == self._followed_batch:
             return
@@ -219,7 +259,8 @@ class TopicsQuery:
         text = json.dumps(end_offsets)
         for topic in end_offsets:
             worker = self.topics.get(topic)
-            if worker is not None:
+            # A topic behind stays at its tables' position until it catches up.
+            if worker is not None and topic not in self.behind:
                 # A query of a few topics measures their lag after each batch; of many, on the lag timer.
                 worker.follower.on_progress(text, measure=len(end_offsets) <= MEASURED_EACH_BATCH)
 

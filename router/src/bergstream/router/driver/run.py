@@ -31,12 +31,13 @@ from bergstream.router.errors import RouterStopped
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import java_causes
 from bergstream.router.schedule import RotatingMaintenance
-from bergstream.router.table import ensure_namespace
 from bergstream.router.topic.dead_lettered import DeadLetteredTopic
 from bergstream.schemas.schema_registry import RegistryStopped
 from bergstream.signals import on_stop_signals
 
 log = logging.getLogger("bergstream.router.driver")
+
+
 @dataclass
 class TopicOutcome:
     topic: str
@@ -86,7 +87,6 @@ class Driver:
 
     def run(self, available_now: bool = False) -> list[TopicOutcome]:
         """Until stopped (or, with `available_now`, until every query archived what it reads, or failed)."""
-        ensure_namespace(self.spark, self.settings[0].catalog)
         maintenance = None
         if not available_now:  # maintenance belongs to a driver that keeps running, not to one draining
             maintenance = RotatingMaintenance(self.spark, self.metrics, self._archived_settings)
@@ -244,6 +244,8 @@ class Driver:
             outcome.error = (
                 f"dead-lettered whole: {worker.reason}" if isinstance(worker, DeadLetteredTopic) else None
             )
+            if topic in query.still_behind:
+                outcome.error = f"set aside, not caught up: {query.still_behind[topic]}"
 
     def _topics_of(self, settings: DriverSettings, query: TopicsQuery | None) -> list[str]:
         named = list(settings.topics or ())

@@ -74,10 +74,11 @@ class TogetherWriter:
 
     def writable(
         self, batch_id: int, busy: dict[str, TopicWorker], ranges: dict[str, BatchRange]
-    ) -> list[str]:
+    ) -> tuple[list[str], dict[str, BaseException]]:
         """The busy topics whose tables can be written together: archived, not replayed (a table holds the
         batch already), their tables' last batch readable now (the catalog out: the topic's own path waits
-        for it), and no other router's commit in the way (else the topic's own path stops the query)."""
+        for it), and no other router's commit in the way; and the topics whose look at their tables failed,
+        with why."""
         together = []
         for topic, worker in busy.items():
             if not isinstance(worker, ArchivedTopic):
@@ -94,9 +95,12 @@ class TogetherWriter:
             topic: self._pool.submit(busy[topic].archiver.refuse_second_writer, batch_id, ranges[topic])  # type: ignore[attr-defined]
             for topic in together
         }
-        for future in checks.values():
-            future.result()
-        return together
+        refused: dict[str, BaseException] = {}
+        for topic, future in checks.items():
+            failed = future.exception()
+            if failed is not None:
+                refused[topic] = failed
+        return [topic for topic in together if topic not in refused], refused
 
     def write(
         self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], workers: dict[str, TopicWorker]

@@ -48,6 +48,9 @@ class TopicWorker(Protocol):
         """Where the topic starts when the query's checkpoint holds no batch: where its tables end; None
         when they record no position (the settings' startingOffsets hold)."""
 
+    def replayed(self, batch_id: int) -> bool:
+        """Whether the topic's tables hold batch `batch_id` of the query already."""
+
     def started(self, query: StreamingQuery) -> None:
         """`query` started: the topic's batches are appended under its id."""
 

@@ -81,6 +81,9 @@ class ArchivedTopic:
         identity = TopicIdentity(self.topic, self.config.cluster, self.kafka)
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
 
+    def replayed(self, batch_id: int) -> bool:
+        return self.archiver.replayed(batch_id)
+
     def started(self, query: StreamingQuery) -> None:
         self.archiver.started(query, "latest")  # each batch is given its range
         self.follower.start(refresh=False)

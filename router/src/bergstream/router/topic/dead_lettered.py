@@ -99,6 +99,11 @@ class DeadLetteredTopic:
         )  # fmt: skip
         return offsets
 
+    def replayed(self, batch_id: int) -> bool:
+        writer = self._writer
+        assert writer is not None
+        return writer.last_committed >= batch_id
+
     def started(self, query: StreamingQuery) -> None:
         self._writer = BatchTableWriter(self.spark, self.identifier, str(query.id))
         self.follower.start(refresh=False)
