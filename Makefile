@@ -31,7 +31,7 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 WHEELS := $(or $(BERGSTREAM_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bergstream)/wheels
 PYSPARK_WHEEL := $(WHEELS)/pyspark-$(shell sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' constraints.txt)-py2.py3-none-any.whl
 
-.PHONY: setup demo demo-wheel test test-image test-unit test-short test-pythons fresh-check lint lock lock-upgrade clean
+.PHONY: setup demo demo-wheel test test-jvm test-image test-unit test-short test-pythons fresh-check lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
@@ -83,8 +83,13 @@ demo-wheel: setup
 # brokers, JVMs starting and queries much of the time, and on 2 cores two of them at once take a third less time
 # than one after the other (README, "Tests").
 TEST_WORKERS ?= 2
-test: setup
+test: setup test-jvm
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not image"
+
+# bergstream's Java, a Maven module per part (schemas, router, backfill), compiled and tested with JUnit against
+# the pinned Spark and Iceberg.
+test-jvm:
+	mvn -q -B -f core/src/bergstream/jvm/parts.xml test
 
 # bergstream's image built from the Dockerfile and run: the demo inside it, and the compose stack's Spark
 # master and worker (tests/test_image.py). Needs a Docker engine, or Debian's docker.io to start one.

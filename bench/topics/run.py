@@ -1,9 +1,9 @@
-"""bench/topics: many topics in one driver, a query per topic or one query for all, against a driver per
-topic, in CPU, memory, throughput and freshness.
+"""bench/topics: many topics in one driver and one query (`--all` by their names, `--pattern`), against a
+driver per topic, in CPU, memory, throughput and freshness.
 
 For each count of topics (1, 4 and 16 by default), against the embedded stack, on the same events:
-  - one driver: `bergstream router run --all` over the topics' files, a query per topic;
-  - one query: `bergstream router run --pattern`, one query for every topic, from one defaults file;
+  - all: `bergstream router run --all` over the topics' files, one query of them by name;
+  - pattern: `bergstream router run --pattern`, one query for every topic, from one defaults file;
   - separate drivers: one `bergstream router run --topic T` process per topic (up to --separate-max
     topics: each driver is a JVM of its own, and 2 cores start only so many at once).
 Each topic holds a backlog of --events events when its routers start. Measured, from the drivers' own
@@ -23,7 +23,7 @@ With --warm-up SECONDS, the same load runs that long before the steady run is me
 compiles Spark's, Iceberg's and Parquet's code for minutes after it starts, with a core of its own on a
 machine of two (a router runs for days; its steady state is what freshness is measured in).
 
-    .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes one-driver one-query]
+    .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes all pattern separate]
         [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--warm-up 0] [--trigger 10]
 
 Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png.
@@ -178,7 +178,7 @@ class Drivers:
                 process.wait()
 
 
-SHAPES = {"one-driver": "one driver", "one-query": "one query", "separate": "separate drivers"}
+SHAPES = {"all": "one query (--all)", "pattern": "one query (--pattern)", "separate": "separate drivers"}
 
 
 def driver_settings(
@@ -221,11 +221,11 @@ def settings(shared: dict[str, Any], directory: Path, topic: str) -> Path:
 def launch(shape: str, topics: list[str], directory: Path, log: Path, pattern: str) -> Drivers:
     command = [sys.executable, "-m", "bergstream", "router", "run"]
     with log.open("ab") as out:
-        if shape in ("one driver", "one query"):
+        if shape in (SHAPES["all"], SHAPES["pattern"]):
             (port,) = free_ports(1)
             flags = (
                 ["--all", "--topics-dir", str(directory)]
-                if shape == "one driver"
+                if shape == SHAPES["all"]
                 else ["--pattern", pattern, "--defaults", str(directory / "defaults.yaml"),
                       "--topics-dir", str(directory / "none")]
             )  # fmt: skip
@@ -327,13 +327,13 @@ def topic_freshness(catalog: CatalogConfig, topics: list[str], after_ms: int) ->
 def measure(
     catalog: CatalogConfig, bootstrap: str, shape: str, count: int, args: argparse.Namespace, home: Path
 ) -> dict[str, Any]:
-    slug = {"one driver": "one", "one query": "pat", "separate drivers": "sep"}[shape]
+    slug = {SHAPES["all"]: "all", SHAPES["pattern"]: "pat", SHAPES["separate"]: "sep"}[shape]
     prefix = f"bench_{slug}{count}"
     topics = [f"{prefix}_{i:03d}" for i in range(count)]
     directory = home / f"{slug}{count}"
     directory.mkdir()
     shared = driver_settings(catalog, bootstrap, directory, args)
-    if shape == "one query":
+    if shape == SHAPES["pattern"]:
         # Spark's rate limit is the query's: as many offsets a batch over all topics as the topics' own.
         defaults = {
             **shared,
@@ -375,7 +375,7 @@ def measure(
             target=lambda: sent_box.append(send_steady(bootstrap, topics, per_topic, args.seconds))
         )
         sender.start()
-        if shape == "one query":
+        if shape == SHAPES["pattern"]:
             # A topic created while the others run: from its first record to its first archived row.
             time.sleep(args.seconds / 3)
             new_topic = f"{prefix}_new"
@@ -448,7 +448,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (memory, backlog) = plt.subplots(1, 2, figsize=(11, 4))
-    for shape, marker in (("one driver", "o"), ("one query", "^"), ("separate drivers", "s")):
+    for shape, marker in ((SHAPES["all"], "o"), (SHAPES["pattern"], "^"), (SHAPES["separate"], "s")):
         runs = [r for r in results if r["shape"] == shape]
         counts = [r["topics"] for r in runs]
         memory.plot(counts, [r["rss_steady_end_mib"] for r in runs], marker=marker, label=shape)
@@ -467,9 +467,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--topics", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument(
-        "--shapes", nargs="+", choices=sorted(SHAPES), default=["one-driver", "one-query", "separate"]
-    )
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["all", "pattern", "separate"])
     parser.add_argument("--events", type=int, default=100_000, help="backlog per topic")
     parser.add_argument("--max-offsets", type=int, default=25_000, help="max_offsets_per_trigger per topic")
     parser.add_argument("--rate", type=float, default=2000, help="events/s over all topics, steady run")

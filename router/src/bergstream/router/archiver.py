@@ -26,6 +26,7 @@ from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
+from bergstream.schemas.archive import INGESTION_TS, METADATA, OFFSET, PARTITION, WRITE_TS
 from bergstream.schemas.positions import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
@@ -190,7 +191,11 @@ class BatchArchiver:
             spark = records.sparkSession
             template = spark.createDataFrame([], records.schema)
             frame = self.splitter.combined_rows(self.splitter.stamp(template))
-            self._rows_plan = (self.splitter, getattr(spark._jvm, _TOPIC_ROWS).of(frame._jdf))
+            # Where the writer finds and sets the metadata it counts, by the names the layout gives.
+            plan = getattr(spark._jvm, _TOPIC_ROWS).of(
+                frame._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS
+            )
+            self._rows_plan = (self.splitter, plan)
         return self._rows_plan[1]
 
     def refuse_second_writer(self, batch_id: int, covered: BatchRange, committed: bool = False) -> None:

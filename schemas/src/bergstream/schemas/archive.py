@@ -19,14 +19,17 @@ INGESTION_TS = "kafka_ingestion_ts"
 INGESTION_TS_COLUMN = f"{METADATA}.{INGESTION_TS}"
 DEAD_LETTER_SUFFIX = "__dlq"
 SCHEMA_ID = "schema_id"
+PARTITION = "partition"
+OFFSET = "offset"
+WRITE_TS = "router_write_ts"
 
 METADATA_TYPE = T.StructType(
     [
         # The Kafka record timestamp, so that a replay after a failure stamps the same value.
         T.StructField(INGESTION_TS, T.TimestampType()),
         T.StructField("topic", T.StringType()),
-        T.StructField("partition", T.IntegerType()),
-        T.StructField("offset", T.LongType()),
+        T.StructField(PARTITION, T.IntegerType()),
+        T.StructField(OFFSET, T.LongType()),
         T.StructField("key", T.BinaryType()),
         T.StructField(
             "headers",
@@ -36,7 +39,7 @@ METADATA_TYPE = T.StructType(
         ),
         T.StructField("timestamp_type", T.StringType()),  # CreateTime or LogAppendTime
         T.StructField("cluster", T.StringType()),  # the configured Kafka cluster or region name
-        T.StructField("router_write_ts", T.TimestampType()),
+        T.StructField(WRITE_TS, T.TimestampType()),
         # The schema registry's id of the value's schema (the wire format's header); null without a registry.
         T.StructField(SCHEMA_ID, T.IntegerType()),
     ]
@@ -78,7 +81,7 @@ SUBJECT_PROPERTY = "bergstream.schema-registry.subject"
 PARTITION_SPEC = f"hours(`{METADATA}`.`{INGESTION_TS}`)"
 SORT_ORDER = f"`{METADATA}`.`{INGESTION_TS}`"
 
-OFFSET_COLUMN = f"{METADATA}.offset"
+OFFSET_COLUMN = f"{METADATA}.{OFFSET}"
 # The offsets of a partition are all distinct: Parquet would build a dictionary of them, check it against
 # its limit on every value, give up on it, and keep it, larger than the values it stands for
 # (bench/router/breakdown: 1.1 bytes and about 0.5 us per event). Set on new tables and on existing ones.

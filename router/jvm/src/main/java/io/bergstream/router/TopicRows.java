@@ -43,6 +43,7 @@ public final class TopicRows implements Serializable {
   private final List<Seq<Attribute>> inputs;
   private final StructType archiveType;
   private final StructType deadLetterType;
+  private final RowLayout layout;
   /** Names this plan in the executors' threads' caches of its compiled projections. */
   private final String id = UUID.randomUUID().toString();
   /**
@@ -61,16 +62,24 @@ public final class TopicRows implements Serializable {
               });
   private static final int MOST_COMPILED = 4096;
 
-  private TopicRows(List<Seq<Expression>> expressions, List<Seq<Attribute>> inputs, StructType output) {
+  private TopicRows(
+      List<Seq<Expression>> expressions, List<Seq<Attribute>> inputs, StructType output, String[] names) {
     this.expressions = expressions;
     this.inputs = inputs;
     this.archiveType = (StructType) output.apply("a").dataType();
     this.deadLetterType = (StructType) output.apply("d").dataType();
+    this.layout = RowLayout.of(archiveType, deadLetterType, names[0], names[1], names[2], names[3], names[4]);
   }
 
-  /** The plan of {@code template}: projections only, over a relation of the records' columns. */
+  /**
+   * The plan of {@code template}: projections only, over a relation of the records' columns. The rows'
+   * metadata struct is the field {@code metadata}, with the fields {@code ingestion}, {@code partition},
+   * {@code offset} and {@code writeTime} (bergstream.schemas.archive names them).
+   */
   @SuppressWarnings("unchecked")
-  public static TopicRows of(Dataset<Row> template) {
+  public static TopicRows of(Dataset<Row> template, String metadata, String ingestion, String partition,
+      String offset, String writeTime) {
+    String[] names = {metadata, ingestion, partition, offset, writeTime};
     // Optimized, as Spark runs a frame: projections collapsed where that parses nothing twice, constants
     // folded (the write time among them: TopicTables sets it per batch).
     LogicalPlan plan = template.queryExecution().optimizedPlan();
@@ -87,7 +96,7 @@ public final class TopicRows implements Serializable {
     }
     Collections.reverse(expressions);
     Collections.reverse(inputs);
-    return new TopicRows(expressions, inputs, template.schema());
+    return new TopicRows(expressions, inputs, template.schema(), names);
   }
 
   String id() {
@@ -100,6 +109,10 @@ public final class TopicRows implements Serializable {
 
   StructType deadLetterType() {
     return deadLetterType;
+  }
+
+  RowLayout layout() {
+    return layout;
   }
 
   /**

@@ -76,14 +76,6 @@ public final class TopicTables {
 
   private TopicTables() {}
 
-  /** The metadata struct's fields that the counts read: ingestion time, partition, offset. */
-  private static final int INGESTION_TS = 0;
-  private static final int PARTITION = 2;
-  private static final int OFFSET = 3;
-  private static final int WRITE_TS = 8;
-  private static final int METADATA_FIELDS = 10;
-  /** Where the metadata struct is in a dead letter. */
-  private static final int DEAD_LETTER_METADATA = 4;
   private static final long MICROS_PER_HOUR = 3_600_000_000L;
   /** What a kept row costs beyond its bytes: its object, its array and its place in the list. */
   private static final long ROW_OVERHEAD = 64;
@@ -482,9 +474,9 @@ public final class TopicTables {
         part.deadLetterNames = files(deadLetter, partition, taskId);
       }
       part.archiveFiles.addAll(write(archive, part.archiveNames, part.rows.archiveType(), part.archived,
-          part.rows.archiveType().length() - 1));
+          part.rows.layout(), part.rows.layout().archiveMetadata));
       part.deadLetterFiles.addAll(write(deadLetter, part.deadLetterNames, part.rows.deadLetterType(),
-          part.dead, DEAD_LETTER_METADATA));
+          part.dead, part.rows.layout(), part.rows.layout().deadLetterMetadata));
       part.archived.clear();
       part.dead.clear();
     }
@@ -517,35 +509,37 @@ public final class TopicTables {
 
       /** Keeps the record's row for its table; returns the bytes it holds. */
       long add(InternalRow row, long writeMicros) {
+        RowLayout layout = rows.layout();
         InternalRow kept;
         InternalRow metadata;
         if (!row.isNullAt(0)) {
-          int width = rows.archiveType().length();
-          kept = row.getStruct(0, width).copy();
-          metadata = kept.getStruct(width - 1, METADATA_FIELDS);
+          kept = row.getStruct(0, rows.archiveType().length()).copy();
+          metadata = kept.getStruct(layout.archiveMetadata, layout.metadataFields);
           archived.add(kept);
           counts.archived++;
         } else {
           kept = row.getStruct(1, rows.deadLetterType().length()).copy();
-          metadata = kept.getStruct(DEAD_LETTER_METADATA, METADATA_FIELDS);
+          metadata = kept.getStruct(layout.deadLetterMetadata, layout.metadataFields);
           dead.add(kept);
           counts.deadLettered++;
         }
         // One time for the whole batch, as the router of one topic stamps it.
-        metadata.setLong(WRITE_TS, writeMicros);
-        counts.read(metadata.getInt(PARTITION), metadata.getLong(OFFSET));
-        counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(INGESTION_TS));
+        metadata.setLong(layout.writeTime, writeMicros);
+        counts.read(metadata.getInt(layout.partition), metadata.getLong(layout.offset));
+        counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(layout.ingestion));
         return kept instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() + ROW_OVERHEAD : ROW_OVERHEAD;
       }
     }
 
     private List<DataFile> write(Table table, OutputFileFactory files, StructType type,
-        List<InternalRow> rows, int metadata) throws IOException {
+        List<InternalRow> rows, RowLayout layout, int metadata) throws IOException {
       if (rows.isEmpty()) {
         return List.of();
       }
+      int fields = layout.metadataFields;
+      int ingestion = layout.ingestion;
       Comparator<InternalRow> byIngestion =
-          Comparator.comparingLong(row -> row.getStruct(metadata, METADATA_FIELDS).getLong(INGESTION_TS));
+          Comparator.comparingLong(row -> row.getStruct(metadata, fields).getLong(ingestion));
       rows.sort(byIngestion);
       long targetSize =
           PropertyUtil.propertyAsLong(
@@ -558,7 +552,7 @@ public final class TopicTables {
           new FanoutDataWriter<>(new ParquetRows(table, type), files, table.io(), targetSize);
       try {
         for (InternalRow row : rows) {
-          long micros = row.getStruct(metadata, METADATA_FIELDS).getLong(INGESTION_TS);
+          long micros = row.getStruct(metadata, fields).getLong(ingestion);
           key.set(0, (int) Math.floorDiv(micros, MICROS_PER_HOUR));
           writer.write(row, spec, key);
         }

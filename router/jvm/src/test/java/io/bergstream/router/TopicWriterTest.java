@@ -1,0 +1,206 @@
+package io.bergstream.router;
+
+import static org.apache.spark.sql.functions.col;
+import static org.apache.spark.sql.functions.length;
+import static org.apache.spark.sql.functions.lit;
+import static org.apache.spark.sql.functions.struct;
+import static org.apache.spark.sql.functions.when;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotSame;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.lang.reflect.Field;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.sql.Timestamp;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.spark.Spark3Util;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The one writer of every topic's tables: a topic's rows planned once (TopicRows) and written by one job
+ * into Iceberg's files, each table committed once with the batch's properties (TopicTables).
+ */
+class TopicWriterTest {
+  /** Kafka's records, as Spark's Kafka source gives the columns the rows read. */
+  static final StructType RECORDS =
+      new StructType()
+          .add("value", DataTypes.BinaryType)
+          .add("topic", DataTypes.StringType)
+          .add("partition", DataTypes.IntegerType)
+          .add("offset", DataTypes.LongType)
+          .add("timestamp", DataTypes.TimestampType);
+  static final long HOUR_MICROS = 3_600_000_000L;
+  static final long START_MICROS = 1_795_000_000_000_000L / HOUR_MICROS * HOUR_MICROS;
+  static SparkSession spark;
+  static Path warehouse;
+
+  @BeforeAll
+  static void session() throws Exception {
+    warehouse = Files.createTempDirectory("bergstream-writer-test");
+    spark =
+        SparkSession.builder()
+            .master("local[2]")
+            .appName("bergstream-writer-test")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.catalog.t", "org.apache.iceberg.spark.SparkCatalog")
+            .config("spark.sql.catalog.t.type", "hadoop")
+            .config("spark.sql.catalog.t.warehouse", warehouse.toUri().toString())
+            .getOrCreate();
+  }
+
+  @AfterAll
+  static void stop() {
+    spark.stop();
+  }
+
+  /** The rows of a topic: the value as a title when it has one, else a dead letter saying so. */
+  static Dataset<Row> combined(Dataset<Row> records) {
+    var metadata =
+        struct(
+            col("timestamp").alias("kafka_ingestion_ts"), col("topic"), col("partition"), col("offset"),
+            lit(null).cast("timestamp").alias("router_write_ts"));
+    var parsed = length(col("value")).gt(0);
+    return records.select(
+        when(parsed, struct(col("value").cast("string").alias("title"), metadata.alias("__metadata__")))
+            .alias("a"),
+        when(length(col("value")).equalTo(0),
+                struct(col("value").alias("raw_value"), lit("empty value").alias("error"),
+                    metadata.alias("__metadata__"), lit(null).cast("timestamp").alias("redriven_at")))
+            .alias("d"));
+  }
+
+  static TopicRows plan() {
+    Dataset<Row> template =
+        spark.createDataFrame(new JavaSparkContext(spark.sparkContext()).<Row>emptyRDD(), RECORDS);
+    return TopicRows.of(combined(template), "__metadata__", "kafka_ingestion_ts", "partition", "offset",
+        "router_write_ts");
+  }
+
+  static Row record(String value, int partition, long offset, long micros) {
+    Timestamp time = new Timestamp(micros / 1000);
+    return RowFactory.create(value.getBytes(StandardCharsets.UTF_8), "plays", partition, offset, time);
+  }
+
+  @Test
+  void aPlanAppliesTheRowsProjectionsToARecordAndEachThreadHasItsOwnCopy() throws Exception {
+    TopicRows rows = plan();
+    InternalRow record =
+        new GenericInternalRow(
+            new Object[] {"Dark".getBytes(StandardCharsets.UTF_8), UTF8String.fromString("plays"), 1, 42L,
+                START_MICROS});
+    InternalRow out = TopicRows.apply(rows.projections(0), record);
+    InternalRow archived = out.getStruct(0, 2);
+    assertEquals("Dark", archived.getUTF8String(0).toString());
+    InternalRow metadata = archived.getStruct(1, 5);
+    assertEquals(START_MICROS, metadata.getLong(0));
+    assertEquals(1, metadata.getInt(2));
+    assertEquals(42L, metadata.getLong(3));
+    assertTrue(out.isNullAt(1));
+    InternalRow empty =
+        new GenericInternalRow(new Object[] {new byte[0], UTF8String.fromString("plays"), 0, 7L, START_MICROS});
+    InternalRow dead = TopicRows.apply(rows.projections(0), empty).getStruct(1, 4);
+    assertEquals("empty value", dead.getUTF8String(1).toString());
+
+    // An expression may keep state between rows: another thread compiles its own copy of the plan.
+    AtomicReference<List<UnsafeProjection>> other = new AtomicReference<>();
+    Thread thread = new Thread(() -> other.set(rows.projections(0)));
+    thread.start();
+    thread.join();
+    assertNotSame(rows.projections(0).get(0), other.get().get(0));
+    Field expressions = TopicRows.class.getDeclaredField("expressions");
+    expressions.setAccessible(true);
+    var mine = (scala.collection.Seq<?>) ((List<?>) expressions.get(rows)).get(0);
+    var copied = (scala.collection.Seq<?>) ((List<?>) expressions.get(rows.copied())).get(0);
+    assertEquals(mine.size(), copied.size());
+    for (int i = 0; i < mine.size(); i++) {
+      var expression = (org.apache.spark.sql.catalyst.expressions.Expression) mine.apply(i);
+      var copy = (org.apache.spark.sql.catalyst.expressions.Expression) copied.apply(i);
+      assertTrue(expression.semanticEquals(copy), expression + " against " + copy);
+      assertNotSame(expression, copy);
+    }
+  }
+
+  @Test
+  void oneJobWritesATopicsTablesSortedByHourAndCommitsEachOnceWithTheBatchsProperties() throws Exception {
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS t.ns");
+    String metadata =
+        "struct<kafka_ingestion_ts: timestamp, topic: string, partition: int, offset: bigint,"
+            + " router_write_ts: timestamp>";
+    spark.sql("CREATE TABLE t.ns.plays (title string, __metadata__ " + metadata + ") USING iceberg"
+        + " PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    spark.sql("CREATE TABLE t.ns.plays__dlq (raw_value binary, error string, __metadata__ " + metadata
+        + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    // Out of order within each partition, over two hours; one empty value.
+    List<Row> rows = new ArrayList<>();
+    long[] minutes = {50, 10, 70, 30, 90, 20};
+    for (int i = 0; i < minutes.length; i++) {
+      rows.add(record(i == 3 ? "" : "title-" + i, i % 2, 100 + i, START_MICROS + minutes[i] * 60_000_000L));
+    }
+    Dataset<Row> records = spark.createDataFrame(rows, RECORDS).repartition(2);
+    long writeMicros = START_MICROS + 5 * HOUR_MICROS;
+    TopicTables.BatchWrite written =
+        TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
+            List.of("t.ns.plays"), List.of("t.ns.plays__dlq"),
+            List.of(Map.of("bergstream.router.batch-id", "7")), writeMicros, 2, 2);
+
+    JsonNode outcome = new ObjectMapper().readTree(written.json()).get(0);
+    assertTrue(outcome.get("error").isNull(), outcome.toString());
+    JsonNode totals = outcome.get("totals");
+    assertEquals(5, totals.get(0).asLong());
+    assertEquals(1, totals.get(1).asLong());
+    assertEquals("[3,100,104]", outcome.get("partitions").get("0").toString());
+    assertEquals("[3,101,105]", outcome.get("partitions").get("1").toString());
+
+    for (String name : List.of("t.ns.plays", "t.ns.plays__dlq")) {
+      Table table = Spark3Util.loadIcebergTable(spark, name);
+      List<Snapshot> snapshots = new ArrayList<>();
+      table.snapshots().forEach(snapshots::add);
+      assertEquals(1, snapshots.size(), name + ": one commit");
+      assertEquals("7", snapshots.get(0).summary().get("bergstream.router.batch-id"));
+    }
+    // Every file one hour, in ingestion order; every row stamped with the batch's write time.
+    List<Row> archived =
+        spark.sql("SELECT _file, __metadata__.kafka_ingestion_ts AS at, __metadata__.router_write_ts AS w,"
+            + " __metadata__.offset AS o FROM t.ns.plays").collectAsList();
+    assertEquals(5, archived.size());
+    Map<String, Timestamp> last = new java.util.HashMap<>();
+    java.util.Set<String> files = new java.util.HashSet<>();
+    for (Row row : archived) {
+      String file = row.getString(0);
+      files.add(file);
+      Timestamp at = row.getTimestamp(1);
+      Timestamp before = last.put(file, at);
+      assertTrue(before == null || !at.before(before), file + " is not in ingestion order");
+      assertEquals(writeMicros / 1000, row.getTimestamp(2).getTime());
+    }
+    assertTrue(files.size() >= 2, "two hours, two files at least: " + files);
+    Row dead = spark.sql("SELECT error, __metadata__.offset FROM t.ns.plays__dlq").first();
+    assertEquals("empty value", dead.getString(0));
+    assertEquals(103L, dead.getLong(1));
+    assertNull(spark.sql("SELECT redriven_at FROM t.ns.plays__dlq").first().get(0));
+  }
+}
