@@ -251,12 +251,15 @@ class BatchArchiver:
         archived: Appended,
         dead_lettered: Appended,
         seconds: float,
+        commits: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         """Batch `batch_id` was written and committed with other topics': count it as `archive` would."""
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
-        for writer in self._writers:
+        for writer, took in zip(self._writers, commits, strict=True):
             writer.committed(batch_id)
+            if took > 0:
+                self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
         self._expect_dead_letters = counts.dead_lettered > 0
         self._previous_read = counts.read
         appended: list[tuple[BatchTableWriter, Appended | None]] = [

@@ -88,9 +88,9 @@ class GroupCommitter:
         committed = self._consumer.committed(partitions, timeout=10)
         return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
 
-    def require_topic(self) -> None:
+    def require_topic(self, group: bool = True) -> None:
         """Refuse to start when Kafka cannot be reached, has no such topic, or does not let the router's
-        user read the topic and commit its group."""
+        user read the topic and (with `group`) commit its group."""
         try:
             metadata = cluster_metadata(self._consumer, self._errors, self.topic)
         except KafkaUnreachable as error:
@@ -107,7 +107,8 @@ class GroupCommitter:
                 f"Kafka refuses topic {self.topic} to the router: {failure(found.error)}; "
                 f"its user needs READ on topic {self.topic}"
             )
-        self._require_group()
+        if group:
+            self._require_group()
 
     def _require_group(self) -> None:
         """The group's committed offsets can be read. A group the user may not use makes the request time

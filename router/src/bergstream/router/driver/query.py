@@ -134,9 +134,10 @@ class TopicsQuery:
         self._prepared = True
         settings = self.settings
         if settings.topics is not None and self.members.strict:
-            # Each asked for by name: a topic just created is in Kafka's answer, and so is a refused ACL.
+            # Each asked for by name: a topic just created is in Kafka's answer, and so is a refused ACL. (Its
+            # group's ACL is checked before the driver starts: the shared consumer is of no topic's group.)
             for topic in settings.topics:
-                self.kafka.committer(topic, f"bergstream-router.{topic}").require_topic()
+                self.kafka.committer(topic, f"bergstream-router.{topic}").require_topic(group=False)
             existing = list(settings.topics)
         else:
             existing = self.kafka.topics(settings.regex)

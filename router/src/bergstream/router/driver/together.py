@@ -38,10 +38,10 @@ def failure_reason(error: BaseException) -> str:
     return first_line(error)
 
 
-def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appended]:
-    """A topic's counts of a batch written together with others' (TopicTables.BatchWrite.json), and what
-    its archive and dead-letter appends added."""
-    archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest = (
+def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appended, tuple[float, float]]:
+    """A topic's counts of a batch written together with others' (TopicTables.BatchWrite.json), what its
+    archive and dead-letter appends added, and the seconds each commit took (0: none)."""
+    archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest, *commits = (
         int(value) for value in outcome["totals"]
     )
     partitions = tuple(
@@ -54,10 +54,12 @@ def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appe
         newest=None if newest == _NO_TIME else datetime.fromtimestamp(newest / 1e6, UTC),
         partitions=partitions,
     )
+    archive_commit, dead_letter_commit = (micros / 1e6 for micros in commits)
     return (
         counts,
         Appended(archived, archive_files, archive_bytes),
         Appended(dead_lettered, dead_files, dead_bytes),
+        (archive_commit, dead_letter_commit),
     )
 
 
@@ -166,8 +168,8 @@ class TogetherWriter:
                 archiver.forget_commits()
                 alone.append(topic)
                 continue
-            counts, archived, dead_lettered = outcome_counts(outcome)
-            archiver.written_together(batch_id, counts, archived, dead_lettered, seconds)
+            counts, archived, dead_lettered, commits = outcome_counts(outcome)
+            archiver.written_together(batch_id, counts, archived, dead_lettered, seconds, commits)
             if archived.records:
                 committed.append((topic, archiver))
         # Two routers whose batches committed at the same moment did not see each other before.

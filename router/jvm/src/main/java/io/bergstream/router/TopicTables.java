@@ -104,6 +104,9 @@ public final class TopicTables {
     public long archiveBytes;
     public long deadLetterFiles;
     public long deadLetterBytes;
+    /** How long each table's commit took, in microseconds; 0 for a table that had nothing to commit. */
+    public long archiveCommitMicros;
+    public long deadLetterCommitMicros;
     /** The newest ingestion time read, in microseconds; Long.MIN_VALUE when none. */
     public long newestMicros = Long.MIN_VALUE;
     /** Per Kafka partition: {records read, first offset, last offset}. */
@@ -143,10 +146,14 @@ public final class TopicTables {
           });
     }
 
-    /** {archived, dead-lettered, archive files and bytes, dead-letter files and bytes, newest micros}. */
+    /**
+     * {archived, dead-lettered, archive files and bytes, dead-letter files and bytes, newest micros, the
+     * archive's and the dead letters' commit micros}.
+     */
     public long[] totals() {
       return new long[] {
-        archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros
+        archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros,
+        archiveCommitMicros, deadLetterCommitMicros
       };
     }
   }
@@ -330,14 +337,18 @@ public final class TopicTables {
                 () -> {
                   Outcome outcome = outcomes.get(topic);
                   try {
+                    long began = System.nanoTime();
                     long[] archived = commit(archiveTables.get(topic), archiveFiles.get(topic),
                         properties.get(topic));
                     outcome.archiveFiles = archived[0];
                     outcome.archiveBytes = archived[1];
+                    outcome.archiveCommitMicros = archived[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
+                    began = System.nanoTime();
                     long[] dead = commit(deadLetterTables.get(topic), deadLetterFiles.get(topic),
                         properties.get(topic));
                     outcome.deadLetterFiles = dead[0];
                     outcome.deadLetterBytes = dead[1];
+                    outcome.deadLetterCommitMicros = dead[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
                   } catch (RuntimeException error) {
                     outcome.error = error.toString();
                   }
