@@ -212,21 +212,28 @@ class BatchArchiver:
 
             # Reading the table's snapshots waits out a catalog's outage as a commit does.
             overlaps = self.retry.attempt(writer.identifier, batch_id, look)
-            if overlaps and committed:
-                raise SecondWriter(
-                    f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it "
-                    f"into {writer.identifier}: its {overlaps[0].describe()}, and this router's batch "
-                    f"{batch_id} (query {writer.query_id}) committed the same offsets at the same time: they "
-                    "are archived twice. This router stops; run one router per topic and table, and delete "
-                    "the rows of one of the two snapshots"
-                )
             if overlaps:
-                raise SecondWriter(
-                    f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it "
-                    f"into {writer.identifier}: its {overlaps[0].describe()}, which this router's batch "
-                    f"{batch_id} (query {writer.query_id}) would archive again. This router stops; run one "
-                    "router per topic and table, or give the other one a table of its own"
-                )
+                raise self.second_writer(batch_id, overlaps[0].describe(), committed)
+
+    def second_writer(self, batch_id: int, commit: str, committed: bool) -> SecondWriter:
+        """The error that stops the router when another router's `commit` ("query Q committed partition P
+        offsets A to B in snapshot S") covers offsets batch `batch_id` covers; `committed`: found after this
+        batch's own commit."""
+        assert self._writers is not None
+        writer = self._writers[0]
+        where = f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it into "
+        if committed:
+            return SecondWriter(
+                f"{where}{writer.identifier}: its {commit}, and this router's batch {batch_id} (query "
+                f"{writer.query_id}) committed the same offsets at the same time: they are archived twice. "
+                "This router stops; run one router per topic and table, and delete the rows of one of the "
+                "two snapshots"
+            )
+        return SecondWriter(
+            f"{where}{writer.identifier}: its {commit}, which this router's batch {batch_id} (query "
+            f"{writer.query_id}) would archive again. This router stops; run one router per topic and table, "
+            "or give the other one a table of its own"
+        )
 
     @property
     def identifiers(self) -> tuple[str, str]:

@@ -53,10 +53,7 @@ class BatchArchive:
         archived = [worker for worker in busy.values() if isinstance(worker, ArchivedTopic)]
         tasks = sum(worker.archiver.write_tasks() for worker in archived) or 1
         source = records.coalesce(max(1, min(self._cores, tasks)))
-        together, refused = self.together.writable(batch_id, busy, ranges)
-        for topic, error in refused.items():
-            self._set_aside(topic, ranges[topic], error)
-            del busy[topic]
+        together = self.together.writable(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
         # read again (a topic archived alone, a schema registry's versions looked up first), they are read
         # from Kafka once, into memory, for all of them.

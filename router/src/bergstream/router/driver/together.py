@@ -20,8 +20,8 @@ from bergstream.router.counts import BatchCounts, PartitionRead
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import TopicWorker
 from bergstream.router.topic.archived import ArchivedTopic
-from bergstream.router.write import Appended
-from bergstream.schemas.positions import BatchRange
+from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
+from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 _TOPIC_TABLES = "io.bergstream.router.TopicTables"
@@ -74,13 +74,11 @@ class TogetherWriter:
         self._cores = cores
         self._commit_threads = commit_threads
 
-    def writable(
-        self, batch_id: int, busy: dict[str, TopicWorker], ranges: dict[str, BatchRange]
-    ) -> tuple[list[str], dict[str, BaseException]]:
+    def writable(self, batch_id: int, busy: dict[str, TopicWorker]) -> list[str]:
         """The busy topics whose tables can be written together: archived, not replayed (a table holds the
         batch already), their tables' last batch readable now (the catalog out: the topic's own path waits
-        for it), and no other router's commit in the way; and the topics whose look at their tables failed,
-        with why."""
+        for it). Another router's commits in the way are looked for by the write itself, on the tables it
+        loads anyway (SecondWriters, in router/jvm)."""
         together = []
         for topic, worker in busy.items():
             if not isinstance(worker, ArchivedTopic):
@@ -93,16 +91,7 @@ class TogetherWriter:
                             batch_id, topic, failure_reason(error))  # fmt: skip
                 continue
             together.append(topic)
-        checks = {
-            topic: self._pool.submit(busy[topic].archiver.refuse_second_writer, batch_id, ranges[topic])  # type: ignore[attr-defined]
-            for topic in together
-        }
-        refused: dict[str, BaseException] = {}
-        for topic, future in checks.items():
-            failed = future.exception()
-            if failed is not None:
-                refused[topic] = failed
-        return [topic for topic in together if topic not in refused], refused
+        return together
 
     def write(
         self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], workers: dict[str, TopicWorker]
@@ -142,6 +131,7 @@ class TogetherWriter:
                 self.spark._jsparkSession, source._jdf, source.columns.index("topic"), together, plans,
                 [archive for archive, _ in identifiers], [dead_letters for _, dead_letters in identifiers],
                 properties, int(time.time() * 1_000_000), self._cores, self._commit_threads,
+                [QUERY_ID, BATCH_ID, TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS],
             )  # fmt: skip
         except Exception as error:
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
@@ -159,8 +149,11 @@ class TogetherWriter:
             len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
             commit_ms / 1000,
         )  # fmt: skip
-        committed = []
-        for topic, archiver, outcome in zip(together, archivers, json.loads(written.json()), strict=True):
+        outcomes = json.loads(written.json())
+        for archiver, outcome in zip(archivers, outcomes, strict=True):
+            if outcome["second_writer"] is not None:
+                raise archiver.second_writer(batch_id, outcome["second_writer"], outcome["committed_beside"])
+        for topic, archiver, outcome in zip(together, archivers, outcomes, strict=True):
             refused = outcome["error"]
             if refused is not None:
                 log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
@@ -170,13 +163,4 @@ class TogetherWriter:
                 continue
             counts, archived, dead_lettered, commits = outcome_counts(outcome)
             archiver.written_together(batch_id, counts, archived, dead_lettered, seconds, commits)
-            if archived.records:
-                committed.append((topic, archiver))
-        # Two routers whose batches committed at the same moment did not see each other before.
-        checks = [
-            self._pool.submit(archiver.refuse_second_writer, batch_id, ranges[topic], True)
-            for topic, archiver in committed
-        ]
-        for future in checks:
-            future.result()
         return alone

@@ -113,6 +113,12 @@ public final class TopicTables {
     public final Map<Integer, long[]> partitions = new HashMap<>();
     /** Why the topic's commits failed; null when they succeeded. */
     public String error;
+    /**
+     * Another router's commit covering offsets this batch covers (SecondWriters), found before the write
+     * (the topic is not written) or, with {@link #committedBeside}, after its commit; null when none.
+     */
+    public String secondWriter;
+    public boolean committedBeside;
 
     Outcome(String topic) {
       this.topic = topic;
@@ -182,6 +188,8 @@ public final class TopicTables {
       for (Outcome outcome : outcomes) {
         Map<String, Object> one = new HashMap<>();
         one.put("error", outcome.error);
+        one.put("second_writer", outcome.secondWriter);
+        one.put("committed_beside", outcome.committedBeside);
         one.put("totals", outcome.totals());
         one.put("partitions", outcome.partitions);
         listed.add(one);
@@ -270,8 +278,11 @@ public final class TopicTables {
       List<Map<String, String>> properties,
       long writeMicros,
       int tasks,
-      int threads)
+      int threads,
+      List<String> keys)
       throws Exception {
+    SecondWriters.Keys names =
+        new SecondWriters.Keys(keys.get(0), keys.get(1), keys.get(2), keys.get(3), keys.get(4), keys.get(5));
     long started = System.nanoTime();
     int count = topics.size();
     List<Table> archiveTables = new ArrayList<>(count);
@@ -297,6 +308,11 @@ public final class TopicTables {
       String refused = unwritable(archive, archives.get(i), rows.get(i).archiveType());
       if (refused == null) {
         refused = unwritable(deadLetter, deadLetters.get(i), rows.get(i).deadLetterType());
+      }
+      if (refused == null) {
+        // Another router of the topic: nothing is written, and the router stops (bergstream.router.archiver).
+        outcome.secondWriter = SecondWriters.overlapping(archive, properties.get(i), names, false);
+        refused = outcome.secondWriter == null ? null : "another router writes the topic";
       }
       plans.add(refused == null ? plan(context, topics.get(i), rows.get(i)) : null);
       archiveCopies.add(refused == null ? table(context, archives.get(i), archive) : null);
@@ -343,6 +359,14 @@ public final class TopicTables {
                     outcome.archiveFiles = archived[0];
                     outcome.archiveBytes = archived[1];
                     outcome.archiveCommitMicros = archived[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
+                    if (archived[0] > 0) {
+                      // Two routers committing at the same moment did not see each other before.
+                      Table table = archiveTables.get(topic);
+                      table.refresh();
+                      outcome.secondWriter =
+                          SecondWriters.overlapping(table, properties.get(topic), names, true);
+                      outcome.committedBeside = outcome.secondWriter != null;
+                    }
                     began = System.nanoTime();
                     long[] dead = commit(deadLetterTables.get(topic), deadLetterFiles.get(topic),
                         properties.get(topic));

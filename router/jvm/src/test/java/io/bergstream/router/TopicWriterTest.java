@@ -105,6 +105,16 @@ class TopicWriterTest {
     return RowFactory.create(value.getBytes(StandardCharsets.UTF_8), "plays", partition, offset, time);
   }
 
+  static final List<String> KEYS = List.of("q", "b", "topic", "cluster", "start", "next");
+
+  static TopicTables.BatchWrite append(Dataset<Row> records, String query, long writeMicros) throws Exception {
+    Map<String, String> properties =
+        Map.of("q", query, "b", "7", "topic", "plays", "cluster", "test", "start", "{\"0\":100,\"1\":101}",
+            "next", "{\"0\":105,\"1\":106}");
+    return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
+        List.of("t.ns.plays"), List.of("t.ns.plays__dlq"), List.of(properties), writeMicros, 2, 2, KEYS);
+  }
+
   @Test
   void aPlanAppliesTheRowsProjectionsToARecordAndEachThreadHasItsOwnCopy() throws Exception {
     TopicRows rows = plan();
@@ -162,10 +172,7 @@ class TopicWriterTest {
     }
     Dataset<Row> records = spark.createDataFrame(rows, RECORDS).repartition(2);
     long writeMicros = START_MICROS + 5 * HOUR_MICROS;
-    TopicTables.BatchWrite written =
-        TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
-            List.of("t.ns.plays"), List.of("t.ns.plays__dlq"),
-            List.of(Map.of("bergstream.router.batch-id", "7")), writeMicros, 2, 2);
+    TopicTables.BatchWrite written = append(records, "query-a", writeMicros);
 
     JsonNode outcome = new ObjectMapper().readTree(written.json()).get(0);
     assertTrue(outcome.get("error").isNull(), outcome.toString());
@@ -180,7 +187,7 @@ class TopicWriterTest {
       List<Snapshot> snapshots = new ArrayList<>();
       table.snapshots().forEach(snapshots::add);
       assertEquals(1, snapshots.size(), name + ": one commit");
-      assertEquals("7", snapshots.get(0).summary().get("bergstream.router.batch-id"));
+      assertEquals("7", snapshots.get(0).summary().get("b"));
     }
     // Every file one hour, in ingestion order; every row stamped with the batch's write time.
     List<Row> archived =
@@ -202,5 +209,12 @@ class TopicWriterTest {
     assertEquals("empty value", dead.getString(0));
     assertEquals(103L, dead.getLong(1));
     assertNull(spark.sql("SELECT redriven_at FROM t.ns.plays__dlq").first().get(0));
+
+    // Another router's query writing the same offsets finds this one's commit, and writes nothing.
+    JsonNode second = new ObjectMapper().readTree(append(records, "query-b", writeMicros).json()).get(0);
+    String found = second.get("second_writer").asText();
+    assertTrue(found.startsWith("query query-a committed partition 0 offsets 100 to 104, partition 1 offsets"
+        + " 101 to 105 in snapshot "), found);
+    assertEquals(5L, spark.sql("SELECT count(*) FROM t.ns.plays").first().getLong(0));
   }
 }
