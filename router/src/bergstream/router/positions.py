@@ -217,24 +217,22 @@ def resume_offsets(recorded: list[Recorded], partitions: list[int]) -> dict[int,
     return offsets
 
 
-def checkpoint_has_batches(spark: SparkSession, location: str) -> bool:
-    """Whether the query's checkpoint holds an offset log: Spark then resumes from it."""
+def _logged_batches(spark: SparkSession, location: str, log: str) -> list[int]:
+    """The batch ids in one of the query's checkpoint logs (`offsets`, `commits`)."""
     jvm = spark._jvm
     assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/offsets")
+    path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/{log}")
     fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
     if not fs.exists(path):
-        return False
-    return any(status.getPath().getName().isdigit() for status in fs.listStatus(path))
+        return []
+    return [int(name) for status in fs.listStatus(path) if (name := status.getPath().getName()).isdigit()]
+
+
+def checkpoint_has_batches(spark: SparkSession, location: str) -> bool:
+    """Whether the query's checkpoint holds an offset log: Spark then resumes from it."""
+    return bool(_logged_batches(spark, location, "offsets"))
 
 
 def last_committed_batch(spark: SparkSession, location: str) -> int | None:
     """The newest batch the query's checkpoint records as committed; None before its first."""
-    jvm = spark._jvm
-    assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/commits")
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(path):
-        return None
-    batches = [int(name) for status in fs.listStatus(path) if (name := status.getPath().getName()).isdigit()]
-    return max(batches, default=None)
+    return max(_logged_batches(spark, location, "commits"), default=None)
