@@ -122,6 +122,7 @@ def test_a_catalog_database_down_past_the_backoff_cap_loses_and_repeats_nothing(
         assert all("PSQLException" in line or "Connection" in line for line in failures), failures[0]
         assert len(router.log_lines(RECOVERY_LINE)) == 1
         assert router.log_lines("stopped while batch"), router.log.read_text()[-3000:]
+        assert not router.log_lines("is set aside"), router.log_lines("is set aside")
         stopped = router.log.read_text()
         assert "StackOverflowError" not in stopped, stopped[stopped.index("StackOverflowError") - 2000 :][
             :4000
@@ -173,6 +174,8 @@ def test_a_catalog_database_that_stops_answering_is_waited_out_and_does_not_hold
         failures = router.log_lines(OUTAGE_LINE)
         assert failures and all("PSQLException" in line or "timed out" in line for line in failures), failures
         assert router.log_lines("stopped while batch"), router.log.read_text()[-3000:]
+        # A stop is no failure of the topic: its batch is not committed, and Spark runs it again.
+        assert not router.log_lines("is set aside"), router.log_lines("is set aside")
         router = RunningRouter(stack, topic_name, tmp_path, catalog)
         try:
             eventually(lambda: router.handled() == 1000, "the batch of the stall archived by the next run")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from bergstream.router.errors import RouterStopped
+from bergstream.router.errors import RouterStopped, StopRequested
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import CommitRetrySettings, java_causes, transient_reason
 
@@ -64,7 +64,7 @@ class CommitRetry:
                     topic, batch_id, identifier, number, waited, reason, delay,
                 )  # fmt: skip
                 if self.stopping.wait(delay):
-                    raise RouterStopped(
+                    raise StopRequested(
                         f"{topic}: stopped while batch {batch_id} waited for {identifier}; "
                         "it is archived when the router starts again"
                     ) from error

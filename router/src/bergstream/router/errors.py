@@ -9,6 +9,11 @@ class RouterStopped(BergstreamError):
     """The streaming query failed; the message carries Spark's reason."""
 
 
+class StopRequested(RouterStopped):
+    """The router was asked to stop while a batch waited for its tables: the batch is not committed, and Spark
+    runs it again when the router starts again."""
+
+
 class SecondWriter(BergstreamError):
     """Another router writes the same topic into the same table: the later one stops, before it archives
     a record twice."""

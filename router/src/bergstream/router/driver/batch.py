@@ -15,6 +15,7 @@ from bergstream.errors import first_line
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.together import TogetherWriter, failure_reason
+from bergstream.router.errors import StopRequested
 from bergstream.router.topic import TopicWorker
 from bergstream.router.topic.archived import ArchivedTopic
 from bergstream.schemas.positions import BatchRange
@@ -92,7 +93,8 @@ class BatchArchive:
 
     def _set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
         """The topic's share of the batch is archived later, from Kafka; an error no other way mends (another
-        router writing the topic, the topic recreated) stops the query."""
-        if self.behind.fails(error):
+        router writing the topic, the topic recreated) stops the query, and so does a stop asked for while the
+        topic waited for its tables (the batch is not committed: Spark runs it again at the next start)."""
+        if self.behind.fails(error) or isinstance(error, StopRequested):
             raise error
         self.behind.set_aside(topic, covered, failure_reason(error))

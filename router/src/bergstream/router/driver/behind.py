@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bergstream.kafka_source import kafka_range
-from bergstream.router.errors import SecondWriter
+from bergstream.router.errors import SecondWriter, StopRequested
 from bergstream.router.identity import CheckpointFile, TopicRecreated
 from bergstream.router.retry import Backoff
 from bergstream.router.topic import TopicWorker
@@ -59,6 +59,8 @@ class Gap:
     failures: int = 0
     due: float = 0.0  # monotonic seconds: when to try catching up again
     running: Future[dict[int, int]] | None = None
+    batch_id: int = -1  # the batch whose id the running catch-up commits under
+    taken: int = -1  # the newest batch id the topic's tables hold already: the catch-up waits for a later one
 
 
 class SetAside:
@@ -117,15 +119,22 @@ class SetAside:
                 if gap.running is not None and gap.running.done():
                     rejoined += self._ended(topic, gap)
                     continue
-                if gap.running is None and time.monotonic() >= gap.due and not stopping.is_set():
-                    end = dict(gap.end)
-                    gap.running = self._pool.submit(self._archive_gap, worker, batch_id, end)
+                due = time.monotonic() >= gap.due and batch_id > gap.taken
+                if gap.running is None and due and not stopping.is_set():
+                    gap.batch_id = batch_id
+                    gap.running = self._pool.submit(self._archive_gap, worker, batch_id, dict(gap.end))
         return rejoined
 
     def _ended(self, topic: str, gap: Gap) -> list[tuple[str, dict[int, int]]]:
         assert gap.running is not None
         running, gap.running = gap.running, None
         error = running.exception()
+        if isinstance(error, BatchTaken):
+            gap.taken = gap.batch_id  # tried again under the query's next batch id
+            log.info("topic %s: %s", topic, error)
+            return []
+        if isinstance(error, StopRequested):
+            return []  # kept beside the checkpoint: caught up when the router starts again
         if error is not None:
             if self.fails(error):
                 raise error
@@ -146,11 +155,6 @@ class SetAside:
 
     def _archive_gap(self, worker: TopicWorker, batch_id: int, end: dict[int, int]) -> dict[int, int]:
         """Archive the topic's records from where its tables end up to `end`, read from Kafka: one batch."""
-        if worker.replayed(batch_id):
-            # Its tables hold this batch (a write that failed after it committed): the next batch's id.
-            raise BatchTaken(
-                f"{worker.topic}'s tables hold batch {batch_id} already; caught up from the next"
-            )
         started = time.monotonic()
         recorded = worker.retry.attempt(worker.topic, batch_id, lambda: worker.positions(self.spark)) or {}
         low = {p: first for p, (first, _) in worker.kafka.watermarks(sorted(end)).items()}
@@ -160,6 +164,12 @@ class SetAside:
             start[partition] = low[partition] if offset == EARLIEST else offset
         if all(start[p] >= offset for p, offset in end.items()):
             return end
+        if worker.replayed(batch_id):
+            # Its tables hold this batch (a write that failed after it committed, a catch-up that ended before
+            # more was set aside): the catch-up commits under a later batch's id.
+            raise BatchTaken(
+                f"{worker.topic}'s tables hold batch {batch_id} already; caught up under the next batch's id"
+            )
         topic = worker.topic
         records = kafka_range(
             self.spark, topic, self._options,

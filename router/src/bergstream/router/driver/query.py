@@ -90,6 +90,8 @@ class TopicsQuery:
         self._fresh_checkpoint = False
         self._prepared = False
         self._checkpoint_batch: int | None = None
+        # This run's last batch whose topics are archived or set aside: catch-ups between batches use its id.
+        self._archived_batch: int | None = None
         # With available_now, the topics that could not be caught up before the query ended, with why.
         self.still_behind: dict[str, str] = {}
         self._followed_batch: int | None = None
@@ -221,17 +223,21 @@ class TopicsQuery:
         self._previous = (batch_id, {topic: covered.end for topic, covered in ranges.items()})
         busy_topics = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
         if not busy_topics:
+            self._archived_batch = batch_id
             return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
         self.members.check_ids(busy_topics, batch_id)
-        self._catch_up(batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
         self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+        # After the batch: a topic behind has this batch's range set aside too, and its catch-up under this
+        # batch's id covers it.
+        self._archived_batch = batch_id
+        self._catch_up(batch_id)
 
     def _last_batch(self) -> int | None:
-        """The query's last batch: this run's, else (nothing new since the start) its checkpoint's."""
-        if self._previous is not None:
-            return self._previous[0]
+        """The query's last batch done: this run's, else (nothing new since the start) its checkpoint's."""
+        if self._archived_batch is not None:
+            return self._archived_batch
         if self._checkpoint_batch is None:
             self._checkpoint_batch = last_committed_batch(self.spark, self.settings.checkpoint_location)
         return self._checkpoint_batch
