@@ -239,6 +239,14 @@ def test_all_runs_its_topics_in_a_query_per_trigger_dead_letters_a_bad_file_arch
         eventually(lambda: dead_letter_count(stack, bad_file) == 1000, "the bad file's records kept")
         text = log.read_text()
         assert f"{bad_file}.yaml: trigger_interval" in text and "dead-lettered whole" in text
+        # Written by the one job of each batch, as every topic is: Spark's writer would stamp its
+        # application in the commit's summary.
+        dead_letters = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{bad_file}__dlq")
+        summaries = [snapshot.summary for snapshot in dead_letters.snapshots()]
+        assert summaries and all(
+            summary is not None and "spark.app.id" not in summary.additional_properties
+            for summary in summaries
+        ), summaries
         up = metric_values(metrics_port, "bergstream_router_topic_up")
         assert up == {good: 1, slow: 1, bad_file: 0, missing: 0}
         failures = metric_values(metrics_port, "bergstream_router_topic_failures_total")

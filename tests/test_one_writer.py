@@ -15,7 +15,8 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig, table_for_topic
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.errors import RouterStopped
-from bergstream.router.write import QUERY_ID
+from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -109,3 +110,55 @@ def test_two_routers_committing_the_same_offsets_at_once_each_find_the_other_aft
         assert overlap.query_id == other and overlap.offsets == {0: (0, 5), 1: (0, 5)}
     assert second.overlapping(origin, BatchRange({0: 5, 1: 5}, {0: 9, 1: 9})) == [], "a later range"
     assert second.overlapping(Origin("raced", "eu-west-1"), covered, batch_id=0) == [], "another cluster"
+
+
+def test_a_replayed_batch_is_written_by_the_one_writer_into_the_table_that_lacks_it_alone(
+    stack: Services, spark: SparkSession, tmp_path: Path
+) -> None:
+    """A router that stopped between a batch's two commits (its archive's landed, its dead letters' did not)
+    runs the batch again: the job that writes every batch writes the dead letters alone, once; the archive
+    is not written again and its records are not counted twice."""
+    topic = "replayed_half"
+    config = router(stack, topic, tmp_path / "checkpoint")
+
+    def bad_and_good(seed: int) -> None:
+        request = ProduceRequest(topic=topic, schema="playback", count=200, partitions=2, seed=seed,
+                                 bad_fraction=0.1)  # fmt: skip
+        produce(request, stack.bootstrap_servers, show_progress=False)
+
+    bad_and_good(1)
+    first = archive_available_now(spark, config)
+    bad_and_good(2)
+    second = archive_available_now(spark, config)
+    assert first.dead_lettered > 0 and second.dead_lettered > 0
+    identifier = stack.catalog.table_identifier(topic)
+    dead_letters = f"{identifier}{DEAD_LETTER_SUFFIX}"
+
+    def snapshots(table: str) -> list[tuple[int, dict[str, str]]]:
+        rows = spark.sql(
+            f"SELECT s.snapshot_id, s.summary FROM {table}.snapshots s WHERE s.snapshot_id IN "
+            f"(SELECT snapshot_id FROM {table}.history WHERE is_current_ancestor) ORDER BY s.committed_at"
+        ).collect()
+        return [(row.snapshot_id, dict(row.summary)) for row in rows]
+
+    # As if the router had stopped after the archive's commit of batch 1: the dead-letter table rolled back
+    # to batch 0, and the checkpoint without batch 1's commit.
+    (batch_0, summary_0), (_, summary_1) = snapshots(dead_letters)
+    assert (summary_0[BATCH_ID], summary_1[BATCH_ID]) == ("0", "1")
+    namespace_table = dead_letters.split(".", 1)[1]
+    spark.sql(f"CALL {stack.catalog.name}.system.rollback_to_snapshot('{namespace_table}', {batch_0})")
+    (commit,) = [path for path in (tmp_path / "checkpoint").rglob("commits/1")]
+    commit.unlink()
+    third = archive_available_now(spark, config)
+
+    assert third.replayed_batches == 1 and third.archived == 0, "the archive's records were counted before"
+    written = snapshots(dead_letters)
+    assert [summary[BATCH_ID] for _, summary in written] == ["0", "1"]
+    # Spark's writer stamps its application in the summaries it commits; the one writer does not.
+    assert "spark.app.id" not in written[1][1], written[1][1]
+    appends = [summary[BATCH_ID] for _, summary in snapshots(identifier)]
+    assert appends == ["0", "1"], "no second archive append"
+    dead = spark.table(dead_letters).select("__metadata__.partition", "__metadata__.offset").collect()
+    assert len(dead) == len(set(dead)) == first.dead_lettered + second.dead_lettered
+    archived = spark.table(identifier).select("__metadata__.partition", "__metadata__.offset").collect()
+    assert len(archived) == len(set(archived)) == 400 - len(dead)

@@ -30,7 +30,7 @@ from bergstream.schemas.archive import INGESTION_TS, METADATA, OFFSET, PARTITION
 from bergstream.schemas.positions import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
-_TOPIC_ROWS = "io.bergstream.router.TopicRows"
+TOPIC_ROWS = "io.bergstream.router.TopicRows"
 
 
 class BatchArchiver:
@@ -170,10 +170,15 @@ class BatchArchiver:
         return write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
 
     def replayed(self, batch_id: int) -> bool:
-        """Whether either table already holds batch `batch_id`: a replay, archived one topic at a time."""
+        """Whether either table already holds batch `batch_id`: a replay."""
+        return any(self.holding(batch_id))
+
+    def holding(self, batch_id: int) -> tuple[bool, bool]:
+        """Whether the archive table, and the dead-letter table, hold batch `batch_id` already."""
         self._started.wait()
         assert self._writers is not None
-        return any(writer.last_committed >= batch_id for writer in self._writers)
+        archive, dead_letters = (writer.last_committed >= batch_id for writer in self._writers)
+        return archive, dead_letters
 
     def forget_commits(self) -> None:
         """A write may have committed, or not: the next batch reads the tables' snapshots again."""
@@ -192,7 +197,7 @@ class BatchArchiver:
             template = spark.createDataFrame([], records.schema)
             frame = self.splitter.combined_rows(self.splitter.stamp(template))
             # Where the writer finds and sets the metadata it counts, by the names the layout gives.
-            plan = getattr(spark._jvm, _TOPIC_ROWS).of(
+            plan = getattr(spark._jvm, TOPIC_ROWS).of(
                 frame._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS
             )
             self._rows_plan = (self.splitter, plan)
@@ -259,8 +264,11 @@ class BatchArchiver:
         dead_lettered: Appended,
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
+        replayed: bool = False,
     ) -> None:
-        """Batch `batch_id` was written and committed with other topics': count it as `archive` would."""
+        """Batch `batch_id` was written and committed with other topics': count it as `archive` would (a
+        `replayed` batch, whose archive held it already, as a replay: its records were counted when
+        committed)."""
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         for writer, took in zip(self._writers, commits, strict=True):
@@ -270,10 +278,15 @@ class BatchArchiver:
         self._expect_dead_letters = counts.dead_lettered > 0
         self._previous_read = counts.read
         appended: list[tuple[BatchTableWriter, Appended | None]] = [
-            (archive_writer, archived),
+            (archive_writer, None if replayed else archived),
             (dead_letter_writer, dead_lettered),
         ]
-        self.accounting.account(batch_id, counts, appended, seconds, {"together": seconds})
+        phases = {"together": seconds}
+        self.accounting.account(batch_id, None if replayed else counts, appended, seconds, phases)
+
+    def replayed_whole(self, batch_id: int) -> None:
+        """Both tables hold batch `batch_id`: a replay with nothing to write."""
+        self.accounting.account(batch_id, None, [], 0.0, {})
 
     def _append(
         self,

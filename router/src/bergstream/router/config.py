@@ -141,6 +141,10 @@ class DeploySettings(BaseModel):
     monitor: Literal["ServiceMonitor", "PodMonitor", "none"] = "ServiceMonitor"
 
 
+# A write task per this many records of the previous batch (RouterConfig.records_per_write_task's default).
+RECORDS_PER_WRITE_TASK = 20_000
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -164,7 +168,7 @@ class RouterConfig(BaseModel):
     write_tasks: int | None = Field(default=None, gt=0)
     # A batch gets one write task per this many records its predecessor read, up to write_tasks: a quiet
     # topic's small batches are written by one task, one file per hour, and the other cores stay free.
-    records_per_write_task: int = Field(default=20_000, gt=0)
+    records_per_write_task: int = Field(default=RECORDS_PER_WRITE_TASK, gt=0)
     # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
     max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     checkpoint_location: str

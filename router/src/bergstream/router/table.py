@@ -8,6 +8,8 @@ bounds all three grow with the table's age, and so does the time a commit takes 
 
 from __future__ import annotations
 
+import threading
+
 from pyspark.sql import SparkSession
 
 from bergstream.catalog import CatalogConfig
@@ -23,6 +25,7 @@ PREVIOUS_METADATA_VERSIONS = 100
 # them into manifests of up to the target size, so that a snapshot names a bounded number of manifests.
 MANIFESTS_TO_MERGE = 100
 MANIFEST_TARGET_BYTES = 8 * 1024 * 1024
+_NAMESPACES = threading.Lock()
 
 
 def maintained_properties(config: RouterConfig) -> dict[str, str]:
@@ -40,7 +43,16 @@ def maintained_properties(config: RouterConfig) -> dict[str, str]:
 
 
 def ensure_namespace(spark: SparkSession, catalog: CatalogConfig) -> None:
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.{catalog.namespace}")
+    """Make the catalog's namespace if it is missing. The queries of a driver start side by side: one at a
+    time here. Another process making it at the same moment fails the JDBC catalog's insert; the namespace
+    is there then, and that is all that is asked."""
+    name = f"{catalog.name}.{catalog.namespace}"
+    with _NAMESPACES:
+        try:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}")
+        except Exception:
+            if not spark.sql(f"SHOW NAMESPACES IN {catalog.name} LIKE '{catalog.namespace}'").collect():
+                raise
 
 
 def ensure_tables(

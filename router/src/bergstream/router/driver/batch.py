@@ -17,7 +17,6 @@ from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.together import TogetherWriter, failure_reason
 from bergstream.router.errors import StopRequested
 from bergstream.router.topic import TopicWorker
-from bergstream.router.topic.archived import ArchivedTopic
 from bergstream.schemas.positions import BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
@@ -51,8 +50,7 @@ class BatchArchive:
             del busy[topic]
         if not busy:
             return
-        archived = [worker for worker in busy.values() if isinstance(worker, ArchivedTopic)]
-        tasks = sum(worker.archiver.write_tasks() for worker in archived) or 1
+        tasks = sum(worker.together.write_tasks() for worker in busy.values()) or 1
         source = records.coalesce(max(1, min(self._cores, tasks)))
         together = self.together.writable(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
@@ -67,13 +65,14 @@ class BatchArchive:
                 source.count()
                 cached = True
 
-        registries = any(busy[topic].archiver.registry is not None for topic in together)  # type: ignore[attr-defined]
+        registries = any(busy[topic].together.registry is not None for topic in together)
         if len(together) < len(busy) or registries:
             cache()
         try:
             alone = [topic for topic in busy if topic not in together]
             if together:
-                alone += self.together.write(source, batch_id, ranges, {t: busy[t] for t in together})
+                written = {topic: busy[topic] for topic in together}
+                alone += self.together.write(source, batch_id, ranges, written, together)
             if alone:
                 cache()
             futures = {

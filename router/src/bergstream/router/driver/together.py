@@ -1,7 +1,8 @@
 """Every topic of a batch written in one Spark job, each table committed once (TopicTables and TopicRows,
-in router/jvm), several commits at once. A topic this job cannot write (a replayed batch, a topic
-dead-lettered whole, tables whose last batch cannot be read now, rows that cannot be planned apart, a write
-that failed) is archived on its own by its worker, which waits out outages and finds what landed."""
+in router/jvm), several commits at once: topics archived and topics dead-lettered whole; of a replayed
+batch, the tables that lack it. A topic this job cannot write (tables whose last batch cannot be read now,
+rows that cannot be planned apart, a write that failed) is archived on its own by its worker, which waits
+out outages and finds what landed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from bergstream.errors import first_line
 from bergstream.router.counts import BatchCounts, PartitionRead
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import TopicWorker
-from bergstream.router.topic.archived import ArchivedTopic
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
 from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
 
@@ -74,54 +74,67 @@ class TogetherWriter:
         self._cores = cores
         self._commit_threads = commit_threads
 
-    def writable(self, batch_id: int, busy: dict[str, TopicWorker]) -> list[str]:
-        """The busy topics whose tables can be written together: archived, not replayed (a table holds the
-        batch already), their tables' last batch readable now (the catalog out: the topic's own path waits
-        for it). Another router's commits in the way are looked for by the write itself, on the tables it
-        loads anyway (SecondWriters, in router/jvm)."""
-        together = []
+    def writable(self, batch_id: int, busy: dict[str, TopicWorker]) -> dict[str, tuple[bool, bool]]:
+        """The busy topics whose tables can be written together, with whether their archive and dead-letter
+        tables hold the batch already (a replay: a table that holds it is not written again): those whose
+        tables' last batch can be read now (the catalog out: the topic's own path waits for it). Another
+        router's commits in the way are looked for by the write itself, on the tables it loads anyway
+        (SecondWriters, in router/jvm)."""
+        together = {}
         for topic, worker in busy.items():
-            if not isinstance(worker, ArchivedTopic):
-                continue
             try:
-                if worker.archiver.replayed(batch_id):
-                    continue
+                together[topic] = worker.together.holding(batch_id)
             except Exception as error:
                 log.warning("batch %d of topic %s: its tables' last batch cannot be read (%s); alone now",
                             batch_id, topic, failure_reason(error))  # fmt: skip
-                continue
-            together.append(topic)
         return together
 
     def write(
-        self, source: DataFrame, batch_id: int, ranges: dict[str, BatchRange], workers: dict[str, TopicWorker]
+        self,
+        source: DataFrame,
+        batch_id: int,
+        ranges: dict[str, BatchRange],
+        workers: dict[str, TopicWorker],
+        holding: dict[str, tuple[bool, bool]],
     ) -> list[str]:
-        """Write the tables of `workers` (archived topics) in one Spark job and commit them; the topics left
-        to archive one by one: those whose rows cannot be planned apart, or whose write failed (their
-        worker tries again, and finds what landed)."""
+        """Write the tables of `workers` in one Spark job and commit them, each table that
+        does not hold the batch already (`holding`); the topics left to archive one by one: those whose rows
+        cannot be planned apart, or whose write failed (their worker tries again, and finds what landed)."""
         started = time.monotonic()
-        together = list(workers)
+        together = []
+        for topic, worker in workers.items():
+            if all(holding[topic]):
+                worker.together.replayed_whole(batch_id)
+            else:
+                together.append(topic)
         alone: list[str] = []
-        archivers = []
+        tables = []
         plans = []
         for topic in list(together):
-            archiver = workers[topic].archiver  # type: ignore[attr-defined]
-            records = source.where(F.col("topic") == topic) if archiver.registry is not None else source
+            topic_tables = workers[topic].together
+            records = source.where(F.col("topic") == topic) if topic_tables.registry is not None else source
             try:
-                plans.append(archiver.topic_rows(records, batch_id))
+                plans.append(topic_tables.topic_rows(records, batch_id))
             except Exception as error:  # a parse Spark cannot plan apart: that topic goes alone
                 log.warning("topic %s: its rows cannot be planned apart (%s); archived alone",
                             topic, first_line(error))  # fmt: skip
                 together.remove(topic)
                 alone.append(topic)
                 continue
-            archivers.append(archiver)
+            tables.append(topic_tables)
         if not together:
             return alone
-        identifiers = [archiver.identifiers for archiver in archivers]
+        # A table that holds the batch already is named None: its rows are counted, not written.
+        identifiers = [
+            tuple(
+                None if held else name
+                for name, held in zip(topic_tables.identifiers, holding[topic], strict=True)
+            )
+            for topic, topic_tables in zip(together, tables, strict=True)
+        ]
         properties = [
-            archiver.batch_properties(batch_id, ranges[topic])
-            for topic, archiver in zip(together, archivers, strict=True)
+            topic_tables.batch_properties(batch_id, ranges[topic])
+            for topic, topic_tables in zip(together, tables, strict=True)
         ]
         planned = time.monotonic()
         jvm = self.spark._jvm
@@ -138,8 +151,8 @@ class TogetherWriter:
             # (CommitRetry), and finds what landed before it.
             log.warning("batch %d: writing %d topics together failed (%s); each alone now", batch_id,
                         len(together), failure_reason(error))  # fmt: skip
-            for archiver in archivers:
-                archiver.forget_commits()
+            for topic_tables in tables:
+                topic_tables.forget_commits()
             return alone + together
         seconds = time.monotonic() - started
         tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
@@ -150,17 +163,22 @@ class TogetherWriter:
             commit_ms / 1000,
         )  # fmt: skip
         outcomes = json.loads(written.json())
-        for archiver, outcome in zip(archivers, outcomes, strict=True):
+        for topic_tables, outcome in zip(tables, outcomes, strict=True):
             if outcome["second_writer"] is not None:
-                raise archiver.second_writer(batch_id, outcome["second_writer"], outcome["committed_beside"])
-        for topic, archiver, outcome in zip(together, archivers, outcomes, strict=True):
+                raise topic_tables.second_writer(
+                    batch_id, outcome["second_writer"], outcome["committed_beside"]
+                )
+        for topic, topic_tables, outcome in zip(together, tables, outcomes, strict=True):
             refused = outcome["error"]
             if refused is not None:
                 log.warning("batch %d of topic %s: writing it with the other topics failed (%s); alone now",
                             batch_id, topic, refused)  # fmt: skip
-                archiver.forget_commits()
+                topic_tables.forget_commits()
                 alone.append(topic)
                 continue
             counts, archived, dead_lettered, commits = outcome_counts(outcome)
-            archiver.written_together(batch_id, counts, archived, dead_lettered, seconds, commits)
+            replayed = holding[topic][0]
+            topic_tables.written_together(
+                batch_id, counts, archived, dead_lettered, seconds, commits, replayed
+            )
         return alone

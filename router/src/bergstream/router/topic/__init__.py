@@ -9,12 +9,13 @@ interface `TopicWorker`:
 - `DeadLetteredTopic`: a topic whose settings do not load or whose schema is not found; each of its records
   goes to its dead-letter table whole, with the reason, under the same exactly-once append, until its
   settings load (dead_lettered.py).
-Both record the Kafka range of each batch in their tables' commits and resume from them.
+Both record the Kafka range of each batch in their tables' commits and resume from them, and both are
+written by the one job of a batch (router/driver/together.py) through `BatchTables`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -22,8 +23,56 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.counts import BatchCounts
 from bergstream.router.progress import ProgressFollower
+from bergstream.router.write import Appended
 from bergstream.schemas.positions import BatchRange
+
+
+class BatchTables(Protocol):
+    """A topic's archive and dead-letter tables as the one job of a batch writes them (TopicTables, in
+    router/jvm): the plan of its rows, which tables hold the batch already, the properties of its commits,
+    and the accounting of what was written."""
+
+    registry: Any  # a schema registry's versions of the topic's schema, brought up to date each batch
+
+    @property
+    def identifiers(self) -> tuple[str | None, str]:
+        """The archive table (None: the topic has none written) and the dead-letter table."""
+
+    def topic_rows(self, records: DataFrame, batch_id: int) -> Any:
+        """The plan of the topic's rows (TopicRows): each record's archive row or dead letter."""
+
+    def holding(self, batch_id: int) -> tuple[bool, bool]:
+        """Whether the archive table (True where none is written) and the dead-letter table hold batch
+        `batch_id` already."""
+
+    def batch_properties(self, batch_id: int, covered: BatchRange) -> dict[str, str]:
+        """The snapshot summary of the batch's appends: the query's and batch's ids, and its range."""
+
+    def write_tasks(self) -> int:
+        """How many tasks the topic's next batch is worth."""
+
+    def written_together(
+        self,
+        batch_id: int,
+        counts: BatchCounts,
+        archived: Appended,
+        dead_lettered: Appended,
+        seconds: float,
+        commits: tuple[float, float] = (0.0, 0.0),
+        replayed: bool = False,
+    ) -> None:
+        """Batch `batch_id` was written and committed; `replayed`: its archive held it already."""
+
+    def replayed_whole(self, batch_id: int) -> None:
+        """Both tables hold batch `batch_id`: a replay with nothing to write."""
+
+    def forget_commits(self) -> None:
+        """A write may have committed, or not: the tables' commits are read again."""
+
+    def second_writer(self, batch_id: int, found: str, committed: bool) -> Exception:
+        """The error that stops the query: another router's commit `found` covers the batch's offsets."""
 
 
 class TopicWorker(Protocol):
@@ -33,6 +82,7 @@ class TopicWorker(Protocol):
     kafka: GroupCommitter
     follower: ProgressFollower
     retry: CommitRetry
+    together: BatchTables  # its tables as the one job of a batch writes them
 
     @property
     def archived(self) -> bool:

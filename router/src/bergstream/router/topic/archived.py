@@ -21,6 +21,7 @@ from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress import ProgressFollower
 from bergstream.router.resume import recorded_positions, starting_offsets
+from bergstream.router.topic import BatchTables
 from bergstream.schemas.positions import EARLIEST, BatchRange
 
 log = logging.getLogger("bergstream.router")
@@ -47,6 +48,7 @@ class ArchivedTopic:
         self.tables = ArchiveTables(spark, config)
         self.retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
         self.archiver = BatchArchiver(spark, config, metrics, self.tables, self.retry, self.accounting)
+        self.together: BatchTables = self.archiver
         self.follower = ProgressFollower(
             config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
             config.lag_refresh_seconds, cluster=config.cluster,

@@ -10,24 +10,37 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.kafka_source import isolation_level
 from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.archiver import TOPIC_ROWS
 from bergstream.router.commit_retry import CommitRetry
-from bergstream.router.config import table_for_topic
+from bergstream.router.config import RECORDS_PER_WRITE_TASK, table_for_topic
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.counts import from_observation, observed_columns
+from bergstream.router.counts import BatchCounts, from_observation, observed_columns
+from bergstream.router.errors import SecondWriter
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import newest_recorded, resume_offsets
 from bergstream.router.progress import ProgressFollower
-from bergstream.router.write import BatchTableWriter
-from bergstream.schemas.archive import DEAD_LETTER_SUFFIX, METADATA, dead_letter_create_statements
+from bergstream.router.topic import BatchTables
+from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
+from bergstream.schemas.archive import (
+    DEAD_LETTER_SUFFIX,
+    INGESTION_TS,
+    METADATA,
+    OFFSET,
+    PARTITION,
+    REDRIVE_ID,
+    REDRIVEN_AT,
+    WRITE_TS,
+    dead_letter_create_statements,
+)  # fmt: skip
 from bergstream.schemas.parse import ERROR
 from bergstream.schemas.positions import BatchRange, Origin, offsets_json
 from bergstream.schemas.stamp import metadata
@@ -72,6 +85,10 @@ class DeadLetteredTopic:
         )  # fmt: skip
         self._counting = observed_columns(spark)
         self._writer: BatchTableWriter | None = None
+        self.together: BatchTables = self
+        self.registry = None
+        self._rows_plan: Any = None
+        self._previous_read: int | None = None
         if not spark.catalog.tableExists(self.identifier):
             for statement in dead_letter_create_statements(self.identifier):
                 spark.sql(statement)
@@ -108,22 +125,96 @@ class DeadLetteredTopic:
         self._writer = BatchTableWriter(self.spark, self.identifier, str(query.id))
         self.follower.start(refresh=False)
 
-    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+    # Its rows as the one job of a batch writes them (BatchTables): no archive table, every record a dead
+    # letter.
+
+    @property
+    def identifiers(self) -> tuple[str | None, str]:
+        return None, self.identifier
+
+    def topic_rows(self, records: DataFrame, batch_id: int) -> Any:
+        if self._rows_plan is None:
+            spark = records.sparkSession
+            stamped = self._stamped(spark.createDataFrame([], records.schema))
+            dead_letter = F.struct(
+                *self._dead_letter_columns(),
+                F.lit(None).cast("timestamp").alias(REDRIVEN_AT),
+                F.lit(None).cast("string").alias(REDRIVE_ID),
+            )
+            # No record is archived: `a` is null, of a type that carries the metadata the writer reads.
+            rows = stamped.select(
+                F.when(F.lit(False), F.struct(F.col(METADATA))).alias("a"), dead_letter.alias("d")
+            )
+            plan = getattr(spark._jvm, TOPIC_ROWS).of(
+                rows._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS
+            )
+            self._rows_plan = plan
+        return self._rows_plan
+
+    def holding(self, batch_id: int) -> tuple[bool, bool]:
+        return True, self.replayed(batch_id)
+
+    def batch_properties(self, batch_id: int, covered: BatchRange) -> dict[str, str]:
         writer = self._writer
         assert writer is not None
-        started = time.monotonic()
-        stamped = records.select("*", F.lit(self.reason).alias(ERROR), metadata(self.config.cluster))
-        observation = Observation(f"bergstream-router-{self.topic}-{batch_id}-{uuid.uuid4().hex}")
-        rows = stamped.observe(observation, *self._counting).select(
+        return {QUERY_ID: writer.query_id, BATCH_ID: str(batch_id), **self._properties(covered)}
+
+    def write_tasks(self) -> int:
+        return write_tasks_for(
+            self._previous_read, self.spark.sparkContext.defaultParallelism, RECORDS_PER_WRITE_TASK
+        )
+
+    def written_together(
+        self,
+        batch_id: int,
+        counts: BatchCounts,
+        archived: Appended,
+        dead_lettered: Appended,
+        seconds: float,
+        commits: tuple[float, float] = (0.0, 0.0),
+        replayed: bool = False,
+    ) -> None:
+        """Its batch `batch_id` was written: its archive is never written, so `replayed` does not apply."""
+        writer = self._writer
+        assert writer is not None
+        writer.committed(batch_id)
+        self._previous_read = counts.read
+        self.accounting.account(batch_id, counts, [(writer, dead_lettered)], seconds, {"together": seconds})
+
+    def replayed_whole(self, batch_id: int) -> None:
+        self.accounting.account(batch_id, None, [], 0.0, {})
+
+    def forget_commits(self) -> None:
+        if self._writer is not None:
+            self._writer.committed(None)
+
+    def second_writer(self, batch_id: int, found: str, committed: bool) -> Exception:
+        return SecondWriter(f"topic {self.topic}: another router writes it into {self.identifier}: {found}")
+
+    def _stamped(self, records: DataFrame) -> DataFrame:
+        return records.select("*", F.lit(self.reason).alias(ERROR), metadata(self.config.cluster))
+
+    def _dead_letter_columns(self) -> list[Column]:
+        return [
             F.col("key").alias("raw_key"),
             F.col("value").alias("raw_value"),
             F.col(ERROR).alias("error"),
             F.lit(None).cast("string").alias("schema_name"),
             F.col(METADATA),
-        )
-        properties = covered.properties(
-            Origin(self.topic, self.config.cluster, isolation_level(self.config.kafka))
-        )
+        ]
+
+    def _properties(self, covered: BatchRange) -> dict[str, str]:
+        return covered.properties(Origin(self.topic, self.config.cluster, isolation_level(self.config.kafka)))
+
+    def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        """The topic's batch on its own (a write together failed, a catch-up): through Spark's writer."""
+        writer = self._writer
+        assert writer is not None
+        started = time.monotonic()
+        stamped = self._stamped(records)
+        observation = Observation(f"bergstream-router-{self.topic}-{batch_id}-{uuid.uuid4().hex}")
+        rows = stamped.observe(observation, *self._counting).select(*self._dead_letter_columns())
+        properties = self._properties(covered)
         result = self.retry.attempt(
             self.identifier, batch_id, lambda: writer.append(rows, batch_id, properties)
         )

@@ -301,22 +301,24 @@ public final class TopicTables {
       outcomes.add(outcome);
       archiveFiles.add(new ArrayList<>());
       deadLetterFiles.add(new ArrayList<>());
-      Table archive = Spark3Util.loadIcebergTable(spark, archives.get(i));
-      Table deadLetter = Spark3Util.loadIcebergTable(spark, deadLetters.get(i));
+      // A table named null holds the batch already (a replay): its rows are counted, not written.
+      Table archive = load(spark, archives.get(i));
+      Table deadLetter = load(spark, deadLetters.get(i));
       archiveTables.add(archive);
       deadLetterTables.add(deadLetter);
       String refused = unwritable(archive, archives.get(i), rows.get(i).archiveType());
       if (refused == null) {
         refused = unwritable(deadLetter, deadLetters.get(i), rows.get(i).deadLetterType());
       }
-      if (refused == null) {
+      if (refused == null && archive != null) {
         // Another router of the topic: nothing is written, and the router stops (bergstream.router.archiver).
         outcome.secondWriter = SecondWriters.overlapping(archive, properties.get(i), names, false);
         refused = outcome.secondWriter == null ? null : "another router writes the topic";
       }
       plans.add(refused == null ? plan(context, topics.get(i), rows.get(i)) : null);
-      archiveCopies.add(refused == null ? table(context, archives.get(i), archive) : null);
-      deadLetterCopies.add(refused == null ? table(context, deadLetters.get(i), deadLetter) : null);
+      archiveCopies.add(refused == null && archive != null ? table(context, archives.get(i), archive) : null);
+      deadLetterCopies.add(
+          refused == null && deadLetter != null ? table(context, deadLetters.get(i), deadLetter) : null);
       if (refused != null) {
         outcome.error = refused; // written on its own, by Spark's writer
       } else {
@@ -392,6 +394,10 @@ public final class TopicTables {
         (committed - wrote) / 1_000_000);
   }
 
+  private static Table load(SparkSession spark, String name) throws Exception {
+    return name == null ? null : Spark3Util.loadIcebergTable(spark, name);
+  }
+
   /** Appends {@code files} with {@code properties}; {files, bytes}. No files: no snapshot. */
   private static long[] commit(Table table, List<DataFile> files, Map<String, String> properties) {
     if (files.isEmpty()) {
@@ -418,6 +424,9 @@ public final class TopicTables {
    * order.
    */
   private static String unwritable(Table table, String name, StructType rows) {
+    if (table == null) {
+      return null;
+    }
     List<PartitionField> fields = table.spec().fields();
     if (fields.size() != 1 || !fields.get(0).transform().toString().equals("hour")) {
       return name + " is not partitioned by the hour of its ingestion time alone";
@@ -477,7 +486,10 @@ public final class TopicTables {
           last =
               index == null
                   ? null
-                  : parts.computeIfAbsent(index, i -> new Part(i, rows.get(i).value(), partition));
+                  : parts.computeIfAbsent(
+                      index,
+                      i -> new Part(i, rows.get(i).value(), partition, archives.get(i) != null,
+                          deadLetters.get(i) != null));
         }
         if (last != null) {
           buffered += last.add(TopicRows.apply(last.projections, record), writeMicros);
@@ -501,17 +513,23 @@ public final class TopicTables {
 
     private void flush(Part part, int partition, long taskId) throws IOException {
       int index = part.index;
-      Table archive = archives.get(index).value();
-      Table deadLetter = deadLetters.get(index).value();
-      if (part.archiveNames == null) {
-        // One namer per table and task: the files of each flush are numbered on from the last one's.
-        part.archiveNames = files(archive, partition, taskId);
-        part.deadLetterNames = files(deadLetter, partition, taskId);
+      if (part.keepArchive) {
+        Table archive = archives.get(index).value();
+        if (part.archiveNames == null) {
+          // One namer per table and task: the files of each flush are numbered on from the last one's.
+          part.archiveNames = files(archive, partition, taskId);
+        }
+        part.archiveFiles.addAll(write(archive, part.archiveNames, part.rows.archiveType(), part.archived,
+            part.rows.layout(), part.rows.layout().archiveMetadata));
       }
-      part.archiveFiles.addAll(write(archive, part.archiveNames, part.rows.archiveType(), part.archived,
-          part.rows.layout(), part.rows.layout().archiveMetadata));
-      part.deadLetterFiles.addAll(write(deadLetter, part.deadLetterNames, part.rows.deadLetterType(),
-          part.dead, part.rows.layout(), part.rows.layout().deadLetterMetadata));
+      if (part.keepDeadLetters) {
+        Table deadLetter = deadLetters.get(index).value();
+        if (part.deadLetterNames == null) {
+          part.deadLetterNames = files(deadLetter, partition, taskId);
+        }
+        part.deadLetterFiles.addAll(write(deadLetter, part.deadLetterNames, part.rows.deadLetterType(),
+            part.dead, part.rows.layout(), part.rows.layout().deadLetterMetadata));
+      }
       part.archived.clear();
       part.dead.clear();
     }
@@ -533,35 +551,50 @@ public final class TopicTables {
       final List<InternalRow> dead = new ArrayList<>();
       final List<DataFile> archiveFiles = new ArrayList<>();
       final List<DataFile> deadLetterFiles = new ArrayList<>();
+      // False for a table that holds the batch already: its rows are counted, not kept.
+      final boolean keepArchive;
+      final boolean keepDeadLetters;
       OutputFileFactory archiveNames;
       OutputFileFactory deadLetterNames;
 
-      Part(int index, TopicRows rows, int partition) {
+      Part(int index, TopicRows rows, int partition, boolean keepArchive, boolean keepDeadLetters) {
         this.index = index;
         this.rows = rows;
         this.projections = rows.projections(partition);
+        this.keepArchive = keepArchive;
+        this.keepDeadLetters = keepDeadLetters;
       }
 
-      /** Keeps the record's row for its table; returns the bytes it holds. */
+      /**
+       * Counts the record and keeps its row for its table, unless that table holds the batch already;
+       * returns the bytes it holds.
+       */
       long add(InternalRow row, long writeMicros) {
         RowLayout layout = rows.layout();
-        InternalRow kept;
-        InternalRow metadata;
-        if (!row.isNullAt(0)) {
-          kept = row.getStruct(0, rows.archiveType().length()).copy();
-          metadata = kept.getStruct(layout.archiveMetadata, layout.metadataFields);
-          archived.add(kept);
+        boolean archive = !row.isNullAt(0);
+        InternalRow kept =
+            archive
+                ? row.getStruct(0, rows.archiveType().length())
+                : row.getStruct(1, rows.deadLetterType().length());
+        boolean keep = archive ? keepArchive : keepDeadLetters;
+        if (keep) {
+          kept = kept.copy();
+          (archive ? archived : dead).add(kept);
+        }
+        if (archive) {
           counts.archived++;
         } else {
-          kept = row.getStruct(1, rows.deadLetterType().length()).copy();
-          metadata = kept.getStruct(layout.deadLetterMetadata, layout.metadataFields);
-          dead.add(kept);
           counts.deadLettered++;
         }
+        InternalRow metadata =
+            kept.getStruct(archive ? layout.archiveMetadata : layout.deadLetterMetadata, layout.metadataFields);
         // One time for the whole batch, as the router of one topic stamps it.
         metadata.setLong(layout.writeTime, writeMicros);
         counts.read(metadata.getInt(layout.partition), metadata.getLong(layout.offset));
         counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(layout.ingestion));
+        if (!keep) {
+          return 0;
+        }
         return kept instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() + ROW_OVERHEAD : ROW_OVERHEAD;
       }
     }

@@ -108,11 +108,29 @@ class TopicWriterTest {
   static final List<String> KEYS = List.of("q", "b", "topic", "cluster", "start", "next");
 
   static TopicTables.BatchWrite append(Dataset<Row> records, String query, long writeMicros) throws Exception {
+    return append(records, query, writeMicros, "t.ns.plays", "t.ns.plays__dlq");
+  }
+
+  /** A table named null holds the batch already. */
+  static TopicTables.BatchWrite append(
+      Dataset<Row> records, String query, long writeMicros, String archive, String deadLetters)
+      throws Exception {
     Map<String, String> properties =
         Map.of("q", query, "b", "7", "topic", "plays", "cluster", "test", "start", "{\"0\":100,\"1\":101}",
             "next", "{\"0\":105,\"1\":106}");
     return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
-        List.of("t.ns.plays"), List.of("t.ns.plays__dlq"), List.of(properties), writeMicros, 2, 2, KEYS);
+        java.util.Arrays.asList(archive), java.util.Arrays.asList(deadLetters), List.of(properties),
+        writeMicros, 2, 2, KEYS);
+  }
+
+  static long snapshots(String name) throws Exception {
+    Table table = Spark3Util.loadIcebergTable(spark, name);
+    table.refresh();
+    long count = 0;
+    for (Snapshot ignored : table.snapshots()) {
+      count++;
+    }
+    return count;
   }
 
   @Test
@@ -216,5 +234,37 @@ class TopicWriterTest {
     assertTrue(found.startsWith("query query-a committed partition 0 offsets 100 to 104, partition 1 offsets"
         + " 101 to 105 in snapshot "), found);
     assertEquals(5L, spark.sql("SELECT count(*) FROM t.ns.plays").first().getLong(0));
+  }
+
+  @Test
+  void aReplayWritesOnlyTheTableThatLacksTheBatchAndCountsEveryRecord() throws Exception {
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS t.ns");
+    String metadata =
+        "struct<kafka_ingestion_ts: timestamp, topic: string, partition: int, offset: bigint,"
+            + " router_write_ts: timestamp>";
+    spark.sql("CREATE TABLE t.ns.replayed (title string, __metadata__ " + metadata + ") USING iceberg"
+        + " PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    spark.sql("CREATE TABLE t.ns.replayed__dlq (raw_value binary, error string, __metadata__ " + metadata
+        + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    List<Row> rows = new ArrayList<>();
+    for (int i = 0; i < 6; i++) {
+      rows.add(record(i == 2 ? "" : "title-" + i, i % 2, 100 + i, START_MICROS + i * 60_000_000L));
+    }
+    Dataset<Row> records = spark.createDataFrame(rows, RECORDS).repartition(2);
+    // The archive holds the batch (its commit landed before the failure); the dead-letter table does not.
+    JsonNode outcome =
+        new ObjectMapper()
+            .readTree(append(records, "query-r", START_MICROS, null, "t.ns.replayed__dlq").json())
+            .get(0);
+    assertTrue(outcome.get("error").isNull(), outcome.toString());
+    JsonNode totals = outcome.get("totals");
+    assertEquals(5, totals.get(0).asLong(), "every archive row counted");
+    assertEquals(1, totals.get(1).asLong());
+    assertEquals(0, totals.get(2).asLong(), "no archive file");
+    assertTrue(totals.get(4).asLong() > 0, "a dead-letter file");
+    assertEquals(0L, snapshots("t.ns.replayed"), "the archive not committed to");
+    assertEquals(1L, snapshots("t.ns.replayed__dlq"));
+    assertEquals(1L, spark.sql("SELECT count(*) FROM t.ns.replayed__dlq").first().getLong(0));
+    assertEquals(0L, spark.sql("SELECT count(*) FROM t.ns.replayed").first().getLong(0));
   }
 }
