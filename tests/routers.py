@@ -100,6 +100,19 @@ def archived_offsets(stack: Services, table: str) -> list[tuple[int, int]]:
     return seen
 
 
+def appended_by_spark(stack: Services, table: str) -> list[dict[str, str]]:
+    """The summaries of the commits to the table and its dead-letter table that Spark's Iceberg writer made
+    (it stamps its application in each): none where bergstream's one writer wrote every batch."""
+    catalog = stack.catalog.load()
+    found = []
+    for name in (table, f"{table}__dlq"):
+        for snapshot in catalog.load_table(f"{stack.catalog.namespace}.{name}").snapshots():
+            summary = snapshot.summary
+            if summary is not None and "spark.app.id" in summary.additional_properties:
+                found.append(dict(summary.additional_properties))
+    return found
+
+
 def produced_offsets(report_offsets: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
     """Every (partition, offset) of a produce report's {partition: (first, last)}."""
     return {(p, o) for p, (low, high) in report_offsets.items() for o in range(low, high + 1)}

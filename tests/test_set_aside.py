@@ -17,7 +17,13 @@ from bergstream.router.driver.behind import BEHIND_FILE
 from bergstream.router.driver.query import TopicsQuery
 from bergstream.router.driver.settings import named_topics_settings
 from bergstream.router.metrics import RouterMetrics
-from tests.routers import archived_offsets, committed_offsets, eventually, produced_offsets
+from tests.routers import (
+    appended_by_spark,
+    archived_offsets,
+    committed_offsets,
+    eventually,
+    produced_offsets,
+)
 from tests.services import Services
 
 pytestmark = pytest.mark.integration
@@ -105,6 +111,8 @@ def test_a_topic_whose_table_is_gone_is_set_aside_the_others_go_on_and_it_catche
         eventually(lambda: archived(failing) == sent[failing], "caught up after the start", timeout=120)
         eventually(lambda: not behind(), "nothing behind")
         assert archived(good) == sent[good]
+        # Caught up by the job that writes every batch, as the batches written together were.
+        assert appended_by_spark(stack, failing) == [] and appended_by_spark(stack, good) == []
     finally:
         query.stop()
         thread.join()

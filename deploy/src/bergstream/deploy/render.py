@@ -212,7 +212,9 @@ def kubernetes_config(config: Driver, name: str) -> Driver:
 
 def settings_file(config: RouterConfig) -> str:
     """A router's settings as the YAML file `bergstream router run --config` reads."""
-    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    dumped = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    # What the file is of first, then the query's settings, then the topic's own.
+    data = {key: dumped[key] for key in ("topic", "schema") if key in dumped} | dumped
     if config.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
         del data["schema_dir"]
     if config.catalog.password is not None:

@@ -1,7 +1,9 @@
-"""Archiving one micro-batch: read, parsed, stamped, counted and appended to the archive table in one pass,
-the records that do not parse appended to the dead-letter table. Each append is idempotent per
-(query, batch), so a batch replayed after a crash is never archived twice, and records the Kafka range it
-covers (positions.py)."""
+"""Archiving one topic's micro-batch: read, parsed, stamped, counted and written in one pass, by the job that
+writes every batch (together.py), its valid rows appended to the archive table and the records that do not
+parse to the dead-letter table. Each append is idempotent per (query, batch), so a batch replayed after a
+crash is never archived twice, and records the Kafka range it covers (positions.py). A batch of this topic
+alone (its write with the query's other topics failed, a catch-up) is tried again through outages
+(CommitRetry); tables laid out otherwise than bergstream makes them are appended by Spark's writer."""
 
 from __future__ import annotations
 
@@ -24,13 +26,12 @@ from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import batch_range
 from bergstream.router.registry_topic import topic_parser
+from bergstream.router.together import Refused, TogetherWriter, rows_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
-from bergstream.schemas.archive import INGESTION_TS, METADATA, OFFSET, PARTITION, WRITE_TS
 from bergstream.schemas.positions import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
-TOPIC_ROWS = "io.bergstream.router.TopicRows"
 
 
 class BatchArchiver:
@@ -67,6 +68,8 @@ class BatchArchiver:
         self._expect_dead_letters = False
         self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
         self._previous_read: int | None = None
+        # The one job that writes every batch, here of this topic alone (together.py).
+        self._job = TogetherWriter(spark, spark.sparkContext.defaultParallelism, commit_threads=1)
         # The plan of the topic's rows for a batch of many topics, and the splitter it was made from.
         self._rows_plan: tuple[RecordSplitter, Any] | None = None
 
@@ -86,8 +89,7 @@ class BatchArchiver:
         assert self._writers is not None and self._query is not None
         if self.identity is not None:
             self.identity.before_batch(batch_id)
-        archive_writer, dead_letter_writer = self._writers
-        started = time.monotonic()
+        archive_writer = self._writers[0]
         if covered is None:
             previous = (
                 self._covered if self._covered is not None and self._covered[0] == batch_id - 1 else None
@@ -100,6 +102,27 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
+        span = covered
+        # Whether the archive held the batch before this attempt: then its records were counted when it was
+        # committed. Each attempt writes the tables that lack the batch then.
+        replayed = self.retry.attempt(archive_writer.identifier, batch_id, lambda: self.holding(batch_id)[0])
+        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        source = records.coalesce(tasks)
+        try:
+            self.retry.attempt(
+                archive_writer.identifier, batch_id,
+                lambda: self._job.write_alone(source, batch_id, self.config.topic, self, span, replayed),
+            )  # fmt: skip
+        except Refused as refused:
+            log.warning("%s batch %d: %s; appended by Spark's writer", self.config.topic, batch_id, refused)
+            self._archive_by_spark(records, batch_id, covered)
+
+    def _archive_by_spark(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        """The batch appended by Spark's Iceberg writer: for tables the one job does not write (laid out
+        otherwise than bergstream makes them)."""
+        assert self._writers is not None
+        archive_writer, dead_letter_writer = self._writers
+        started = time.monotonic()
         self.refuse_second_writer(batch_id, covered)
         properties = covered.properties(self.origin)
         if self.registry is not None:
@@ -161,7 +184,7 @@ class BatchArchiver:
         self._previous_read = None if counts is None else counts.read
         self.accounting.account(batch_id, counts, appended, time.monotonic() - started, phases)
 
-    # A query's batch (router/driver/together.py) writes every topic's tables in one Spark job, each topic's
+    # A query's batch (router/together.py) writes every topic's tables in one Spark job, each topic's
     # rows given by `combined_rows`, and accounts each topic's part with `written_together`.
 
     def write_tasks(self) -> int:
@@ -193,13 +216,8 @@ class BatchArchiver:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
         if self._rows_plan is None or self._rows_plan[0] is not self.splitter:
-            spark = records.sparkSession
-            template = spark.createDataFrame([], records.schema)
-            frame = self.splitter.combined_rows(self.splitter.stamp(template))
-            # Where the writer finds and sets the metadata it counts, by the names the layout gives.
-            plan = getattr(spark._jvm, TOPIC_ROWS).of(
-                frame._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS
-            )
+            template = records.sparkSession.createDataFrame([], records.schema)
+            plan = rows_plan(self.splitter.combined_rows(self.splitter.stamp(template)))
             self._rows_plan = (self.splitter, plan)
         return self._rows_plan[1]
 

@@ -145,7 +145,36 @@ class DeploySettings(BaseModel):
 RECORDS_PER_WRITE_TASK = 20_000
 
 
-class RouterConfig(BaseModel):
+class QuerySettings(BaseModel):
+    """The settings of the query that reads a topic, declared once: a topic's file sets them
+    (`RouterConfig`), and a query's own settings are them (router/driver/settings.py's `DriverSettings`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str = "local"
+    # Never printed: kafka.sasl.jaas.config holds a password.
+    kafka: KafkaOptions = Field(repr=False)
+    trigger_interval: TriggerInterval = "30 seconds"
+    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
+    checkpoint_location: str
+    catalog: CatalogConfig
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
+
+    @property
+    def trigger_seconds(self) -> float:
+        return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
+
+    def query_settings(self) -> dict[str, Any]:
+        """These settings alone, to build another model of them from."""
+        return {name: getattr(self, name) for name in QuerySettings.model_fields}
+
+
+class RouterConfig(QuerySettings):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     topic: str
@@ -157,11 +186,6 @@ class RouterConfig(BaseModel):
     schema_registry: SchemaRegistrySettings | None = None
     # One plain name inside the catalog's namespace: no dots, quotes or backquotes.
     table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    cluster: str = "local"
-    # Never printed: kafka.sasl.jaas.config holds a password.
-    kafka: KafkaOptions = Field(repr=False)
-    trigger_interval: TriggerInterval = "30 seconds"
-    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     # At most this many tasks write a micro-batch; Spark's Kafka source makes one per partition, and each
     # writes a file per hour. Unset: the Spark application's default parallelism (its executor cores).
@@ -171,15 +195,7 @@ class RouterConfig(BaseModel):
     records_per_write_task: int = Field(default=RECORDS_PER_WRITE_TASK, gt=0)
     # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
     max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    checkpoint_location: str
-    catalog: CatalogConfig
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
-    lag_refresh_seconds: float = Field(default=15.0, gt=0)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
-    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
-    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("topic")
     @classmethod
@@ -203,10 +219,6 @@ class RouterConfig(BaseModel):
         except ConfigError as error:
             raise ValueError(f"schema: {error}") from error
         return self
-
-    @property
-    def trigger_seconds(self) -> float:
-        return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
 
     @property
     def snapshot_retention_hours(self) -> float:

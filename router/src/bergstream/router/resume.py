@@ -18,8 +18,9 @@ from bergstream.kafka_source import kafka_range
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.positions import Recorded, checkpoint_has_batches, newest_recorded, resume_offsets
+from bergstream.router.together import append_tables, rows_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
-from bergstream.router.write import BatchTableWriter
+from bergstream.router.write import BATCH_ID, QUERY_ID, BatchTableWriter
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.positions import EARLIEST, Origin
 
@@ -106,11 +107,31 @@ def _append_dead_letters(
         starting = json.dumps({topic: {str(p): batch.start.get(p, end[p]) for p in partitions}})
     ending = json.dumps({topic: {str(p): offset for p, offset in end.items()}})
     records = kafka_range(spark, topic, config.kafka, starting, ending)
-    observation = Observation(f"bergstream-router-{topic}-resume-{uuid.uuid4().hex}")
-    rows = splitter.dead_letter_rows(splitter.stamp(records), observation)
     writer = BatchTableWriter(spark, dead_letter_id, archived.query_id)
-    appended = writer.append(rows, archived.batch_id, batch.properties(origin))
-    found = int(observation.get[DEAD_LETTERED]) if appended is not None else 0
+    found = 0
+    if writer.last_committed < archived.batch_id:
+        # By the job that writes every batch, the archive table not written (it holds the batch).
+        template = spark.createDataFrame([], records.schema)
+        plan = rows_plan(splitter.combined_rows(splitter.stamp(template)))
+        properties = {
+            QUERY_ID: archived.query_id,
+            BATCH_ID: str(archived.batch_id),
+            **batch.properties(origin),
+        }
+        written = append_tables(
+            records, [topic], [plan], [[None, dead_letter_id]], [properties],
+            spark.sparkContext.defaultParallelism, commit_threads=1,
+        )  # fmt: skip
+        (outcome,) = json.loads(written.json())
+        if outcome["error"] is not None:
+            written.rethrow(0)
+            log.warning("%s: %s; the dead letters appended by Spark's writer", topic, outcome["error"])
+            observation = Observation(f"bergstream-router-{topic}-resume-{uuid.uuid4().hex}")
+            rows = splitter.dead_letter_rows(splitter.stamp(records), observation)
+            appended = writer.append(rows, archived.batch_id, batch.properties(origin))
+            found = int(observation.get[DEAD_LETTERED]) if appended is not None else 0
+        else:
+            found = int(outcome["totals"][1])
     log.warning(
         "%s: the dead-letter table may lack the dead letters of the archive's newest batch (query %s, batch "
         "%d): read offsets %s to %s from Kafka again, %d dead-lettered", topic, archived.query_id,

@@ -62,7 +62,7 @@ class RecordSplitter:
     def combined_rows(self, stamped: DataFrame) -> DataFrame:
         """Each stamped record as one of two structs: `a`, its archive row, when it parsed, else `d`, its
         dead letter, with every column of the dead-letter table; for a write of both tables in one pass
-        (router/driver/together.py)."""
+        (router/together.py)."""
         dead_letter = F.struct(
             *self.dead_letter_columns,
             F.lit(None).cast("timestamp").alias(REDRIVEN_AT),

@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 from bergstream.errors import first_line
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
-from bergstream.router.driver.together import TogetherWriter, failure_reason
 from bergstream.router.errors import StopRequested
+from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
 from bergstream.schemas.positions import BatchRange
 
@@ -71,8 +71,8 @@ class BatchArchive:
         try:
             alone = [topic for topic in busy if topic not in together]
             if together:
-                written = {topic: busy[topic] for topic in together}
-                alone += self.together.write(source, batch_id, ranges, written, together)
+                tables = {topic: busy[topic].together for topic in together}
+                alone += self.together.write(source, batch_id, ranges, tables, together)
             if alone:
                 cache()
             futures = {

@@ -217,6 +217,6 @@ def _start_text(covered: BatchRange) -> str:
 
 
 def _line(error: BaseException) -> str:
-    from bergstream.router.driver.together import failure_reason
+    from bergstream.router.together import failure_reason
 
     return failure_reason(error)

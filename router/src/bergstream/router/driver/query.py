@@ -32,7 +32,6 @@ from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
-from bergstream.router.driver.together import TogetherWriter
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import (
     checkpoint_has_batches,
@@ -41,6 +40,7 @@ from bergstream.router.positions import (
     topic_ranges,
 )
 from bergstream.router.table import ensure_namespace
+from bergstream.router.together import TogetherWriter
 from bergstream.router.topic import TopicWorker
 
 log = logging.getLogger("bergstream.router.driver")
@@ -102,7 +102,7 @@ class TopicsQuery:
         )
         cores = max(1, spark.sparkContext.defaultParallelism)
         # Commits are mostly waits on the catalog and the object store: more at once than cores.
-        together = TogetherWriter(spark, self._pool, cores, max(COMMIT_THREADS, workers))
+        together = TogetherWriter(spark, cores, max(COMMIT_THREADS, workers))
         self.behind = SetAside(spark, settings.checkpoint_location, dict(settings.kafka))
         floors = Floors(spark, settings.checkpoint_location)
         self.batches = BatchArchive(floors, together, self.behind, self._pool, cores)

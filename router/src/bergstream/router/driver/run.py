@@ -26,11 +26,11 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.driver.named import RestartSettings
 from bergstream.router.driver.query import POOL_PROPERTY, TopicsQuery, pool_name
 from bergstream.router.driver.settings import DriverSettings
-from bergstream.router.driver.together import failure_reason
 from bergstream.router.errors import RouterStopped
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import java_causes
 from bergstream.router.schedule import RotatingMaintenance
+from bergstream.router.together import failure_reason
 from bergstream.router.topic.dead_lettered import DeadLetteredTopic
 from bergstream.schemas.schema_registry import RegistryStopped
 from bergstream.signals import on_stop_signals

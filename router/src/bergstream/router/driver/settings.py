@@ -21,22 +21,17 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.router.config import (
-    DeploySettings,
-    KafkaOptions,
+    QuerySettings,
     RouterConfig,
-    TriggerInterval,
     check_topic_name,
     load_router_config,
     topic_file,
 )
-from bergstream.router.retry import CommitRetrySettings
 from bergstream.settings_file import merge, problems, read_mapping, without_none
-from bergstream.spark import SparkSettings
 
 log = logging.getLogger("bergstream.router.driver")
 # The settings of a topic's file that are its query's: topics that differ in one of them run in queries of
@@ -44,30 +39,18 @@ log = logging.getLogger("bergstream.router.driver")
 QUERY_KEYS = ("kafka", "cluster", "trigger_interval", "max_offsets_per_trigger")
 
 
-class DriverSettings(BaseModel):
+class DriverSettings(QuerySettings):
     """A query's own settings: what it reads (`topics`, or every topic whose whole name `pattern` matches)
-    and how."""
+    and how (QuerySettings, as a topic's file declares them; `deploy`: how `bergstream deploy --pattern`
+    renders the query's driver)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     name: str
     pattern: str | None = None
     topics: tuple[str, ...] | None = None
-    kafka: KafkaOptions = Field(repr=False)
-    cluster: str = "local"
-    trigger_interval: TriggerInterval = "30 seconds"
-    max_offsets_per_trigger: int | None = Field(default=1_000_000, gt=0)
-    checkpoint_location: str
-    catalog: CatalogConfig
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
-    lag_refresh_seconds: float = Field(default=15.0, gt=0)
-    commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     # How many topics of one batch are appended at once; unset, the driver's cores.
     parallel_topics: int | None = Field(default=None, gt=0)
-    # How `bergstream deploy --pattern` renders the query's driver.
-    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("name")
     @classmethod
@@ -145,14 +128,11 @@ def named_topics_settings(
         checkpoint = first.checkpoint_location
         if len(topics) > 1 or name != first.topic:
             checkpoint = sibling(first.checkpoint_location, name)
-    return DriverSettings(
-        name=name, topics=tuple(config.topic for config in topics), kafka=first.kafka, cluster=first.cluster,
-        trigger_interval=first.trigger_interval, max_offsets_per_trigger=first.max_offsets_per_trigger,
-        checkpoint_location=checkpoint, catalog=first.catalog, spark=first.spark,
-        metrics_port=metrics_port if metrics_port is not None else first.metrics_port,
-        metrics_host=first.metrics_host, lag_refresh_seconds=first.lag_refresh_seconds,
-        commit_retry=first.commit_retry, deploy=first.deploy,
-    )  # fmt: skip
+    query = first.query_settings()
+    query["checkpoint_location"] = checkpoint
+    if metrics_port is not None:
+        query["metrics_port"] = metrics_port
+    return DriverSettings(name=name, topics=tuple(config.topic for config in topics), **query)
 
 
 def sibling(location: str, name: str) -> str:

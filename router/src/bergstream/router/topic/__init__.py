@@ -10,7 +10,7 @@ interface `TopicWorker`:
   goes to its dead-letter table whole, with the reason, under the same exactly-once append, until its
   settings load (dead_lettered.py).
 Both record the Kafka range of each batch in their tables' commits and resume from them, and both are
-written by the one job of a batch (router/driver/together.py) through `BatchTables`.
+written by the one job of a batch (router/together.py) through `BatchTables`.
 """
 
 from __future__ import annotations

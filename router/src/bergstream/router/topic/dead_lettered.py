@@ -18,7 +18,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.kafka_source import isolation_level
 from bergstream.router.accounting import BatchAccounting, RouterTotals
-from bergstream.router.archiver import TOPIC_ROWS
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RECORDS_PER_WRITE_TASK, table_for_topic
 from bergstream.router.consumer_group import GroupCommitter
@@ -28,17 +27,14 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.positions import newest_recorded, resume_offsets
 from bergstream.router.progress import ProgressFollower
+from bergstream.router.together import Refused, TogetherWriter, rows_plan
 from bergstream.router.topic import BatchTables
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.archive import (
     DEAD_LETTER_SUFFIX,
-    INGESTION_TS,
     METADATA,
-    OFFSET,
-    PARTITION,
     REDRIVE_ID,
     REDRIVEN_AT,
-    WRITE_TS,
     dead_letter_create_statements,
 )  # fmt: skip
 from bergstream.schemas.parse import ERROR
@@ -86,6 +82,7 @@ class DeadLetteredTopic:
         self._counting = observed_columns(spark)
         self._writer: BatchTableWriter | None = None
         self.together: BatchTables = self
+        self._job = TogetherWriter(spark, spark.sparkContext.defaultParallelism, commit_threads=1)
         self.registry = None
         self._rows_plan: Any = None
         self._previous_read: int | None = None
@@ -145,10 +142,7 @@ class DeadLetteredTopic:
             rows = stamped.select(
                 F.when(F.lit(False), F.struct(F.col(METADATA))).alias("a"), dead_letter.alias("d")
             )
-            plan = getattr(spark._jvm, TOPIC_ROWS).of(
-                rows._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS
-            )
-            self._rows_plan = plan
+            self._rows_plan = rows_plan(rows)
         return self._rows_plan
 
     def holding(self, batch_id: int) -> tuple[bool, bool]:
@@ -207,7 +201,19 @@ class DeadLetteredTopic:
         return covered.properties(Origin(self.topic, self.config.cluster, isolation_level(self.config.kafka)))
 
     def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
-        """The topic's batch on its own (a write together failed, a catch-up): through Spark's writer."""
+        """The topic's batch on its own (a write together failed, a catch-up), by the same job, its outages
+        waited out."""
+        replayed = self.retry.attempt(self.identifier, batch_id, lambda: self.replayed(batch_id))
+        try:
+            self.retry.attempt(
+                self.identifier, batch_id,
+                lambda: self._job.write_alone(records, batch_id, self.topic, self, covered, replayed),
+            )  # fmt: skip
+        except Refused as refused:
+            log.warning("%s batch %d: %s; appended by Spark's writer", self.topic, batch_id, refused)
+            self._archive_by_spark(records, batch_id, covered)
+
+    def _archive_by_spark(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
         writer = self._writer
         assert writer is not None
         started = time.monotonic()

@@ -111,8 +111,10 @@ public final class TopicTables {
     public long newestMicros = Long.MIN_VALUE;
     /** Per Kafka partition: {records read, first offset, last offset}. */
     public final Map<Integer, long[]> partitions = new HashMap<>();
-    /** Why the topic's commits failed; null when they succeeded. */
+    /** Why the topic was not written, or its commits failed; null when they succeeded. */
     public String error;
+    /** The failure of a commit, for a caller that waits it out; null when none (or the topic was refused). */
+    transient RuntimeException failure;
     /**
      * Another router's commit covering offsets this batch covers (SecondWriters), found before the write
      * (the topic is not written) or, with {@link #committedBeside}, after its commit; null when none.
@@ -195,6 +197,18 @@ public final class TopicTables {
         listed.add(one);
       }
       return new ObjectMapper().writeValueAsString(listed);
+    }
+
+    /**
+     * Throws the failure of topic {@code index}'s commit, if it had one, for a caller that tells an outage
+     * from an error and waits the outage out; a topic refused before the write (its tables cannot be written
+     * this way, another router's commit) has none.
+     */
+    public void rethrow(int index) {
+      RuntimeException failure = outcomes.get(index).failure;
+      if (failure != null) {
+        throw failure;
+      }
     }
 
     /** Milliseconds loading the tables and planning each topic's rows; the write job; the commits. */
@@ -377,6 +391,7 @@ public final class TopicTables {
                     outcome.deadLetterCommitMicros = dead[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
                   } catch (RuntimeException error) {
                     outcome.error = error.toString();
+                    outcome.failure = error;
                   }
                 }));
       }
