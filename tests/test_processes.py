@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from bergstream.local.processes import alive, running_pid, stop
+from tests.routers import eventually
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", "bergstream-test-sleeper"]
 
@@ -18,6 +21,10 @@ def test_a_running_process_is_alive_and_found_by_its_marker(tmp_path: Path) -> N
         pid_file = tmp_path / "sleeper.pid"
         pid_file.write_text(str(process.pid))
         assert alive(process.pid)
+        # Forked, the child shows its parent's command line until it has exec'd its own.
+        eventually(
+            lambda: "bergstream-test-sleeper" in psutil.Process(process.pid).cmdline(), "the sleeper exec'd"
+        )
         assert running_pid(pid_file, "bergstream-test-sleeper") == process.pid
         # Another program that got the same pid is not ours.
         assert running_pid(pid_file, "bergstream-kafka") is None

@@ -45,7 +45,7 @@ def failure_reason(error: BaseException) -> str:
 
 
 def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appended, tuple[float, float]]:
-    """A topic's counts of a batch written together with others' (TopicTables.BatchWrite.json), what its
+    """A topic's counts of a batch written together with others' (BatchWrite.json, in router/jvm), what its
     archive and dead-letter appends added, and the seconds each commit took (0: none)."""
     archived, dead_lettered, archive_files, archive_bytes, dead_files, dead_bytes, newest, *commits = (
         int(value) for value in outcome["totals"]

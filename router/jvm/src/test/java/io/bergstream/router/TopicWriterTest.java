@@ -107,12 +107,12 @@ class TopicWriterTest {
 
   static final List<String> KEYS = List.of("q", "b", "topic", "cluster", "start", "next");
 
-  static TopicTables.BatchWrite append(Dataset<Row> records, String query, long writeMicros) throws Exception {
+  static BatchWrite append(Dataset<Row> records, String query, long writeMicros) throws Exception {
     return append(records, query, writeMicros, "t.ns.plays", "t.ns.plays__dlq");
   }
 
   /** A table named null holds the batch already. */
-  static TopicTables.BatchWrite append(
+  static BatchWrite append(
       Dataset<Row> records, String query, long writeMicros, String archive, String deadLetters)
       throws Exception {
     Map<String, String> properties =
@@ -190,7 +190,7 @@ class TopicWriterTest {
     }
     Dataset<Row> records = spark.createDataFrame(rows, RECORDS).repartition(2);
     long writeMicros = START_MICROS + 5 * HOUR_MICROS;
-    TopicTables.BatchWrite written = append(records, "query-a", writeMicros);
+    BatchWrite written = append(records, "query-a", writeMicros);
 
     JsonNode outcome = new ObjectMapper().readTree(written.json()).get(0);
     assertTrue(outcome.get("error").isNull(), outcome.toString());
