@@ -9,12 +9,12 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 
 /** What a batch's write came to: each topic's outcome, and where its time went. */
 public final class BatchWrite {
-  private final List<TopicOutcome> outcomes;
+  private final List<TopicResult> outcomes;
   private final long tablesMillis;
   private final long jobMillis;
   private final long commitMillis;
 
-  BatchWrite(List<TopicOutcome> outcomes, long tablesMillis, long jobMillis, long commitMillis) {
+  BatchWrite(List<TopicResult> outcomes, long tablesMillis, long jobMillis, long commitMillis) {
     this.outcomes = outcomes;
     this.tablesMillis = tablesMillis;
     this.jobMillis = jobMillis;
@@ -28,7 +28,7 @@ public final class BatchWrite {
    */
   public String json() throws IOException {
     List<Map<String, Object>> listed = new ArrayList<>(outcomes.size());
-    for (TopicOutcome outcome : outcomes) {
+    for (TopicResult outcome : outcomes) {
       Map<String, Object> one = new HashMap<>();
       one.put("error", outcome.error);
       one.put("second_writer", outcome.secondWriter);

@@ -128,7 +128,7 @@ final class DispatchTask
     final int index;
     final TopicRows rows;
     final List<UnsafeProjection> projections;
-    final TopicOutcome counts = new TopicOutcome("");
+    final TopicResult counts = new TopicResult("");
     final List<InternalRow> archived = new ArrayList<>();
     final List<InternalRow> dead = new ArrayList<>();
     final List<DataFile> archiveFiles = new ArrayList<>();
@@ -219,9 +219,9 @@ final class Written implements Serializable {
   final int topic;
   final List<DataFile> archive;
   final List<DataFile> deadLetters;
-  final TopicOutcome counts;
+  final TopicResult counts;
 
-  Written(int topic, List<DataFile> archive, List<DataFile> deadLetters, TopicOutcome counts) {
+  Written(int topic, List<DataFile> archive, List<DataFile> deadLetters, TopicResult counts) {
     this.topic = topic;
     this.archive = archive;
     this.deadLetters = deadLetters;

@@ -135,7 +135,7 @@ public final class TopicTables {
     int count = topics.size();
     List<Table> archiveTables = new ArrayList<>(count);
     List<Table> deadLetterTables = new ArrayList<>(count);
-    List<TopicOutcome> outcomes = new ArrayList<>(count);
+    List<TopicResult> outcomes = new ArrayList<>(count);
     List<List<DataFile>> archiveFiles = new ArrayList<>(count);
     List<List<DataFile>> deadLetterFiles = new ArrayList<>(count);
     Map<String, Integer> writable = new HashMap<>();
@@ -145,7 +145,7 @@ public final class TopicTables {
     List<Broadcast<Table>> deadLetterCopies = new ArrayList<>(count);
     String operation = UUID.randomUUID().toString();
     for (int i = 0; i < count; i++) {
-      TopicOutcome outcome = new TopicOutcome(topics.get(i));
+      TopicResult outcome = new TopicResult(topics.get(i));
       outcomes.add(outcome);
       archiveFiles.add(new ArrayList<>());
       deadLetterFiles.add(new ArrayList<>());
@@ -201,7 +201,7 @@ public final class TopicTables {
         commits.add(
             pool.submit(
                 () -> {
-                  TopicOutcome outcome = outcomes.get(topic);
+                  TopicResult outcome = outcomes.get(topic);
                   try {
                     long began = System.nanoTime();
                     long[] archived = commit(archiveTables.get(topic), archiveFiles.get(topic),

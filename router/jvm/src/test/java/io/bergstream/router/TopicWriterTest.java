@@ -123,6 +123,18 @@ class TopicWriterTest {
         writeMicros, 2, 2, KEYS);
   }
 
+  /** A topic's archive table and dead-letter table, as bergstream makes them, in t.ns. */
+  static void createTables(String name) {
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS t.ns");
+    String metadata =
+        "struct<kafka_ingestion_ts: timestamp, topic: string, partition: int, offset: bigint,"
+            + " router_write_ts: timestamp>";
+    spark.sql("CREATE TABLE t.ns." + name + " (title string, __metadata__ " + metadata + ") USING iceberg"
+        + " PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    spark.sql("CREATE TABLE t.ns." + name + "__dlq (raw_value binary, error string, __metadata__ " + metadata
+        + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+  }
+
   static long snapshots(String name) throws Exception {
     Table table = Spark3Util.loadIcebergTable(spark, name);
     table.refresh();
@@ -174,14 +186,7 @@ class TopicWriterTest {
 
   @Test
   void oneJobWritesATopicsTablesSortedByHourAndCommitsEachOnceWithTheBatchsProperties() throws Exception {
-    spark.sql("CREATE NAMESPACE IF NOT EXISTS t.ns");
-    String metadata =
-        "struct<kafka_ingestion_ts: timestamp, topic: string, partition: int, offset: bigint,"
-            + " router_write_ts: timestamp>";
-    spark.sql("CREATE TABLE t.ns.plays (title string, __metadata__ " + metadata + ") USING iceberg"
-        + " PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
-    spark.sql("CREATE TABLE t.ns.plays__dlq (raw_value binary, error string, __metadata__ " + metadata
-        + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    createTables("plays");
     // Out of order within each partition, over two hours; one empty value.
     List<Row> rows = new ArrayList<>();
     long[] minutes = {50, 10, 70, 30, 90, 20};
@@ -238,14 +243,7 @@ class TopicWriterTest {
 
   @Test
   void aReplayWritesOnlyTheTableThatLacksTheBatchAndCountsEveryRecord() throws Exception {
-    spark.sql("CREATE NAMESPACE IF NOT EXISTS t.ns");
-    String metadata =
-        "struct<kafka_ingestion_ts: timestamp, topic: string, partition: int, offset: bigint,"
-            + " router_write_ts: timestamp>";
-    spark.sql("CREATE TABLE t.ns.replayed (title string, __metadata__ " + metadata + ") USING iceberg"
-        + " PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
-    spark.sql("CREATE TABLE t.ns.replayed__dlq (raw_value binary, error string, __metadata__ " + metadata
-        + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
+    createTables("replayed");
     List<Row> rows = new ArrayList<>();
     for (int i = 0; i < 6; i++) {
       rows.add(record(i == 2 ? "" : "title-" + i, i % 2, 100 + i, START_MICROS + i * 60_000_000L));

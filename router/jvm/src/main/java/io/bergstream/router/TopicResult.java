@@ -5,7 +5,7 @@ import java.util.HashMap;
 import java.util.Map;
 
 /** What one topic's part of the batch came to, for its accounting. */
-public final class TopicOutcome implements Serializable {
+public final class TopicResult implements Serializable {
   private static final long serialVersionUID = 1L;
   public final String topic;
   public long archived;
@@ -32,7 +32,7 @@ public final class TopicOutcome implements Serializable {
   public String secondWriter;
   public boolean committedBeside;
 
-  TopicOutcome(String topic) {
+  TopicResult(String topic) {
     this.topic = topic;
   }
 
@@ -47,7 +47,7 @@ public final class TopicOutcome implements Serializable {
     }
   }
 
-  void add(TopicOutcome other) {
+  void add(TopicResult other) {
     archived += other.archived;
     deadLettered += other.deadLettered;
     newestMicros = Math.max(newestMicros, other.newestMicros);
