@@ -42,6 +42,29 @@ def write_config(stack: Services, directory: Path, name: str, **settings: Any) -
     return path
 
 
+def write_defaults(stack: Services, directory: Path, **settings: Any) -> Path:
+    """The defaults file of a router over several topics (`--pattern`, `--all`), checkpointing to
+    directory/checkpoint and reading each topic from its earliest offset; `settings` replace or add keys."""
+    defaults = {
+        "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        "checkpoint_location": str(directory / "checkpoint"),
+        "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
+        **settings,
+    }
+    path = directory / "defaults.yaml"
+    path.write_text(yaml.safe_dump(defaults))
+    return path
+
+
+def pattern_command(pattern: str, defaults: Path, topics_dir: Path, *flags: str) -> list[str]:
+    """`bergstream router run --pattern`: one query over every topic whose name matches `pattern`."""
+    return [
+        sys.executable, "-m", "bergstream", "router", "run", "--pattern", pattern,
+        "--defaults", str(defaults), "--topics-dir", str(topics_dir), *flags,
+    ]  # fmt: skip
+
+
 def router_command(topic: str, config: Path, *flags: str) -> list[str]:
     return [
         sys.executable,
@@ -71,11 +94,16 @@ def run_router(
 
 
 def start_router(topic: str, config: Path, log: Path, *flags: str) -> subprocess.Popen[bytes]:
+    return start_command(router_command(topic, config, *flags), log)
+
+
+def start_command(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`command` started in a session of its own (a SIGKILL of its group ends its Spark JVM too), its output
+    appended to `log`."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            router_command(topic, config, *flags), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-            start_new_session=True,
-        )  # fmt: skip
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
 
 
 def committed_offsets(stack: Services, topic: str, partitions: list[int]) -> dict[int, int]:

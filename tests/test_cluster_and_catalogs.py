@@ -1,5 +1,5 @@
-"""The same archive job on a Spark standalone cluster with a PostgreSQL JDBC catalog: other configuration,
-same code."""
+"""The one query over several topics on a Spark standalone cluster with a PostgreSQL JDBC catalog: other
+configuration, same code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,8 +18,16 @@ from pyiceberg import types as it
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
+from bergstream.router.config import table_for_topic
 from tests.postgres import USER, postgres_server
-from tests.routers import archived_offsets, start_router, write_config
+from tests.routers import (
+    ROOT,
+    archived_offsets,
+    pattern_command,
+    produced_offsets,
+    start_command,
+    write_defaults,
+)
 from tests.services import Services
 from tests.spark_cluster import spark_cluster
 from tests.test_router import wait_for_line
@@ -31,30 +38,42 @@ pytestmark = pytest.mark.integration
 def test_archive_on_a_standalone_cluster_into_a_postgres_catalog(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
-    request = ProduceRequest(
-        topic=topic_name, schema="impression", count=2000, bad_fraction=0.02, encoding="avro"
-    )
-    report = produce(request, stack.bootstrap_servers, show_progress=False)
-
+    """The one query over two topics, its executors on the cluster's worker, its tables in PostgreSQL."""
+    prefix = topic_name[:40]
+    topics = [f"{prefix}.a", f"{prefix}.b"]
+    reports = {}
+    for topic, count in zip(topics, (2000, 700), strict=True):
+        request = ProduceRequest(
+            topic=topic, schema="impression", count=count, bad_fraction=0.02, encoding="avro", seed=count
+        )
+        reports[topic] = produce(request, stack.bootstrap_servers, show_progress=False)
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
     with postgres_server() as postgres, spark_cluster(tmp_path / "spark") as cluster:
         catalog = CatalogConfig(uri=postgres.jdbc_uri, warehouse=(tmp_path / "warehouse").as_uri(), user=USER)
+        defaults = write_defaults(
+            stack, tmp_path, schema="impression", encoding="avro",
+            catalog=catalog.model_dump(mode="json", exclude_none=True),
+            spark={"master": cluster.master_url, "conf": {
+                "spark.executor.memory": "1g", "spark.cores.max": "1", "spark.ui.enabled": "false"}},
+        )  # fmt: skip
         done = subprocess.run(
-            [sys.executable, "-m", "tests.jobs.archive_once", "--master", cluster.master_url,
-             "--catalog-uri", catalog.uri, "--catalog-user", USER, "--warehouse", catalog.warehouse,
-             "--bootstrap-servers", stack.bootstrap_servers, "--topic", topic_name, "--schema", "impression",
-             "--encoding", "avro", "--checkpoint", str(tmp_path / "checkpoint")],
-            capture_output=True, text=True, check=False, timeout=600, cwd=Path(__file__).parent.parent,
+            pattern_command(rf"{prefix}\..*", defaults, topics_dir, "--available-now", "--json"),
+            capture_output=True, text=True, check=False, timeout=600, cwd=ROOT,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        bad = sum(report.malformed.values())
-        assert (result["read"], result["archived"], result["dead_lettered"]) == (2000, 2000 - bad, bad)
+        totals = {topic["topic"]: topic for topic in json.loads(done.stdout)["topics"]}
         (application,) = cluster.state()["completedapps"]
-        assert application["name"] == f"archive-once-{topic_name}"
+        assert application["name"].startswith("bergstream-router-"), application["name"]
 
-        table = catalog.load().load_table(f"archive.{topic_name}")
-        assert isinstance(table.schema().find_type("__metadata__.kafka_ingestion_ts"), it.TimestamptzType)
-        assert table.scan().to_arrow().num_rows == result["archived"]
+        for topic, report in reports.items():
+            bad = sum(report.malformed.values())
+            read = report.sent
+            result = totals[topic]
+            assert (result["read"], result["archived"], result["dead_lettered"]) == (read, read - bad, bad)
+            table = catalog.load().load_table(f"archive.{table_for_topic(topic)}")
+            assert isinstance(table.schema().find_type("__metadata__.kafka_ingestion_ts"), it.TimestamptzType)
+            assert table.scan().to_arrow().num_rows == result["archived"]
 
 
 def active_stages(ui_port: int) -> int:
@@ -75,22 +94,31 @@ def active_stages(ui_port: int) -> int:
 def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
-    request = ProduceRequest(
-        topic=topic_name, schema="playback", count=10_000, bad_fraction=0.02, partitions=2
-    )
-    report = produce(request, stack.bootstrap_servers, show_progress=False)
-    expected = {(p, o) for p, (low, high) in report.offsets.items() for o in range(low, high + 1)}
+    """The one query over two topics on the cluster, its only executor killed while a batch's tasks run."""
+    prefix = topic_name[:40]
+    topics = [f"{prefix}.a", f"{prefix}.b"]
+    expected: dict[str, set[tuple[int, int]]] = {}
+    for n, topic in enumerate(topics):
+        request = ProduceRequest(
+            topic=topic, schema="playback", count=5000, bad_fraction=0.02, partitions=2, seed=n
+        )
+        expected[topic] = produced_offsets(
+            produce(request, stack.bootstrap_servers, show_progress=False).offsets
+        )
     (ui_port,) = free_ports(1)
     log = tmp_path / "router.log"
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
     with spark_cluster(tmp_path / "spark") as cluster:
-        config = write_config(
+        defaults = write_defaults(
             # Ten batches: after the first, enough are left to run tasks when the executor is killed.
-            stack, tmp_path, topic_name, max_offsets_per_trigger=1000,
+            stack, tmp_path, schema="playback", encoding="json", trigger_interval="1 second",
+            max_offsets_per_trigger=1000,
             spark={"master": cluster.master_url, "conf": {
                 "spark.ui.port": str(ui_port), "spark.executor.memory": "1g", "spark.cores.max": "1",
                 "spark.sql.shuffle.partitions": "2"}},
         )  # fmt: skip
-        router = start_router(topic_name, config, log)
+        router = start_command(pattern_command(rf"{prefix}\..*", defaults, topics_dir), log)
         try:
             wait_for_line(log, " batch 0: read ", count=1, timeout=180)
             deadline = time.monotonic() + 120
@@ -113,6 +141,7 @@ def test_an_executor_killed_mid_batch_loses_and_repeats_nothing(
     output = log.read_text()
     assert router.returncode == 0, output[-3000:]
     assert "Lost executor" in output or "ExecutorLostFailure" in output, "the kill did not hit a running task"
-    seen = archived_offsets(stack, topic_name)
-    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} offsets archived more than once"
-    assert set(seen) == expected, f"{len(expected - set(seen))} offsets lost"
+    for topic in topics:
+        seen = archived_offsets(stack, table_for_topic(topic))
+        assert len(seen) == len(set(seen)), f"{topic}: {len(seen) - len(set(seen))} offsets archived twice"
+        assert set(seen) == expected[topic], f"{topic}: {len(expected[topic] - set(seen))} offsets lost"

@@ -28,7 +28,14 @@ from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.positions import BatchRange
 from bergstream.schemas.spark_types import ddl_columns
-from tests.routers import ROOT, archived_offsets, committed_offsets, eventually, produced_offsets
+from tests.routers import (
+    ROOT,
+    archived_offsets,
+    committed_offsets,
+    eventually,
+    produced_offsets,
+    write_defaults,
+)
 from tests.services import Services
 
 
@@ -400,7 +407,7 @@ def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_wh
     (topics_dir / f"{good}.yaml").write_text(yaml.safe_dump({"schema": "playback", "encoding": "json"}))
     (topics_dir / f"{bad}.yaml").write_text(yaml.safe_dump({"schema": "no_such_schema", "encoding": "json"}))
     checkpoint = tmp_path / "checkpoint"
-    defaults = one_query_defaults(stack, tmp_path)
+    defaults = write_defaults(stack, tmp_path)
 
     def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
         return send_playback(stack, topic, count, seed)
@@ -449,7 +456,7 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     settings = {"schema": "playback", "encoding": "json"}
     (topics_dir / f"{first}.yaml").write_text(yaml.safe_dump(settings))
     kafka = {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"}
-    defaults = one_query_defaults(stack, tmp_path)
+    defaults = write_defaults(stack, tmp_path)
 
     def send(topic: str, count: int, seed: int) -> set[tuple[int, int]]:
         return send_playback(stack, topic, count, seed)
@@ -487,23 +494,6 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     assert joined not in json.loads(floors.read_text()), (
         "the floor goes once the topic's ranges start past it"
     )
-
-
-def one_query_defaults(stack: Services, tmp_path: Path) -> Path:
-    """The defaults file of an `--all` router over the stack, checkpointing to tmp_path/checkpoint
-    and reading each topic from its earliest offset."""
-    defaults = tmp_path / "defaults.yaml"
-    defaults.write_text(
-        yaml.safe_dump(
-            {
-                "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
-                "checkpoint_location": str(tmp_path / "checkpoint"),
-                "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
-                "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
-            }
-        )
-    )
-    return defaults
 
 
 def send_playback(stack: Services, topic: str, count: int, seed: int) -> set[tuple[int, int]]:
