@@ -31,7 +31,7 @@ find_python = $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null \
 WHEELS := $(or $(BERGSTREAM_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bergstream)/wheels
 PYSPARK_WHEEL := $(WHEELS)/pyspark-$(shell sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' constraints.txt)-py2.py3-none-any.whl
 
-.PHONY: setup demo demo-wheel test test-jvm test-image test-unit test-short test-pythons fresh-check lint lock lock-upgrade clean
+.PHONY: setup demo demo-wheel test test-jvm docs test-image test-unit test-short test-pythons fresh-check lint lock lock-upgrade clean
 
 # uv comes first, from the interpreter's pip: it installs the rest and compiles constraints.txt.
 $(BIN)/uv:
@@ -81,15 +81,21 @@ demo-wheel: setup
 
 # Two pytest processes, each with its broker and Spark session, a test module each at a time: the tests wait on
 # brokers, JVMs starting and queries much of the time, and on 2 cores two of them at once take a third less time
-# than one after the other (README, "Tests").
+# than one after the other (docs/tests.md).
 TEST_WORKERS ?= 2
-test: setup test-jvm
+test: setup test-jvm docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not image"
 
 # bergstream's Java, a Maven module per part (schemas, router, backfill), compiled and tested with JUnit against
 # the pinned Spark and Iceberg.
 test-jvm:
 	mvn -q -B -f core/src/bergstream/jvm/parts.xml test
+
+# The documentation site, docs/ as mkdocs.yml lays it out, built into site/: --strict fails on a link to a page
+# or a section that is not there (tests/test_docs.py checks the commands the pages show). Its output is shown
+# only when it fails: --quiet would hide the warnings from --strict too.
+docs: setup
+	@out=$$($(BIN)/mkdocs build --strict 2>&1) || { printf '%s\n' "$$out" >&2; exit 1; }
 
 # bergstream's image built from the Dockerfile and run: the demo inside it, and the compose stack's Spark
 # master and worker (tests/test_image.py). Needs a Docker engine, or Debian's docker.io to start one.
@@ -146,4 +152,4 @@ lock-upgrade: $(BIN)/uv
 	$(LOCK) --upgrade
 
 clean:
-	rm -rf .venv .venv-3.* .bergstream .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .venv .venv-3.* .bergstream .mypy_cache .ruff_cache .pytest_cache site
