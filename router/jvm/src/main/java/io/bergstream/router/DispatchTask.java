@@ -9,7 +9,6 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import org.apache.iceberg.DataFile;
-import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.PartitionKey;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.Table;
@@ -118,7 +117,7 @@ final class DispatchTask
 
   private OutputFileFactory files(Table table, int partition, long taskId) {
     return OutputFileFactory.builderFor(table, partition, taskId)
-        .format(FileFormat.PARQUET)
+        .format(TableFiles.format(table))
         .operationId(operation)
         .build();
   }
@@ -199,7 +198,7 @@ final class DispatchTask
     PartitionSpec spec = table.spec();
     PartitionKey key = new PartitionKey(spec, table.schema());
     FanoutDataWriter<InternalRow> writer =
-        new FanoutDataWriter<>(new ParquetRows(table, type), files, table.io(), targetSize);
+        new FanoutDataWriter<>(new TableFiles(table, type), files, table.io(), targetSize);
     try {
       for (InternalRow row : rows) {
         long micros = row.getStruct(metadata, fields).getLong(ingestion);

@@ -13,8 +13,10 @@ import org.apache.iceberg.AppendFiles;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.PartitionField;
 import org.apache.iceberg.SerializableTable;
+import org.apache.iceberg.SortDirection;
+import org.apache.iceberg.SortField;
+import org.apache.iceberg.SortOrder;
 import org.apache.iceberg.Table;
-import org.apache.iceberg.parquet.Parquet;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
@@ -37,9 +39,10 @@ import org.apache.spark.sql.types.StructType;
  * bound how many topics a driver keeps up with. Here each topic's rows come as a frame of two structs,
  * {@code a} (the archive row, in the archive table's column order) and {@code d} (the dead letter, in the
  * dead-letter table's), exactly one of them set per record; every frame's partitions are tasks of the
- * same job. A task writes the archive rows and the dead letters of its part of one topic into Parquet
- * files of their tables' hours, sorted by ingestion time (the tables' order), with Iceberg's own Parquet
- * writer (more files when its rows pass its buffer, {@link #taskBufferBytes}), and counts what it read per
+ * same job. A task writes the archive rows and the dead letters of its part of one topic into data files
+ * of their tables' hours, sorted by ingestion time (the tables' order), with the file writers Spark's own
+ * Iceberg writer uses ({@link TableFiles}: the table's format, properties, metrics and schema; more files
+ * when its rows pass its buffer, {@link #taskBufferBytes}), and counts what it read per
  * Kafka partition. The driver then appends each table's files with
  * the batch's snapshot properties: the archive table before the dead-letter table, as the router of one
  * topic does.
@@ -154,9 +157,12 @@ public final class TopicTables {
       Table deadLetter = load(spark, deadLetters.get(i));
       archiveTables.add(archive);
       deadLetterTables.add(deadLetter);
-      String refused = unwritable(archive, archives.get(i), rows.get(i).archiveType());
+      RowLayout layout = rows.get(i).layout();
+      String refused =
+          unwritable(archive, archives.get(i), rows.get(i).archiveType(), layout.archiveMetadata, layout);
       if (refused == null) {
-        refused = unwritable(deadLetter, deadLetters.get(i), rows.get(i).deadLetterType());
+        refused = unwritable(
+            deadLetter, deadLetters.get(i), rows.get(i).deadLetterType(), layout.deadLetterMetadata, layout);
       }
       if (refused == null && archive != null) {
         // Another router of the topic: nothing is written, and the router stops (bergstream.router.archiver).
@@ -269,10 +275,12 @@ public final class TopicTables {
 
   /**
    * Why this writer cannot write {@code rows} to {@code table}; null when it can: the table is partitioned
-   * by the hour of the ingestion time alone, as bergstream makes it, and has the rows' columns in their
-   * order.
+   * by the hour of the ingestion time alone, as bergstream makes it, has the rows' columns in their order,
+   * and is unsorted or sorted by the ingestion time alone, ascending (the order this writer gives each file;
+   * another would be recorded in the files' metadata and not be true of them).
    */
-  private static String unwritable(Table table, String name, StructType rows) {
+  private static String unwritable(
+      Table table, String name, StructType rows, int metadata, RowLayout layout) {
     if (table == null) {
       return null;
     }
@@ -283,6 +291,25 @@ public final class TopicTables {
     StructType expected = SparkSchemaUtil.convert(table.schema());
     if (!sameNames(expected, rows)) {
       return name + "'s columns are " + expected.simpleString() + ", the rows' " + rows.simpleString();
+    }
+    SortOrder order = table.sortOrder();
+    if (order.isSorted()) {
+      StructType stamps = (StructType) rows.fields()[metadata].dataType();
+      String ingestion = rows.fields()[metadata].name() + "." + stamps.fields()[layout.ingestion].name();
+      SortField first = order.fields().get(0);
+      boolean byIngestion = order.fields().size() == 1
+          && first.transform().isIdentity()
+          && first.direction() == SortDirection.ASC
+          && ingestion.equals(table.schema().findColumnName(first.sourceId()));
+      if (!byIngestion) {
+        List<String> keys = new ArrayList<>();
+        for (SortField field : order.fields()) {
+          String column = table.schema().findColumnName(field.sourceId());
+          keys.add((field.transform().isIdentity() ? column : field.transform() + "(" + column + ")") + " "
+              + field.direction());
+        }
+        return name + " is sorted by " + String.join(", ", keys) + ", not by " + ingestion + " alone";
+      }
     }
     return null;
   }
