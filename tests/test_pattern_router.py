@@ -22,7 +22,12 @@ from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
-from bergstream.router.driver.settings import load_pattern_settings, pattern_name
+from bergstream.router.driver.settings import (
+    load_pattern_settings,
+    pattern_name,
+    pattern_queries,
+    pattern_topic_settings,
+)
 from bergstream.router.positions import _first_start, may_hold_records
 from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
@@ -33,6 +38,7 @@ from tests.routers import (
     archived_offsets,
     committed_offsets,
     eventually,
+    pattern_command,
     produced_offsets,
     write_defaults,
 )
@@ -79,6 +85,56 @@ def test_the_query_settings_are_refused_with_what_to_fix(tmp_path: Path) -> None
         load_pattern_settings("orders.*", "orders", tmp_path / "missing.yaml", endpoints, {})
     config = load_pattern_settings("orders.*", pattern_name("orders.*"), None, endpoints, {})
     assert config.name.startswith("pattern-") and config.regex.fullmatch("orders-eu")
+
+
+def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_of_them(
+    tmp_path: Path,
+) -> None:
+    endpoints = {
+        "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
+        "catalog": {"uri": f"jdbc:sqlite:{tmp_path}/catalog.db", "warehouse": str(tmp_path / "warehouse")},
+        "checkpoint_location": str(tmp_path / "checkpoint"),
+    }
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text(
+        yaml.safe_dump({"schema": "playback", "encoding": "json", "trigger_interval": "1 second"})
+    )
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    files = {
+        "orders.slow": {"trigger_interval": "10 seconds"},
+        "orders.slower": {"trigger_interval": "10 seconds"},
+        "orders.capped": {"max_offsets_per_trigger": 500},
+        "orders.same": {"trigger_interval": "1 second"},
+        "orders.broken": {"trigger_interval": "often"},  # dead-lettered whole by the pattern's query
+        "payments.slow": {"trigger_interval": "10 seconds"},  # not matched
+    }
+    for topic, settings in files.items():
+        (topics_dir / f"{topic}.yaml").write_text(yaml.safe_dump(settings))
+    config = load_pattern_settings(r"orders\..*", "orders", defaults, endpoints, {})
+    sources = (defaults, topics_dir, lambda topic: endpoints, {})
+    queries = pattern_queries(config, topics_dir, pattern_topic_settings(config, *sources))
+    *own, pattern = queries
+    assert sorted(query.topics or () for query in own) == [
+        ("orders.capped",),
+        ("orders.slow", "orders.slower"),
+    ]
+    assert all(query.pattern is None and query.name.startswith("orders-") for query in own)
+    slow = next(query for query in own if "orders.slow" in (query.topics or ()))
+    assert str(slow.trigger_interval) != str(config.trigger_interval)
+    assert Path(slow.checkpoint_location).parent == Path(config.checkpoint_location).parent
+    assert slow.checkpoint_location != config.checkpoint_location
+    # The pattern's query reads every other matching topic, those created later too, under its own name.
+    assert pattern.name == "orders" and pattern.checkpoint_location == config.checkpoint_location
+    for topic in ("orders.same", "orders.broken", "orders.new"):
+        assert pattern.regex.fullmatch(topic), topic
+    for topic in ("orders.slow", "orders.slower", "orders.capped", "payments.slow"):
+        assert not pattern.regex.fullmatch(topic), topic
+    assert pattern.regex.fullmatch("orders.slow2")  # excluded by whole name only
+    # Each topic's commits and floors are kept beside its own query's checkpoint.
+    load = pattern_topic_settings(config, *sources, queries)
+    assert load("orders.slow").checkpoint_location == slow.checkpoint_location
+    assert load("orders.same").checkpoint_location == config.checkpoint_location
 
 
 def metric(text: str, name: str, topic: str) -> float:
@@ -494,6 +550,46 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
     assert joined not in json.loads(floors.read_text()), (
         "the floor goes once the topic's ranges start past it"
     )
+
+
+@pytest.mark.integration
+def test_a_topic_moved_into_a_query_of_its_own_settings_and_back_is_archived_once(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """A matching topic whose file comes to set another trigger runs in a query of its own from the next
+    start, resuming where its tables end; its file's setting gone, it is back in the pattern's query, whose
+    checkpoint still holds where it was read up to before it left: every offset once."""
+    prefix = topic_name[:40]
+    stays, moves = f"{prefix}.stays", f"{prefix}.moves"
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", trigger_interval="1 second"
+    )
+    command = pattern_command(rf"{prefix}\..*", defaults, topics_dir, "--available-now", "--json")
+
+    def run() -> str:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    sent = {stays: send_playback(stack, stays, 100, 1), moves: send_playback(stack, moves, 120, 2)}
+    run()
+    (topics_dir / f"{moves}.yaml").write_text(yaml.safe_dump({"trigger_interval": "2 seconds"}))
+    sent[moves] |= send_playback(stack, moves, 50, 3)
+    sent[stays] |= send_playback(stack, stays, 10, 4)
+    log = run()
+    assert f"{moves} run in a query of their own" in log and "trigger_interval 2 seconds" in log, log[-3000:]
+    # The pattern's query keeps its checkpoint; the topic's own query checkpoints beside it.
+    own = [path.name for path in tmp_path.iterdir() if path.name.startswith("pattern-")]
+    assert len(own) == 1 and (tmp_path / "checkpoint").is_dir(), own
+    (topics_dir / f"{moves}.yaml").unlink()
+    sent[moves] |= send_playback(stack, moves, 30, 5)
+    run()
+    for topic in (stays, moves):
+        rows = archived_offsets(stack, table_for_topic(topic))
+        assert len(rows) == len(set(rows)), f"{topic}: {len(rows) - len(set(rows))} offsets archived twice"
+        assert set(rows) == sent[topic], f"{topic}: {len(sent[topic] - set(rows))} offsets lost"
 
 
 def send_playback(stack: Services, topic: str, count: int, seed: int) -> set[tuple[int, int]]:

@@ -245,10 +245,16 @@ def run_pattern(
     spark_conf: tuple[str, ...],
     data_dir: Path | None,
 ) -> list[TopicOutcome]:
-    """`router run --pattern`: one query for every matching topic."""
+    """`router run --pattern`: one query for every matching topic, but those whose own files set another
+    trigger or rate limit (a query per set of them)."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.driver.launch import launch_pattern
-    from bergstream.router.driver.settings import load_pattern_settings, pattern_name, pattern_topic_settings
+    from bergstream.router.driver.settings import (
+        load_pattern_settings,
+        pattern_name,
+        pattern_queries,
+        pattern_topic_settings,
+    )
     from bergstream.site import site_topic_defaults
 
     endpoints = Endpoints.resolve(data_dir)
@@ -263,8 +269,11 @@ def run_pattern(
         "spark": spark_overrides(spark_conf),
         "maintenance": None if maintain_every is None else {"every": maintain_every},
     }
-    load = pattern_topic_settings(settings, defaults, topics_dir, endpoints.router_defaults, overrides)
-    return launch_pattern(settings, load, available_now)
+    # Topics whose own files set another trigger or rate limit run in queries of their own.
+    sources = (defaults, topics_dir, endpoints.router_defaults, overrides)
+    queries = pattern_queries(settings, topics_dir, pattern_topic_settings(settings, *sources))
+    load = pattern_topic_settings(settings, *sources, queries)
+    return launch_pattern(settings, load, available_now, queries=queries)
 
 
 @router.command("maintain")

@@ -3,7 +3,7 @@
 The settings of the topics loaded and checked before Spark takes its time to start (the catalog answers,
 the router's user may read each named topic and commit its group), the metrics served, one SparkSession,
 and a `Driver` running the topics' queries: one for `--topic T`, one per set of query-level settings for
-several topics and `--all`, one for `--pattern`.
+several topics, `--all` and `--pattern`.
 """
 
 from __future__ import annotations
@@ -131,9 +131,11 @@ def launch_pattern(
     load: Callable[[str], RouterConfig],
     available_now: bool = False,
     spark: SparkSession | None = None,
+    queries: list[DriverSettings] | None = None,
 ) -> list[TopicOutcome]:
     """Run the query of every topic `settings.pattern` matches until stopped (or, with available_now, until
-    it archived what they hold). A topic dead-lettered whole is reported as failed, with why."""
+    it archived what they hold); `queries` (settings.pattern_queries) when some topics run in queries of
+    their own. A topic dead-lettered whole is reported as failed, with why."""
     settings.catalog.check_reachable()
     metrics = RouterMetrics(settings.pattern or settings.name)
     if settings.metrics_port is not None:
@@ -146,7 +148,7 @@ def launch_pattern(
         conf={**SPARK_PROMETHEUS_CONF, **MANY_TOPICS_SPARK_CONF, **settings.spark.conf},
     )  # fmt: skip
     try:
-        return Driver([settings], load, session, metrics, None, strict=False).run(available_now)
+        return Driver(queries or [settings], load, session, metrics, None, strict=False).run(available_now)
     finally:
         if spark is None:
             session.stop()

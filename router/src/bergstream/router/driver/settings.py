@@ -9,7 +9,11 @@ Where they come from:
   query-level settings (`QUERY_KEYS`) share a query, named after the group (`--group`, `all` for `--all`,
   else from the topics' names), its checkpoint beside the first topic's;
 - `--pattern`: from the defaults file (`--defaults`, or the site's `topic_defaults`) over the endpoints;
-  each matching topic's own file, where it has one, sets its topic-level settings alone.
+  each matching topic's own file, where it has one, sets its topic-level settings. A file that sets another
+  trigger or rate limit than the defaults puts its topic in a query of its own settings (one per set of
+  them, `pattern_queries`), named after the pattern's query and checkpointed beside it; the pattern's query
+  reads the other matching topics. Which files do is read at start: a file changed later takes effect at
+  the router's next start.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from bergstream.router.config import (
     load_router_config,
     topic_file,
 )
+from bergstream.router.config import topics_dir as topics_dir_of
 from bergstream.settings_file import merge, problems, read_mapping, without_none
 
 log = logging.getLogger("bergstream.router.driver")
@@ -48,6 +53,9 @@ class DriverSettings(QuerySettings):
 
     name: str
     pattern: str | None = None
+    # Topics the pattern matches that other queries of the driver read (their files set other query-level
+    # settings).
+    excluded: tuple[str, ...] = ()
     topics: tuple[str, ...] | None = None
     # How many topics of one batch are appended at once; unset, the driver's cores.
     parallel_topics: int | None = Field(default=None, gt=0)
@@ -80,6 +88,10 @@ class DriverSettings(QuerySettings):
     @property
     def regex(self) -> re.Pattern[str]:
         """The whole names the query reads: its pattern, or its topics'."""
+        if self.pattern is not None and self.excluded:
+            others = "|".join(re.escape(topic) for topic in self.excluded)
+            # Java's regular expressions (Kafka's subscription) read this as Python's do.
+            return re.compile(f"(?!(?:{others})$)(?:{self.pattern})")
         if self.pattern is not None:
             return re.compile(self.pattern)
         return re.compile("|".join(re.escape(topic) for topic in self.topics or ()))
@@ -88,7 +100,8 @@ class DriverSettings(QuerySettings):
     def subscription(self) -> str:
         """What the query describes itself by in its logs."""
         if self.pattern is not None:
-            return f"the topics matching {self.pattern!r}"
+            others = f" but {', '.join(self.excluded)}" if self.excluded else ""
+            return f"the topics matching {self.pattern!r}{others}"
         topics = self.topics or ()
         return f"topic {topics[0]}" if len(topics) == 1 else f"{len(topics)} topics ({', '.join(topics)})"
 
@@ -209,19 +222,28 @@ def topic_settings(
     return load_router_config(topic, path, under, overrides)
 
 
+# The query-level settings that a topic's own file may set under --pattern: a topic whose file sets others
+# than the defaults runs in a query of its own settings.
+PATTERN_QUERY_KEYS = ("trigger_interval", "max_offsets_per_trigger")
+
+
 def pattern_topic_settings(
     config: DriverSettings,
     defaults_file: Path | None,
     topics_dir: Path | None,
     endpoints: Callable[[str], dict[str, Any]],
     overrides: dict[str, Any],
+    queries: list[DriverSettings] | None = None,
 ) -> Callable[[str], RouterConfig]:
     """Reads a matching topic's settings: its own file over `defaults_file` over `endpoints(topic)`, or the
-    defaults file alone; the query's checkpoint and cluster are the topic's."""
+    defaults file alone; the cluster is the pattern's, the checkpoint that of the query of `queries` that
+    reads the topic (the pattern's when none names it)."""
     warned: set[str] = set()
+    owner = {topic: query for query in queries or () for topic in query.topics or ()}
 
     def load(topic: str) -> RouterConfig:
-        forced = {"checkpoint_location": config.checkpoint_location, "cluster": config.cluster}
+        query = owner.get(topic, config)
+        forced = {"checkpoint_location": query.checkpoint_location, "cluster": config.cluster}
         settings = topic_settings(topic, defaults_file, topics_dir, endpoints, {**overrides, **forced})
         path = topic_file(topic, topics_dir) if topic_file(topic, topics_dir).is_file() else defaults_file
         if settings.catalog != config.catalog:
@@ -229,14 +251,53 @@ def pattern_topic_settings(
                 f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "
                 "topics of one query share their catalog"
             )
-        ignored = [key for key in ("trigger_interval", "max_offsets_per_trigger")
-                   if getattr(settings, key) != getattr(config, key)]  # fmt: skip
-        if ignored and topic not in warned:
+        ignored = [key for key in PATTERN_QUERY_KEYS if getattr(settings, key) != getattr(query, key)]
+        if ignored and queries is not None and topic not in warned:
             warned.add(topic)
             log.warning(
-                "topic %s: %s sets %s, which the query of %r takes from its defaults alone", topic, path,
-                " and ".join(ignored), config.pattern,
+                "topic %s: %s sets %s, which the query of %r takes from its defaults until the router's next "
+                "start puts the topic in a query of its own", topic, path, " and ".join(ignored),
+                config.pattern,
             )  # fmt: skip
         return settings
 
     return load
+
+
+def pattern_queries(
+    config: DriverSettings, topics_dir: Path | None, load: Callable[[str], RouterConfig]
+) -> list[DriverSettings]:
+    """The queries of a pattern's router: one per set of query-level settings (PATTERN_QUERY_KEYS) that the
+    matching topics' own files in `topics_dir` set other than the defaults, named after the pattern's query
+    (its name and a digest of the settings) and checkpointed beside it; then the pattern's, reading every
+    other matching topic, those created later too. `load` reads a topic's settings; a file that does not
+    load leaves its topic to the pattern's query, which dead-letters it whole with why."""
+    own: dict[tuple[Any, ...], list[str]] = {}
+    for path in sorted(topics_dir_of(topics_dir).glob("*.yaml")):
+        topic = path.stem
+        if not re.fullmatch(config.pattern or "", topic):
+            continue
+        try:
+            settings = load(topic)
+        except ConfigError:
+            continue
+        values = tuple(getattr(settings, key) for key in PATTERN_QUERY_KEYS)
+        if values != tuple(getattr(config, key) for key in PATTERN_QUERY_KEYS):
+            own.setdefault(values, []).append(topic)
+    queries = []
+    for values, topics in own.items():
+        digest = hashlib.sha256(repr(values).encode()).hexdigest()[:8]
+        name = f"{config.name}-{digest}"
+        own_settings = dict(zip(PATTERN_QUERY_KEYS, values, strict=True))
+        log.info(
+            "%s run in a query of their own (%s): their files set %s", ", ".join(topics), name,
+            ", ".join(f"{key} {value}" for key, value in own_settings.items()),
+        )  # fmt: skip
+        queries.append(
+            config.model_copy(
+                update={"name": name, "pattern": None, "topics": tuple(topics),
+                        "checkpoint_location": sibling(config.checkpoint_location, name), **own_settings}
+            )
+        )  # fmt: skip
+    excluded = tuple(topic for query in queries for topic in query.topics or ())
+    return [*queries, config.model_copy(update={"excluded": excluded})]
