@@ -4,6 +4,7 @@ created, described, bounded in their metadata, and evolved to the event's schema
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
@@ -60,6 +61,14 @@ class ArchiveTables:
     def evolve(self, layout: ArchiveLayout) -> None:
         """Add the columns of a newer event schema to the archive table."""
         evolve_table(self.spark, self.config.catalog.table_identifier(layout.table), layout)
+
+    def columns(self, layout: ArchiveLayout) -> tuple[T.StructType, T.StructType]:
+        """The archive table's columns and the dead-letter table's, as they are now: a table made by other
+        hands, or evolved since, may hold them in another order than the rows are made in."""
+        catalog = self.config.catalog
+        tables = (layout.table, layout.dead_letter_table)
+        schemas = [self.spark.table(catalog.table_identifier(table)).schema for table in tables]
+        return schemas[0], schemas[1]
 
     def writers(self, layout: ArchiveLayout, query_id: str) -> tuple[BatchTableWriter, BatchTableWriter]:
         """The archive table's writer and the dead-letter table's, each idempotent per (query, batch)."""

@@ -217,7 +217,9 @@ class BatchArchiver:
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
         if self._rows_plan is None or self._rows_plan[0] is not self.splitter:
             template = records.sparkSession.createDataFrame([], records.schema)
-            plan = rows_plan(self.splitter.combined_rows(self.splitter.stamp(template)))
+            # In the tables' column order, which may not be the rows' (a table evolved or made by others).
+            columns = self.tables.columns(self.layout)
+            plan = rows_plan(self.splitter.combined_rows(self.splitter.stamp(template), columns))
             self._rows_plan = (self.splitter, plan)
         return self._rows_plan[1]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from bergstream.schemas.archive import METADATA, REDRIVE_ID, REDRIVEN_AT, ArchiveLayout
 from bergstream.schemas.event_schema import Encoding
@@ -59,16 +60,51 @@ class RecordSplitter:
         counted = stamped.observe(observation, F.count(F.when(~self.valid, 1)).alias(DEAD_LETTERED))
         return counted.where(~self.valid).select(*self.dead_letter_columns)
 
-    def combined_rows(self, stamped: DataFrame) -> DataFrame:
+    def combined_rows(
+        self, stamped: DataFrame, tables: tuple[T.StructType, T.StructType] | None = None
+    ) -> DataFrame:
         """Each stamped record as one of two structs: `a`, its archive row, when it parsed, else `d`, its
         dead letter, with every column of the dead-letter table; for a write of both tables in one pass
-        (router/together.py)."""
+        (router/together.py). `tables`: the archive table's and the dead-letter table's columns, which
+        each row then follows (in_table_order)."""
+        archive = F.struct(*self.archive_columns)
         dead_letter = F.struct(
             *self.dead_letter_columns,
             F.lit(None).cast("timestamp").alias(REDRIVEN_AT),
             F.lit(None).cast("string").alias(REDRIVE_ID),
         )
+        if tables is not None:
+            have = stamped.select(archive.alias("a"), dead_letter.alias("d")).schema
+            archive = in_table_order(archive, have["a"].dataType, tables[0])
+            dead_letter = in_table_order(dead_letter, have["d"].dataType, tables[1])
         return stamped.select(
-            F.when(self.valid, F.struct(*self.archive_columns)).alias("a"),
+            F.when(self.valid, archive).alias("a"),
             F.when(~self.valid, dead_letter).alias("d"),
         )
+
+
+def in_table_order(column: Column, have: T.DataType, want: T.DataType) -> Column:
+    """`column`, a struct of type `have`, as a row of a table of columns `want`: its fields, nested ones
+    too, by name in the table's order, and a column the table has and the row lacks (a field the event
+    schema dropped) null. As it is where the orders agree already, and where the row holds a field the table
+    lacks (the writer then refuses it, naming both)."""
+    if not isinstance(have, T.StructType) or not isinstance(want, T.StructType) or _same_order(have, want):
+        return column
+    fields = {field.name: field.dataType for field in have.fields}
+    if not set(fields) <= set(want.names):
+        return column
+    parts = [
+        in_table_order(column.getField(field.name), fields[field.name], field.dataType).alias(field.name)
+        if field.name in fields
+        else F.lit(None).cast(field.dataType).alias(field.name)
+        for field in want.fields
+    ]
+    return F.when(column.isNotNull(), F.struct(*parts))
+
+
+def _same_order(have: T.DataType, want: T.DataType) -> bool:
+    if isinstance(have, T.StructType) and isinstance(want, T.StructType):
+        return have.names == want.names and all(
+            _same_order(a.dataType, b.dataType) for a, b in zip(have.fields, want.fields, strict=True)
+        )
+    return True

@@ -197,18 +197,37 @@ final class DispatchTask
             TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT);
     PartitionSpec spec = table.spec();
     PartitionKey key = new PartitionKey(spec, table.schema());
+    // The tables bergstream makes: the hour of the ingestion time, read straight from the row. Any other
+    // spec: its transforms of the row's values, as Spark's writer computes them.
+    boolean byIngestionHour = byIngestionHour(spec, table, type, metadata, layout);
+    RowStruct view = byIngestionHour ? null : new RowStruct(table.schema().asStruct());
     FanoutDataWriter<InternalRow> writer =
         new FanoutDataWriter<>(new TableFiles(table, type), files, table.io(), targetSize);
     try {
       for (InternalRow row : rows) {
-        long micros = row.getStruct(metadata, fields).getLong(ingestion);
-        key.set(0, (int) Math.floorDiv(micros, TopicTables.MICROS_PER_HOUR));
+        if (byIngestionHour) {
+          long micros = row.getStruct(metadata, fields).getLong(ingestion);
+          key.set(0, (int) Math.floorDiv(micros, TopicTables.MICROS_PER_HOUR));
+        } else {
+          key.partition(view.wrap(row));
+        }
         writer.write(row, spec, key);
       }
     } finally {
       writer.close();
     }
     return writer.result().dataFiles();
+  }
+
+  /** Whether {@code spec} is the hour of the rows' ingestion time alone, as bergstream makes its tables. */
+  static boolean byIngestionHour(
+      PartitionSpec spec, Table table, StructType type, int metadata, RowLayout layout) {
+    if (spec.fields().size() != 1 || !spec.fields().get(0).transform().toString().equals("hour")) {
+      return false;
+    }
+    StructType stamps = (StructType) type.fields()[metadata].dataType();
+    String ingestion = type.fields()[metadata].name() + "." + stamps.fields()[layout.ingestion].name();
+    return ingestion.equals(table.schema().findColumnName(spec.fields().get(0).sourceId()));
   }
 }
 

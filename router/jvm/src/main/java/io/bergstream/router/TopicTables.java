@@ -11,7 +11,6 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import org.apache.iceberg.AppendFiles;
 import org.apache.iceberg.DataFile;
-import org.apache.iceberg.PartitionField;
 import org.apache.iceberg.SerializableTable;
 import org.apache.iceberg.SortDirection;
 import org.apache.iceberg.SortField;
@@ -274,19 +273,15 @@ public final class TopicTables {
   }
 
   /**
-   * Why this writer cannot write {@code rows} to {@code table}; null when it can: the table is partitioned
-   * by the hour of the ingestion time alone, as bergstream makes it, has the rows' columns in their order,
-   * and is unsorted or sorted by the ingestion time alone, ascending (the order this writer gives each file;
-   * another would be recorded in the files' metadata and not be true of them).
+   * Why this writer cannot write {@code rows} to {@code table}; null when it can: the table has the rows'
+   * columns in their order (the rows are made in the table's order: bergstream.router.transform), and is
+   * unsorted or sorted by the ingestion time alone, ascending (the order this writer gives each file;
+   * another would be recorded in the files' metadata and not be true of them). Any partition spec.
    */
   private static String unwritable(
       Table table, String name, StructType rows, int metadata, RowLayout layout) {
     if (table == null) {
       return null;
-    }
-    List<PartitionField> fields = table.spec().fields();
-    if (fields.size() != 1 || !fields.get(0).transform().toString().equals("hour")) {
-      return name + " is not partitioned by the hour of its ingestion time alone";
     }
     StructType expected = SparkSchemaUtil.convert(table.schema());
     if (!sameNames(expected, rows)) {

@@ -24,6 +24,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.FileScanTask;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.expressions.Expressions;
 import org.apache.iceberg.io.CloseableIterable;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.parquet.hadoop.ParquetFileReader;
@@ -36,12 +37,12 @@ import org.apache.spark.sql.Row;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.params.ParameterizedTest;
-import org.junit.jupiter.params.provider.ValueSource;
+import org.junit.jupiter.params.provider.CsvSource;
 
 /**
  * The one writer's files against Spark's Iceberg writer's, for the same rows into tables made alike: a schema
  * evolved since the table was made (its columns' ids are not their positions), a format version, a file
- * format, a compression codec, a metrics config and a write location of the table's own. The files must
+ * format, a compression codec, a metrics config, a write location and a partition spec of the table's own. The files must
  * agree in where they are, their format, their schema, their codec, their metrics, their sort order and
  * their rows, file by file and in order.
  */
@@ -77,13 +78,32 @@ class SparkWriterParityTest {
     Spark3Util.loadIcebergTable(spark, table).replaceSortOrder().asc("__metadata__.kafka_ingestion_ts").commit();
   }
 
+  /**
+   * The table's partition spec evolved from the hour of the ingestion time to the day, a bucket of the
+   * title and the Kafka partition.
+   */
+  static void partitionOtherwise(String name) throws Exception {
+    Spark3Util.loadIcebergTable(spark, "t.ns." + name)
+        .updateSpec()
+        .removeField("__metadata__.kafka_ingestion_ts_hour")
+        .addField(Expressions.day("__metadata__.kafka_ingestion_ts"))
+        .addField(Expressions.bucket("title", 2))
+        .addField("__metadata__.partition")
+        .commit();
+  }
+
   @ParameterizedTest
-  @ValueSource(strings = {"parquet", "orc", "avro"})
-  void theOneWritersFilesAreSparksWritersFilesForTheSameRows(String format) throws Exception {
-    String ours = "ours_" + format;
-    String theirs = "spark_" + format;
+  @CsvSource({"parquet,hour", "orc,hour", "avro,hour", "parquet,other", "orc,other"})
+  void theOneWritersFilesAreSparksWritersFilesForTheSameRows(String format, String partitioning)
+      throws Exception {
+    String ours = "ours_" + format + "_" + partitioning;
+    String theirs = "spark_" + format + "_" + partitioning;
     createArchive(ours, format);
     createArchive(theirs, format);
+    if (partitioning.equals("other")) {
+      partitionOtherwise(ours);
+      partitionOtherwise(theirs);
+    }
     spark.sql("CREATE TABLE t.ns." + ours + "__dlq (raw_value binary, error string, __metadata__ " + METADATA
         + ", redriven_at timestamp) USING iceberg PARTITIONED BY (hours(__metadata__.kafka_ingestion_ts))");
     // Out of ingestion order, over three hours, in one task (Spark's writer then makes a file per hour too).
@@ -110,18 +130,19 @@ class SparkWriterParityTest {
         .writeTo("t.ns." + theirs)
         .append();
 
-    Map<Integer, DataFile> ourFiles = filesByHour("t.ns." + ours);
-    Map<Integer, DataFile> theirFiles = filesByHour("t.ns." + theirs);
-    assertEquals(theirFiles.keySet(), ourFiles.keySet(), "a file per hour");
-    assertEquals(3, ourFiles.size());
+    Map<String, DataFile> ourFiles = filesByPartition("t.ns." + ours);
+    Map<String, DataFile> theirFiles = filesByPartition("t.ns." + theirs);
+    assertEquals(theirFiles.keySet(), ourFiles.keySet(), "a file per partition");
+    assertTrue(ourFiles.size() >= 3, ourFiles.keySet().toString());
     Table table = Spark3Util.loadIcebergTable(spark, "t.ns." + ours);
     int title = table.schema().findField("title").fieldId();
     int offset = table.schema().findField("__metadata__.offset").fieldId();
     assertTrue(title > offset, "the title was added after the metadata: its id is not its position");
-    for (int hour : ourFiles.keySet()) {
-      DataFile mine = ourFiles.get(hour);
-      DataFile spark = theirFiles.get(hour);
-      String where = format + " hour " + hour + ": ";
+    for (String partition : ourFiles.keySet()) {
+      DataFile mine = ourFiles.get(partition);
+      DataFile spark = theirFiles.get(partition);
+      String where = format + " " + partition + ": ";
+      assertEquals(spark.specId(), mine.specId(), where + "spec");
       assertTrue(mine.location().contains(TopicWriterTest.warehouse + "/elsewhere/" + ours + "/"),
           where + mine.location());
       assertTrue(spark.location().contains(TopicWriterTest.warehouse + "/elsewhere/" + theirs + "/"),
@@ -176,16 +197,20 @@ class SparkWriterParityTest {
     return bounds == null ? java.util.Set.of() : bounds.keySet();
   }
 
-  /** The table's data files by the hour of their partition. */
-  static Map<Integer, DataFile> filesByHour(String name) throws Exception {
+  /** The table's data files by their partition's values. */
+  static Map<String, DataFile> filesByPartition(String name) throws Exception {
     Table table = Spark3Util.loadIcebergTable(spark, name);
     table.refresh();
-    Map<Integer, DataFile> files = new TreeMap<>();
+    Map<String, DataFile> files = new TreeMap<>();
     try (CloseableIterable<FileScanTask> tasks = table.newScan().includeColumnStats().planFiles()) {
       for (FileScanTask task : tasks) {
         DataFile file = task.file();
-        DataFile before = files.put(file.partition().get(0, Integer.class), file.copy());
-        assertEquals(null, before, name + ": one file an hour");
+        List<Object> values = new ArrayList<>();
+        for (int i = 0; i < file.partition().size(); i++) {
+          values.add(file.partition().get(i, Object.class));
+        }
+        DataFile before = files.put(values.toString(), file.copy());
+        assertEquals(null, before, name + ": one file a partition");
       }
     }
     return files;
