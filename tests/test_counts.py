@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import Observation
 
 from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.router.batch_counts import BatchCounts, count_batch, from_observation, observed_columns
 from bergstream.router.config import RouterConfig
-from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from tests.services import Services

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from bergstream.backfill.read.handover import Handover, archive_window, newest_handover
 from bergstream.backfill.read.order import BoundedOrder, selected
 from bergstream.backfill.read.split import HOUR, Split
-from bergstream.schemas.positions import BatchRange, Origin
+from bergstream.schemas.batch_range import BatchRange, Origin
 
 TABLE = "bergstream.archive.plays"
 TOPIC = "plays"

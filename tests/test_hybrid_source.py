@@ -28,7 +28,7 @@ from bergstream.kafka_topics import ensure_topic
 from bergstream.loadgen.events import EventModel
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
-from bergstream.router.positions import newest_recorded
+from bergstream.router.recorded_positions import newest_recorded
 from bergstream.schemas.event_schema import load_event_schema
 from tests.services import Services
 

@@ -93,7 +93,7 @@ def test_two_routers_committing_the_same_offsets_at_once_each_find_the_other_aft
 ) -> None:
     """Neither saw the other before its append: looking again past its own commit, each finds the other's."""
     from bergstream.router.write import BatchTableWriter
-    from bergstream.schemas.positions import BatchRange, Origin
+    from bergstream.schemas.batch_range import BatchRange, Origin
 
     fill(stack, "raced", 20, seed=3)
     archive_available_now(spark, router(stack, "raced", tmp_path / "raced"))

@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
-from bergstream.router.counts import observed_columns
+from bergstream.router.batch_counts import observed_columns
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import ArchiveLayout, load_event_schema, wire
 from bergstream.schemas.event_schema import Encoding

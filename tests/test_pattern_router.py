@@ -28,10 +28,10 @@ from bergstream.router.driver.settings import (
     pattern_queries,
     pattern_topic_settings,
 )
-from bergstream.router.positions import _first_start, may_hold_records
+from bergstream.router.offset_log import _first_start, may_hold_records
 from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
+from bergstream.schemas.batch_range import BatchRange
 from bergstream.schemas.event_schema import load_event_schema
-from bergstream.schemas.positions import BatchRange
 from bergstream.schemas.spark_types import ddl_columns
 from tests.routers import (
     ROOT,

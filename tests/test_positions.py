@@ -14,9 +14,9 @@ from pyspark.sql import SparkSession
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
-from bergstream.router.positions import Recorded, newest_recorded, resume_offsets
+from bergstream.router.recorded_positions import Recorded, newest_recorded, resume_offsets
 from bergstream.router.write import QUERY_ID
-from bergstream.schemas.positions import (
+from bergstream.schemas.batch_range import (
     BATCH_START,
     CLUSTER,
     ISOLATION_LEVEL,

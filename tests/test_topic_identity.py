@@ -23,7 +23,7 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
-from bergstream.schemas.positions import TOPIC_ID
+from bergstream.schemas.batch_range import TOPIC_ID
 from tests.services import Services
 
 if TYPE_CHECKING:

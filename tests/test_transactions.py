@@ -19,7 +19,7 @@ from bergstream.backfill.read.handover import Handover, agreed_isolation_level, 
 from bergstream.backfill.runtime.run import run_app
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
-from bergstream.schemas.positions import ISOLATION_LEVEL
+from bergstream.schemas.batch_range import ISOLATION_LEVEL
 from tests.jobs.identity_app import identity_settings
 from tests.kafka_reads import read_committed
 from tests.services import Services

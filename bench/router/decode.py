@@ -29,7 +29,7 @@ from bench.router.cpu import CpuClock
 from bench.router.run import machine
 from bench.stack import add_workload, bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
-from bergstream.router.counts import observed_columns
+from bergstream.router.batch_counts import observed_columns
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema

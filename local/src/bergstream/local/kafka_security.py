@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bergstream.backfill.replay.progress import STATE_TOPIC_PREFIX, TRANSACTIONAL_ID_PREFIX
+from bergstream.backfill.replay.state import STATE_TOPIC_PREFIX, TRANSACTIONAL_ID_PREFIX
 from bergstream.errors import StackError
 from bergstream.kafka_settings import (
     ClientErrors,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from bergstream.router.counts import BatchCounts
+from bergstream.router.batch_counts import BatchCounts
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.write import Appended, BatchTableWriter

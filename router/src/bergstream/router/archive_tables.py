@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_metadata, evolve_table
-from bergstream.router.positions import recorded_topics
+from bergstream.router.recorded_positions import recorded_topics
 from bergstream.router.schedule import warn_of_long_history
 from bergstream.router.table import ensure_tables, maintained_properties
 from bergstream.router.write import BatchTableWriter

@@ -1,7 +1,7 @@
 """Archiving one topic's micro-batch: read, parsed, stamped, counted and written in one pass, by the job that
 writes every batch (together.py), its valid rows appended to the archive table and the records that do not
 parse to the dead-letter table. Each append is idempotent per (query, batch), so a batch replayed after a
-crash is never archived twice, and records the Kafka range it covers (positions.py). A batch of this topic
+crash is never archived twice, and records the Kafka range it covers (offset_log.py). A batch of this topic
 alone (its write with the query's other topics failed, a catch-up) is tried again through outages
 (CommitRetry); tables laid out otherwise than bergstream makes them are appended by Spark's writer."""
 
@@ -18,18 +18,18 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.router.accounting import BatchAccounting
 from bergstream.router.archive_tables import ArchiveTables
+from bergstream.router.batch_counts import BatchCounts, count_batch, from_observation, observed_columns
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RouterConfig
-from bergstream.router.counts import BatchCounts, count_batch, from_observation, observed_columns
 from bergstream.router.errors import SecondWriter
 from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import batch_range
+from bergstream.router.offset_log import batch_range
 from bergstream.router.registry_topic import topic_parser
 from bergstream.router.together import Refused, TogetherWriter, rows_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
-from bergstream.schemas.positions import BatchRange, Origin
+from bergstream.schemas.batch_range import BatchRange, Origin
 
 log = logging.getLogger("bergstream.router")
 

@@ -30,8 +30,8 @@ from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import isolation_level
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
+from bergstream.schemas.batch_range import Origin
 from bergstream.schemas.event_schema import AVRO_DIR, Encoding, load_event_schema
-from bergstream.schemas.positions import Origin
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import OptionValue, layered, problems
 from bergstream.site import settings_dir

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from bergstream.router.batch_counts import BatchCounts
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.counts import BatchCounts
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offsets import expired_ranges
 

@@ -129,7 +129,7 @@ class TopicIdentity:
     def at_start(self, spark: SparkSession, checkpoint: str, tables: list[str]) -> str | None:
         """Kafka's id of the topic now, once the checkpoint and `tables` are found to record no other; it is
         then kept beside the checkpoint."""
-        from bergstream.router.positions import recorded_topic_id
+        from bergstream.router.recorded_positions import recorded_topic_id
 
         current = self.kafka.topic_id()
         kept = CheckpointFile(spark, checkpoint)

@@ -2,8 +2,9 @@
 
 Without this, a lost checkpoint (a volume not kept, a path changed) starts the router over from its
 settings' startingOffsets: the whole topic archived twice from `earliest`, or a gap from `latest`. The
-tables record the Kafka range of every commit (positions.py); the router resumes after the furthest one,
-and first appends the dead letters of the archive's newest batch if the dead-letter table may lack them.
+tables record the Kafka range of every commit (recorded_positions.py); the router resumes after the
+furthest one, and first appends the dead letters of the archive's newest batch if the dead-letter table may
+lack them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pyspark.sql import Observation, SparkSession
 from bergstream.kafka_source import kafka_range
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.positions import Recorded, checkpoint_has_batches, newest_recorded, resume_offsets
+from bergstream.router.offset_log import checkpoint_has_batches
+from bergstream.router.recorded_positions import Recorded, newest_recorded, resume_offsets
 from bergstream.router.together import append_tables, rows_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, BatchTableWriter
 from bergstream.schemas.archive import ArchiveLayout
-from bergstream.schemas.positions import EARLIEST, Origin
+from bergstream.schemas.batch_range import EARLIEST, Origin
 
 log = logging.getLogger("bergstream.router")
 

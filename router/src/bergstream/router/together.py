@@ -21,12 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
-from bergstream.router.counts import BatchCounts, PartitionRead
+from bergstream.router.batch_counts import BatchCounts, PartitionRead
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import BatchTables, TopicWorker
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
 from bergstream.schemas.archive import INGESTION_TS, METADATA, OFFSET, PARTITION, WRITE_TS
-from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
+from bergstream.schemas.batch_range import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange
 
 log = logging.getLogger("bergstream.router")
 _TOPIC_TABLES = "io.bergstream.router.TopicTables"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from bergstream.schemas.positions import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange, Origin
+from bergstream.schemas.batch_range import BATCH_START, CLUSTER, NEXT_OFFSETS, TOPIC, BatchRange, Origin
 
 QUERY_ID = "bergstream.router.query-id"
 BATCH_ID = "bergstream.router.batch-id"

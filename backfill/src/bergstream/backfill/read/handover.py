@@ -30,7 +30,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.kafka_source import READ_COMMITTED, READ_UNCOMMITTED
 from bergstream.kafka_topics import topic_ids
 from bergstream.schemas.archive import METADATA
-from bergstream.schemas.positions import ISOLATION_LEVEL, TOPIC_ID, BatchRange, offsets_json
+from bergstream.schemas.batch_range import ISOLATION_LEVEL, TOPIC_ID, BatchRange, offsets_json
 from bergstream.timeparse import format_instant
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ original ingestion time; and headers name where it came from (`bergstream.source
 `bergstream.dead-letter.reason`.
 
 The roles: `encode.py` turns rows into records, `order.py` puts an epoch's rows in the order they go out
-in, `progress.py` is what the replay is and how far it went, kept in Kafka, and `run.py` sends epoch by
+in, `state.py` is what the replay is and how far it went, kept in Kafka, and `run.py` sends epoch by
 epoch in transactions.
 """
 

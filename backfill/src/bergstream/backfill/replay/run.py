@@ -1,7 +1,7 @@
 """Republishing a window of the archive into Kafka exactly once for read_committed consumers.
 
 Records go out in transactions of one producer whose `transactional.id` the replay's identity names; each
-transaction carries the replay's progress too (`progress.py`). A run first fences any earlier run of the
+transaction carries the replay's progress too (`state.py`). A run first fences any earlier run of the
 same replay, reads the progress back, plans at the snapshots it records (the first run's), and goes on
 from there: a finished replay sends nothing again. Each epoch's rows are read whole, put in the replay's
 order (`order.py`) and sent; a transaction is committed at the end of every epoch, and inside one after
@@ -23,7 +23,7 @@ from bergstream.backfill.read.planner import BackfillPlan, from_micros, plan, ta
 from bergstream.backfill.read.reader import TableReader
 from bergstream.backfill.replay.encode import Encoder, KafkaRecord, kafka_records, table_encoder
 from bergstream.backfill.replay.order import Run, epoch_in_order
-from bergstream.backfill.replay.progress import ReplayIdentity, ReplayProgress, recorded_progress
+from bergstream.backfill.replay.state import ReplayIdentity, ReplayProgress, recorded_progress
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
 from bergstream.kafka_topics import RecordProducer, ensure_topic, topic_partitions

@@ -27,7 +27,7 @@ from bergstream.backfill.runtime.checkpoint import CheckpointFiles
 from bergstream.backfill.runtime.pins import release
 from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
-from bergstream.progress import ProgressLines
+from bergstream.progress_lines import ProgressLines
 from bergstream.query import QueryRunner, progress_events, query_failure
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.signals import on_stop_signals

@@ -17,7 +17,7 @@ from bergstream.router.driver.floors import Floors
 from bergstream.router.errors import StopRequested
 from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
-from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.batch_range import BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 

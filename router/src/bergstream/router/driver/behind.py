@@ -34,7 +34,7 @@ from bergstream.router.errors import SecondWriter, StopRequested
 from bergstream.router.identity import CheckpointFile, TopicRecreated
 from bergstream.router.retry import Backoff
 from bergstream.router.topic import TopicWorker
-from bergstream.schemas.positions import EARLIEST, BatchRange, offsets_json
+from bergstream.schemas.batch_range import EARLIEST, BatchRange, offsets_json
 from bergstream.schemas.schema_registry import RegistryStopped
 
 log = logging.getLogger("bergstream.router.driver")

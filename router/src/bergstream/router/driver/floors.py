@@ -16,9 +16,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bergstream.router.identity import FLOORS_FILE, CheckpointFile
-from bergstream.router.positions import EARLIEST_START
+from bergstream.router.offset_log import EARLIEST_START
 from bergstream.router.topic import TopicWorker
-from bergstream.schemas.positions import EARLIEST, BatchRange, offsets_json
+from bergstream.schemas.batch_range import EARLIEST, BatchRange, offsets_json
 
 log = logging.getLogger("bergstream.router.driver")
 

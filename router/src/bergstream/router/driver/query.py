@@ -3,7 +3,7 @@ topic whose whole name a pattern matches (`--pattern`, topics created later too)
 
 Its micro-batch is split by topic: each topic's rows are appended to its own archive and dead-letter
 tables, each exactly once per batch under the query's and the batch's ids, with the Kafka range the batch
-covers in that topic (positions.py), by the topic's worker (router/topic), with its own accounting,
+covers in that topic (offset_log.py), by the topic's worker (router/topic), with its own accounting,
 metrics and consumer group `bergstream-router.<topic>`, committed after each batch. What a batch costs
 grows with the topics that have records in it, not with those read: a quiet topic costs nothing but its
 place in the offset log. A topic over one query costs what a topic's own router always did: it is the
@@ -33,7 +33,7 @@ from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import (
+from bergstream.router.offset_log import (
     checkpoint_has_batches,
     last_committed_batch,
     may_hold_records,

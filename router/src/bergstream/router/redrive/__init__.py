@@ -19,10 +19,10 @@ at a time.
 
 `run` does one redrive; `classify` parses the dead letters again and says what becomes of each; `commit`
 makes the two commits and finishes an interrupted redrive; `snapshots` finds the commits of redrives;
-`counts` and `report` say what a redrive did, `progress` how far it is.
+`outcomes` and `report` say what a redrive did, `stage_progress` how far it is.
 """
 
-from bergstream.router.redrive.counts import (
+from bergstream.router.redrive.outcomes import (
     ALREADY_ARCHIVED,
     REDRIVEN,
     STILL_FAILING,

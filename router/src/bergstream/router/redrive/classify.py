@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from bergstream.router.redrive.counts import ALREADY_ARCHIVED, REDRIVEN, STILL_FAILING, RedriveCounts
+from bergstream.router.redrive.outcomes import ALREADY_ARCHIVED, REDRIVEN, STILL_FAILING, RedriveCounts
 from bergstream.router.redrive.snapshots import RedriveTables
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import INGESTION_TS, METADATA, REDRIVE_ID, REDRIVEN_AT

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bergstream.router.redrive.counts import RedriveCounts
+from bergstream.router.redrive.outcomes import RedriveCounts
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_table, plan_evolution
 from bergstream.router.redrive.classify import classify, count_outcomes, marks, pending, redriven_rows
 from bergstream.router.redrive.commit import append, finish, mark
-from bergstream.router.redrive.progress import RedriveProgress
 from bergstream.router.redrive.report import RedriveReport
 from bergstream.router.redrive.snapshots import (
     ARCHIVE_SNAPSHOT_PROPERTY,
@@ -25,6 +24,7 @@ from bergstream.router.redrive.snapshots import (
     new_redrive_id,
     unfinished,
 )
+from bergstream.router.redrive.stage_progress import RedriveProgress
 from bergstream.router.registry_topic import topic_parser
 from bergstream.schemas.archive import DEAD_LETTER_TYPE, INGESTION_TS, METADATA
 from bergstream.schemas.spark_types import ddl_type

@@ -21,12 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.router.accounting import RouterTotals
+from bergstream.router.batch_counts import BatchCounts
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.counts import BatchCounts
-from bergstream.router.progress import ProgressFollower
+from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.write import Appended
-from bergstream.schemas.positions import BatchRange
+from bergstream.schemas.batch_range import BatchRange
 
 
 class BatchTables(Protocol):

@@ -19,10 +19,10 @@ from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.progress import ProgressFollower
+from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.topic import BatchTables
-from bergstream.schemas.positions import EARLIEST, BatchRange
+from bergstream.schemas.batch_range import EARLIEST, BatchRange
 
 log = logging.getLogger("bergstream.router")
 

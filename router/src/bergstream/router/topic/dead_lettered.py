@@ -18,15 +18,15 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.kafka_source import isolation_level
 from bergstream.router.accounting import BatchAccounting, RouterTotals
+from bergstream.router.batch_counts import BatchCounts, from_observation, observed_columns
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RECORDS_PER_WRITE_TASK, table_for_topic
 from bergstream.router.consumer_group import GroupCommitter
-from bergstream.router.counts import BatchCounts, from_observation, observed_columns
 from bergstream.router.errors import SecondWriter
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.positions import newest_recorded, resume_offsets
-from bergstream.router.progress import ProgressFollower
+from bergstream.router.progress_follower import ProgressFollower
+from bergstream.router.recorded_positions import newest_recorded, resume_offsets
 from bergstream.router.together import Refused, TogetherWriter, rows_plan
 from bergstream.router.topic import BatchTables
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
@@ -37,8 +37,8 @@ from bergstream.schemas.archive import (
     REDRIVEN_AT,
     dead_letter_create_statements,
 )  # fmt: skip
+from bergstream.schemas.batch_range import BatchRange, Origin, offsets_json
 from bergstream.schemas.parse import ERROR
-from bergstream.schemas.positions import BatchRange, Origin, offsets_json
 from bergstream.schemas.stamp import metadata
 
 if TYPE_CHECKING:

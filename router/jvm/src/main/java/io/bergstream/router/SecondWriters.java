@@ -24,7 +24,7 @@ final class SecondWriters {
   private SecondWriters() {}
 
   /**
-   * The snapshot properties' names, as bergstream.router.write and bergstream.schemas.positions give them:
+   * The snapshot properties' names, as bergstream.router.write and bergstream.schemas.batch_range give them:
    * the query's id, the batch's id, the topic, the cluster, the batch's start and its next offsets.
    */
   record Keys(String queryId, String batchId, String topic, String cluster, String start, String next) {}

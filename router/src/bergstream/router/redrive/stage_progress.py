@@ -10,7 +10,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from bergstream.progress import LOG_EVERY_SECONDS, ProgressLines
+from bergstream.progress_lines import LOG_EVERY_SECONDS, ProgressLines
 
 log = logging.getLogger("bergstream.router.redrive")
 
