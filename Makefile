@@ -13,7 +13,7 @@ endif
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # The source roots, one per top-level folder (setup.py's ROOTS; tests/test_layout.py checks they agree).
-SOURCE_ROOTS := core/src:schemas/src:router/src:backfill/src:apps/src:deploy/src:local/src:cli/src
+SOURCE_ROOTS := core/src:schemas/src:router/src:backfill/src:runtime/src:apps/src:deploy/src:local/src:cli/src
 # The newer Pythons that `make test-pythons` checks, and the end-to-end tests it runs on each.
 OTHER_PYTHONS := python3.12 python3.13
 END_TO_END := tests/test_router.py::test_available_now_archives_each_offset_once_and_commits_the_group \

@@ -1,9 +1,9 @@
 """bergstream is one installed package, `bergstream`, gathered from one source root per top-level folder.
 
-Each folder of the repository (core, schemas, router, backfill, apps, deploy, local, cli) holds its part of
-the `bergstream` namespace under `<folder>/src/bergstream/`, so that a module's import path is its file path
-below that root. setuptools cannot find one namespace in several roots by itself (`packages.find` with
-several `where` maps the namespace to one root only), so the mapping is written here, from ROOTS.
+Each folder of the repository (core, schemas, router, backfill, runtime, apps, deploy, local, cli) holds its
+part of the `bergstream` namespace under `<folder>/src/bergstream/`, so that a module's import path is its
+file path below that root. setuptools cannot find one namespace in several roots by itself (`packages.find`
+with several `where` maps the namespace to one root only), so the mapping is written here, from ROOTS.
 
 A wheel also carries what lives outside the source roots (BuildWithJar): bergstream's Java, built with Maven
 into bergstream/jvm/bergstream-spark.jar, and the settings files of the example topics and applications
@@ -32,6 +32,7 @@ ROOTS = {
     "schemas": "bergstream.schemas",
     "router": "bergstream.router",
     "backfill": "bergstream.backfill",
+    "runtime": "bergstream.runtime",
     "apps": "bergstream.apps",
     "deploy": "bergstream.deploy",
     "local": ("bergstream.local", "bergstream.loadgen"),

@@ -15,14 +15,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bergstream.backfill.runtime.pins import pin, tag_of
-from bergstream.backfill.runtime.run import run_app
 from bergstream.cli import cli
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
 from bergstream.router.config import MaintenanceSettings, RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
+from bergstream.runtime.pins import pin, tag_of
+from bergstream.runtime.run import run_app
 from tests.services import Services
 from tests.test_backfill_spark import Archived, app_settings, output_rows
 

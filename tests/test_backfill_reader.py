@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import Sources
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.sources import Sources
 from bergstream.schemas.archive import INGESTION_TS_COLUMN
 from tests.services import Services
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from bergstream.backfill.read.planner import to_micros
-from bergstream.backfill.runtime.run import run_app
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import Sources
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
+from bergstream.runtime.run import run_app
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.sources import Sources
 from tests.services import Services
 
 if TYPE_CHECKING:

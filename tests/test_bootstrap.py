@@ -14,11 +14,11 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.planner import to_micros
-from bergstream.backfill.runtime.run import run_app
-from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
+from bergstream.runtime.run import run_app
+from bergstream.runtime.settings import AppSettings
 from tests.services import Services
 
 if TYPE_CHECKING:

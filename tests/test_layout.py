@@ -117,7 +117,7 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
     for module in (
         "bergstream/spark.py", "bergstream/__main__.py", "bergstream/cli/__init__.py",
         "bergstream/router/driver/query.py", "bergstream/backfill/read/planner.py",
-        "bergstream/schemas/parse.py",
+        "bergstream/runtime/run.py", "bergstream/schemas/parse.py",
         "bergstream/apps/sessionizer.py", "bergstream/deploy/render.py", "bergstream/local/stack.py",
         "bergstream/loadgen/producer.py",
         "bergstream/jvm/pom.xml", "bergstream/schemas/avro/playback.avsc",

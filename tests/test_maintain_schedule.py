@@ -14,7 +14,6 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
-from bergstream.backfill.runtime.pins import pin
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import RouterConfig, load_router_config
@@ -22,6 +21,7 @@ from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import NEWEST_APPEND_TAG, maintain
 from bergstream.router.table import ensure_tables, maintained_properties
 from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.runtime.pins import pin
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import (

@@ -26,8 +26,6 @@ from pyarrow.fs import FileSelector, FileType
 from bergstream.backfill.read.batches import read_batches, window_of
 from bergstream.backfill.read.order import BoundedOrder
 from bergstream.backfill.replay import replay
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import Sources
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import LocalStack, rest_catalog
@@ -36,6 +34,8 @@ from bergstream.local.processes import alive, free_port, free_ports
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.sources import Sources
 from tests.routers import ROOT, produced_offsets
 from tests.services import Services
 from tests.test_backfill_spark import consume_all

@@ -392,7 +392,7 @@ def test_a_bootstrap_reads_the_rows_a_redrive_appended_after_the_last_router_com
     """The redrive is the table's newest commit, below the router's position: a bootstrap reads its rows
     from the archive (Kafka's phase starts past them), once, to what a live run with the fixed schema
     writes."""
-    from bergstream.backfill.runtime.run import run_app
+    from bergstream.runtime.run import run_app
     from tests.jobs.identity_app import identity_settings
 
     sent = send(stack, topic_name, Counter({"valid": 300, "pause": 60}))

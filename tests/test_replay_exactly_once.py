@@ -245,7 +245,7 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
     assert set(archived_sources) == expected
 
     # And an application bootstrapped over that archive writes what it writes reading the topic live.
-    from bergstream.backfill.runtime.run import run_app
+    from bergstream.runtime.run import run_app
     from tests.jobs.identity_app import identity_settings
 
     window = {"start": lower, "max_misalignment": "15m"}

@@ -16,9 +16,9 @@ import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.handover import Handover, agreed_isolation_level, refuse_lost_handover
-from bergstream.backfill.runtime.run import run_app
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
+from bergstream.runtime.run import run_app
 from bergstream.schemas.batch_range import ISOLATION_LEVEL
 from tests.jobs.identity_app import identity_settings
 from tests.kafka_reads import read_committed

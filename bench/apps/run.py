@@ -46,9 +46,9 @@ from bench.backfill.archive import PARTITIONS, SHAPES, BenchArchive, build, shap
 from bench.backfill.run import machine, settings
 from bench.handover.run import Batch, measured_run
 from bench.stack import bench_parser
-from bergstream.backfill.runtime.app import output_identifier
-from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.errors import first_line
+from bergstream.runtime.app import output_identifier
+from bergstream.runtime.settings import AppSettings
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.apps")

@@ -54,11 +54,11 @@ from bench.stack import bench_parser
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
 from bergstream.backfill.replay import replay
-from bergstream.backfill.runtime.app import output_identifier
-from bergstream.backfill.runtime.run import run_app
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import Sources
 from bergstream.query import progress_events
+from bergstream.runtime.app import output_identifier
+from bergstream.runtime.run import run_app
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.sources import Sources
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.spark import build_spark_session
 

@@ -31,11 +31,11 @@ from typing import Any
 from bench.backfill.archive import ArchiveRequest, BenchArchive, build, default_start
 from bench.backfill.run import machine
 from bench.stack import bench_parser
-from bergstream.backfill.runtime.app import output_identifier
-from bergstream.backfill.runtime.run import RunReport, run_app
-from bergstream.backfill.runtime.settings import AppSettings
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
+from bergstream.runtime.app import output_identifier
+from bergstream.runtime.run import RunReport, run_app
+from bergstream.runtime.settings import AppSettings
 from bergstream.spark import build_spark_session
 
 log = logging.getLogger("bench.handover")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from bergstream.backfill.runtime.app import AppRun
-    from bergstream.backfill.runtime.settings import AppSettings
+    from bergstream.runtime.app import AppRun
+    from bergstream.runtime.settings import AppSettings
     from tests.services import Services
 
 
@@ -28,7 +28,7 @@ def identity_settings(
 ) -> AppSettings:
     """The identity application over `topic` (its archive table of the same name, of `cluster`), writing
     bergstream.apps.`output`; `settings` add to or override these (mode, backfill, schema_dir, ...)."""
-    from bergstream.backfill.runtime.settings import AppSettings
+    from bergstream.runtime.settings import AppSettings
 
     source = {"topic": topic, "table": topic, "schema": "playback", "cluster": cluster}
     return AppSettings.model_validate(

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from bergstream.backfill.runtime.app import AppRun
+    from bergstream.runtime.app import AppRun
 
 DEFAULTS = {"attribution_window": "30 minutes", "watermark_delay": "1 hour", "period": "1 hour"}
 

@@ -20,7 +20,7 @@ from bergstream.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from bergstream.backfill.runtime.settings import AppSettings
+    from bergstream.runtime.settings import AppSettings
 
 APP_OPTIONS = [
     click.option(
@@ -46,7 +46,7 @@ APP_OPTIONS = [
 
 def run_application(settings: AppSettings, available_now: bool, as_json: bool) -> None:
     """Run it in a session of its own and print its report."""
-    from bergstream.backfill.runtime.run import run_app
+    from bergstream.runtime.run import run_app
     from bergstream.spark import spark_session
 
     with spark_session(settings.catalog, settings.spark, f"bergstream-app-{settings.app}") as spark:
@@ -95,8 +95,8 @@ def app_run(
 ) -> None:
     """Run an application live until stopped (or until caught up with --available-now); with --from,
     bootstrap it from the archive first."""
-    from bergstream.backfill.runtime.settings import bootstrap_checkpoint, load_app_settings
     from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.settings import bootstrap_checkpoint, load_app_settings
 
     configure_logging()
     if max_misalignment is not None and start_from is None:

@@ -122,8 +122,8 @@ def backfill_run(
     data_dir: Path | None,
 ) -> None:
     """Run an application over a window of its archive; the same command resumes a stopped run."""
-    from bergstream.backfill.runtime.settings import UNORDERED, backfill_checkpoint, load_app_settings
     from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.settings import UNORDERED, backfill_checkpoint, load_app_settings
 
     configure_logging()
     if unordered and (max_misalignment or strict):
@@ -154,8 +154,8 @@ def backfill_release(
 ) -> None:
     """Let maintenance expire the snapshots a backfill that will not be resumed still holds."""
     from bergstream.backfill.read.planner import table_ref
-    from bergstream.backfill.runtime.pins import held_by, release, tag_of
     from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.pins import held_by, release, tag_of
 
     configure_logging()
     catalog = Endpoints.resolve(data_dir).catalog(config_file)
@@ -234,8 +234,8 @@ def backfill_replay(
     epoch; with --strict, in (ingestion time, partition, offset) order."""
     from bergstream.backfill.read.batches import window_of
     from bergstream.backfill.replay import replay
-    from bergstream.backfill.runtime.settings import registry_from_file
     from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.settings import registry_from_file
 
     configure_logging()
     endpoints = Endpoints.resolve(data_dir)

@@ -37,8 +37,6 @@ def demo(data_dir: Path | None, count: int) -> None:
 def run_demo(data_dir: Path, count: int) -> None:
     from rich.console import Console
 
-    from bergstream.backfill.runtime.run import run_app
-    from bergstream.backfill.runtime.settings import load_app_settings
     from bergstream.cli.endpoints import Endpoints
     from bergstream.cli.router import topic_loader
     from bergstream.deploy import EXAMPLE_APPS_DIR, EXAMPLE_TOPICS_DIR
@@ -47,6 +45,8 @@ def run_demo(data_dir: Path, count: int) -> None:
     from bergstream.local import LocalStack, StackConfig
     from bergstream.local.processes import free_ports
     from bergstream.router.driver.launch import Launch, launch
+    from bergstream.runtime.run import run_app
+    from bergstream.runtime.settings import load_app_settings
     from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
     from bergstream.spark import build_spark_session
 

@@ -80,7 +80,7 @@ class Endpoints:
     def catalog(self, config_file: Path | None) -> CatalogConfig:
         """The catalog of a settings file (an application's or a topic's), else the site's, else the local
         stack's (whose SQLite catalog is read while the stack is stopped too)."""
-        from bergstream.backfill.runtime.settings import catalog_from_file
+        from bergstream.runtime.settings import catalog_from_file
 
         if config_file is not None:
             return catalog_from_file(config_file)

@@ -47,7 +47,7 @@ METADATA_TYPE = T.StructType(
 
 # A backfill that may still read a snapshot of the table (running, or stopped and resumable) holds it from
 # expiry with a tag `<BACKFILL_TAG_PREFIX><id>`, and names its checkpoint and application in the table
-# property `<BACKFILL_PROPERTY_PREFIX><id>` (JSON); both go once it completes (backfill/runtime/pins.py).
+# property `<BACKFILL_PROPERTY_PREFIX><id>` (JSON); both go once it completes (runtime/pins.py).
 # Maintenance reports the snapshots they hold past the retention (router/maintain.py).
 BACKFILL_TAG_PREFIX = "bergstream-backfill-"
 BACKFILL_PROPERTY_PREFIX = "bergstream.backfill."

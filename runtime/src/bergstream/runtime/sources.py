@@ -12,11 +12,11 @@ which a tag per table holds from expiry meanwhile (runtime/pins.py).
 
 Bootstrapped (`app run --from`), a source is both, in one query: the `bergstream-hybrid` source reads the
 archive from `--from` in the same aligned epochs, up to where the pinned snapshot records that the archive
-ends in Kafka (read/handover.py), then Spark's own Kafka reader from exactly there. Its rows carry Kafka's
-columns, or the archive row in `__archive__`; one projection parses the Kafka rows as the router does and
-yields the same columns for both. Once the query has switched to Kafka, the archive is read no more and its
-snapshot is released, for maintenance to expire: a restart then needs only what the first run kept beside the
-checkpoint (the epochs, and the archive row's type), never the snapshot.
+ends in Kafka (backfill/read/handover.py), then Spark's own Kafka reader from exactly there. Its rows carry
+Kafka's columns, or the archive row in `__archive__`; one projection parses the Kafka rows as the router does
+and yields the same columns for both. Once the query has switched to Kafka, the archive is read no more and
+its snapshot is released, for maintenance to expire: a restart then needs only what the first run kept beside
+the checkpoint (the epochs, and the archive row's type), never the snapshot.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from bergstream.backfill.read.handover import (
 )
 from bergstream.backfill.read.order import Epoch, OrderingPolicy, StrictOrder, Window, ordering
 from bergstream.backfill.read.planner import BackfillPlan, TableScan, plan, table_ref, to_micros
-from bergstream.backfill.runtime.checkpoint import CheckpointFiles
-from bergstream.backfill.runtime.pins import pin, release, tag_of
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.subject import LiveSubject
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level, kafka_stream
+from bergstream.runtime.checkpoint import CheckpointFiles
+from bergstream.runtime.pins import pin, release, tag_of
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.subject import LiveSubject
 from bergstream.schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas

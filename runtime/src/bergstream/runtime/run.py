@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.handover import Handover, recorded_handover
 from bergstream.backfill.read.planner import BackfillPlan, from_micros, to_micros
-from bergstream.backfill.runtime.app import output_identifier, query_name, start_query
-from bergstream.backfill.runtime.checkpoint import CheckpointFiles
-from bergstream.backfill.runtime.pins import release
-from bergstream.backfill.runtime.settings import AppSettings
-from bergstream.backfill.runtime.sources import PLAN_DIR, Sources
 from bergstream.progress_lines import ProgressLines
 from bergstream.query import QueryRunner, progress_events, query_failure
+from bergstream.runtime.app import output_identifier, query_name, start_query
+from bergstream.runtime.checkpoint import CheckpointFiles
+from bergstream.runtime.pins import release
+from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.sources import PLAN_DIR, Sources
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
 from bergstream.signals import on_stop_signals
 from bergstream.timeparse import format_duration, format_instant

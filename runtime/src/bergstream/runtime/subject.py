@@ -19,8 +19,8 @@ import logging
 import threading
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.backfill.runtime.settings import SourceSettings
 from bergstream.errors import ConfigError
+from bergstream.runtime.settings import SourceSettings
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.parse import WireSchemas
 from bergstream.schemas.schema_registry import Outage, SubjectSchemas, refresh_waiting

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.backfill.runtime.settings import AppSettings, Mode
-from bergstream.backfill.runtime.sources import Sources
+from bergstream.runtime.settings import AppSettings, Mode
+from bergstream.runtime.sources import Sources
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
