@@ -34,7 +34,8 @@ from bench.stack import bench_parser
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier
-from bergstream.runtime.run import RunReport, run_app
+from bergstream.runtime.run import run_app
+from bergstream.runtime.run_report import RunReport
 from bergstream.runtime.settings import AppSettings
 from bergstream.spark import build_spark_session
 

@@ -7,6 +7,7 @@ A location without a scheme is resolved as Spark resolves `checkpointLocation`: 
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -63,3 +64,62 @@ class CheckpointFiles:
         if not self._fs.exists(folder):
             return []
         return [str(status.getPath().getName()) for status in self._fs.listStatus(folder)]
+
+
+class RowLedger:
+    """The rows each committed micro-batch of a backfill read, per source, in a file beside its checkpoint:
+    a resumed run counts the rows of the runs before it, and a replayed batch once."""
+
+    def __init__(self, files: CheckpointFiles, path: str) -> None:
+        self.files = files
+        self.path = path
+        self.batches: dict[int, dict[str, int]] = {}
+        if files.exists(path):
+            loaded = json.loads(files.read_text(path))
+            self.batches = {int(batch): dict(rows) for batch, rows in loaded.items()}
+
+    def record(self, batch_id: int, rows: dict[str, int]) -> None:
+        self.batches[batch_id] = rows
+        counted = {str(batch): counted for batch, counted in sorted(self.batches.items())}
+        self.files.write_text(self.path, json.dumps(counted))
+
+    def totals(self, sources: list[str]) -> dict[str, int]:
+        return {source: sum(rows.get(source, 0) for rows in self.batches.values()) for source in sources}
+
+
+def offset_json(offset: Any) -> Any:
+    """An offset as a progress event or the offset log holds it (JSON, or parsed already); None when it
+    is not JSON."""
+    if offset is None:
+        return None
+    if isinstance(offset, dict):
+        return offset
+    try:
+        return json.loads(offset)
+    except (TypeError, ValueError):
+        return None
+
+
+def committed_batches(files: CheckpointFiles) -> list[int]:
+    """The micro-batches Spark committed: delivered whole."""
+    return sorted(int(name) for name in files.names("commits") if name.isdigit())
+
+
+def logged_epoch(files: CheckpointFiles, batch: int) -> int | None:
+    """The epochs done once `batch` is, from the query's offset log; None for no such batch."""
+    logged = f"offsets/{batch}"
+    if batch < 0 or not files.exists(logged):
+        return None
+    epochs = []
+    for line in files.read_text(logged).splitlines()[2:]:
+        offset = offset_json(line)
+        if isinstance(offset, dict) and "epoch" in offset:
+            epochs.append(int(offset["epoch"]))
+    return min(epochs) if epochs else None
+
+
+def committed_epoch(files: CheckpointFiles) -> int | None:
+    """The epochs done by the newest micro-batch Spark committed; None before the first commit. A batch
+    in the offset log but not in the commit log has not been delivered."""
+    committed = committed_batches(files)
+    return logged_epoch(files, committed[-1]) if committed else None

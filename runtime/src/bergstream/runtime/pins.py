@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
     from pyiceberg.table import Table
 
+    from bergstream.backfill.read.planner import BackfillPlan
+    from bergstream.runtime.settings import AppSettings
+
     _Check = Callable[[Table], bool]
     _Commit = Callable[[Table], None]
 
@@ -108,6 +111,18 @@ def release(catalog: CatalogConfig, tables: Iterable[str], checkpoint: str) -> l
                      checkpoint, tag)  # fmt: skip
             released.append(identifier)
     return released
+
+
+def release_plan(settings: AppSettings, plan: BackfillPlan) -> None:
+    """Let expiry have the snapshots the run held: it reads them no more."""
+    tables = [scan.table.identifier for scan in plan.tables]
+    try:
+        release(settings.catalog, tables, settings.checkpoint_location)
+    except Exception as error:
+        log.warning(
+            "%s: the snapshots it read stay held (%s); `bergstream backfill release --checkpoint %s` lets "
+            "maintenance expire them", settings.app, error, settings.checkpoint_location,
+        )  # fmt: skip
 
 
 def held_by(catalog: CatalogConfig, checkpoint: str) -> list[str]:
