@@ -17,7 +17,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import load_router_config
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas.event_schema import AVRO_DIR, load_event_schema
-from tests.routers import run_router, write_config
+from tests.routers import appended_by_spark, run_router, write_config
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -75,6 +75,9 @@ def test_new_optional_fields_become_columns_and_incompatible_types_are_refused(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "read 200, archived 200, dead-lettered 0" in done.stdout
+    # The table's new column comes after the metadata, where the rows hold it before: the one writer makes
+    # the rows in the table's order, Spark's writer (which stamps its application in a commit) has no part.
+    assert appended_by_spark(stack, topic_name) == []
 
     table = stack.catalog.load().load_table(table_name)
     assert isinstance(table.schema().find_type("quality"), it.StringType)

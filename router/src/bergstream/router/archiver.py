@@ -3,7 +3,7 @@ writes every batch (together.py), its valid rows appended to the archive table a
 parse to the dead-letter table. Each append is idempotent per (query, batch), so a batch replayed after a
 crash is never archived twice, and records the Kafka range it covers (offset_log.py). A batch of this topic
 alone (its write with the query's other topics failed, a catch-up) is tried again through outages
-(CommitRetry); tables laid out otherwise than bergstream makes them are appended by Spark's writer."""
+(CommitRetry); a table that job does not write (together.py says which) is appended by Spark's writer."""
 
 from __future__ import annotations
 

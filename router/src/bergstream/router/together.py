@@ -5,9 +5,11 @@ a replayed batch, the tables that lack it.
 A query's batch writes its topics together (`TogetherWriter.write`). A topic whose part of that job could
 not be done (its tables' last batch cannot be read now, its rows cannot be planned apart from the others',
 its commit failed) is written by the same job on its own (`write_alone`), from its worker, which waits out
-outages between attempts (CommitRetry) and finds what landed; so is a topic's catch-up from Kafka. A table
-this job does not write (one partitioned otherwise than by the hour of its ingestion time, its columns not
-the rows') is appended by Spark's writer, the one exception."""
+outages between attempts (CommitRetry) and finds what landed; so is a topic's catch-up from Kafka. The job
+writes any table as Spark's Iceberg writer would (its format, properties, metrics, partition spec, schema
+as evolved: the rows are made in its column order). A table it does not write (sorted by another order than
+the ingestion time, a column the rows hold and it lacks, a required column the rows lack) is appended by
+Spark's writer, the one exception, logged naming why."""
 
 from __future__ import annotations
 
