@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from bergstream.router.batch_counts import observed_columns
-from bergstream.router.transform import RecordSplitter
+from bergstream.router.transform import RecordSplitter, in_table_order
 from bergstream.schemas import ArchiveLayout, load_event_schema, wire
 from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.parse import (
@@ -399,3 +399,20 @@ def test_the_strict_decoder_reads_each_type_as_from_json_does(spark: SparkSessio
                 assert row.strict.event.asDict(recursive=True) == lenient, value
             compared += 1
     assert compared == sum(len(texts) for _, texts in cases.values()) > 1000
+
+
+def test_a_row_is_made_in_its_table_s_column_order_a_column_it_lacks_null(spark: SparkSession) -> None:
+    frame = spark.createDataFrame([(1, "x", 7)], "a int, b string, c int")
+    row = F.struct("a", F.struct(F.col("b"), F.col("c")).alias("n"))
+    have = frame.select(row.alias("r")).schema["r"].dataType
+    nested = [T.StructField("c", T.IntegerType()), T.StructField("b", T.StringType()),
+              T.StructField("gone", T.LongType())]  # fmt: skip
+    want = T.StructType([T.StructField("n", T.StructType(nested)), T.StructField("a", T.IntegerType())])
+    made = frame.select(in_table_order(row, have, want).alias("r"))
+    assert made.schema["r"].dataType.simpleString() == "struct<n:struct<c:int,b:string,gone:bigint>,a:int>"
+    assert made.first()["r"].asDict(recursive=True) == {"n": {"c": 7, "b": "x", "gone": None}, "a": 1}
+    # The table requires a column the row lacks, or lacks one the row holds: the row as it is.
+    required = T.StructType([*want.fields, T.StructField("must", T.IntegerType(), nullable=False)])
+    assert frame.select(in_table_order(row, have, required).alias("r")).schema["r"].dataType == have
+    narrower = T.StructType([want.fields[0]])
+    assert frame.select(in_table_order(row, have, narrower).alias("r")).schema["r"].dataType == have

@@ -86,12 +86,13 @@ class RecordSplitter:
 def in_table_order(column: Column, have: T.DataType, want: T.DataType) -> Column:
     """`column`, a struct of type `have`, as a row of a table of columns `want`: its fields, nested ones
     too, by name in the table's order, and a column the table has and the row lacks (a field the event
-    schema dropped) null. As it is where the orders agree already, and where the row holds a field the table
-    lacks (the writer then refuses it, naming both)."""
+    schema dropped) null. As it is where the orders agree already, where the row holds a field the table
+    lacks, and where the table requires a field the row lacks (the writer then refuses it, naming both)."""
     if not isinstance(have, T.StructType) or not isinstance(want, T.StructType) or _same_order(have, want):
         return column
     fields = {field.name: field.dataType for field in have.fields}
-    if not set(fields) <= set(want.names):
+    lacking = [field for field in want.fields if field.name not in fields]
+    if not set(fields) <= set(want.names) or any(not field.nullable for field in lacking):
         return column
     parts = [
         in_table_order(column.getField(field.name), fields[field.name], field.dataType).alias(field.name)
