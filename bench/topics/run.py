@@ -87,16 +87,24 @@ def rss_bytes(pids: list[int]) -> int:
     """The resident memory of the processes among `pids` that have run a second or more: the driver's Python
     process and its JVM, not the JVM's forks of a moment (Hadoop runs `chmod` for each local file it
     writes), whose pages, the JVM's own until they exec, would count twice."""
+    return sum(rss_by_program(pids).values())
+
+
+def rss_by_program(pids: list[int]) -> dict[str, int]:
+    """rss_bytes by program: the JVMs' ("java") and the Python processes' ("python"), the others apart."""
     uptime = float(Path("/proc/uptime").read_text().split()[0])
-    total = 0
+    total: dict[str, int] = {}
     for pid in pids:
         try:
             started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / CLOCK_TICKS
             if uptime - started < 1:
                 continue
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
+        program = "java" if name == "java" else "python" if name.startswith("python") else name
+        total[program] = total.get(program, 0) + resident
     return total
 
 
@@ -157,10 +165,15 @@ class Drivers:
 
     def watch(self, started: float) -> threading.Thread:
         def sample() -> None:
+            # Memory every second, the records archived (a scrape of the metrics) every fifth.
+            archived, looks = 0.0, 0
             while not self._stop.wait(1.0):
                 rss = rss_bytes(self.pids())
                 self.peak_rss = max(self.peak_rss, rss)
-                self.samples.append((time.monotonic() - started, rss, self.archived()))
+                if looks % 5 == 0:
+                    archived = self.archived()
+                looks += 1
+                self.samples.append((time.monotonic() - started, rss, archived))
 
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
@@ -273,7 +286,10 @@ def wait_for(drivers: Drivers, total: float, timeout: float, what: str, topic: s
         if now - last_print > 10:
             print(f"  {what}: {done:,.0f} of {total:,.0f} archived", flush=True)
             last_print = now
-        time.sleep(0.25)
+        # Each look is a scrape of the drivers' metrics endpoints, whose every series costs the driver's
+        # Python CPU: looking as seldom as Prometheus scrapes (every 15 s, commonly) would blur the times
+        # measured; four times a second took a tenth of a core from a driver of 100 topics.
+        time.sleep(1.0)
 
 
 def create_topics(bootstrap: str, topics: list[str]) -> None:
@@ -394,6 +410,7 @@ def measure(
         cpu = cpu_seconds(steady_pids) - cpu_before
         jit = jit_seconds(steady_pids) - jit_before
         end_rss = rss_bytes(drivers.pids())
+        programs = rss_by_program(drivers.pids())
         extra = 1 if new_topic_seconds is not None else 0
         lag = backlog + warmed + sent + extra - archived_after
         caught_up = wait_for(drivers, backlog + warmed + sent + extra, args.timeout, "steady run caught up")
@@ -423,6 +440,8 @@ def measure(
         "freshness_p99_median_topic": per_topic_p99[len(per_topic_p99) // 2] if per_topic_p99 else None,
         "new_topic_seconds": new_topic_seconds,
         "rss_peak_mib": drivers.peak_rss / 2**20,
+        "rss_steady_end_jvm_mib": programs.get("java", 0) / 2**20,
+        "rss_steady_end_python_mib": programs.get("python", 0) / 2**20,
         "rss_steady_end_mib": end_rss / 2**20,
         "samples": drivers.samples,
     }
@@ -435,7 +454,8 @@ def measure(
         f"(lag {lag:,.0f} when the last was sent, all archived {result['steady_catch_up_seconds']:.0f}s "
         f"later), {fresh_text}, {result['steady_cpu_seconds_per_s']:.2f} CPU s/s (JIT "
         f"{result['steady_jit_seconds_per_s']:.2f}), RSS peak "
-        f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB",
+        f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB (JVM "
+        f"{result['rss_steady_end_jvm_mib']:,.0f}, Python {result['rss_steady_end_python_mib']:,.0f})",
         flush=True,
     )
     return result
