@@ -26,7 +26,9 @@ machine of two (a router runs for days; its steady state is what freshness is me
     .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes all pattern separate]
         [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--warm-up 0] [--trigger 10]
 
-Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png.
+Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png: the growth curves against
+the topics (CPU per event archived, freshness p99, resident memory, events archived against offered);
+`--replot <json>` draws a run's plot again.
 """
 
 from __future__ import annotations
@@ -461,22 +463,41 @@ def measure(
     return result
 
 
+def cpu_us_per_event(run: dict[str, Any]) -> float | None:
+    """The drivers' CPU an archived event cost over the steady run, in microseconds."""
+    rate = run.get("steady_events_per_s")
+    return run["steady_cpu_seconds_per_s"] / rate * 1e6 if rate else None
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """The growth curves: against the topics, CPU per event, freshness p99, resident memory and the events
+    archived while they arrive."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (memory, backlog) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (cpu, fresh), (memory, rate) = axes
     for shape, marker in ((SHAPES["all"], "o"), (SHAPES["pattern"], "^"), (SHAPES["separate"], "s")):
         runs = [r for r in results if r["shape"] == shape]
+        if not runs:
+            continue
         counts = [r["topics"] for r in runs]
+        cpu.plot(counts, [cpu_us_per_event(r) for r in runs], marker=marker, label=shape)
+        fresh.plot(counts, [r["freshness_p99"] for r in runs], marker=marker, label=shape)
         memory.plot(counts, [r["rss_steady_end_mib"] for r in runs], marker=marker, label=shape)
-        backlog.plot(counts, [r["backlog_events_per_s"] or 0 for r in runs], marker=marker, label=shape)
-    memory.set(xlabel="topics", ylabel="resident memory, MiB (Python + JVM)", title="Memory")
-    backlog.set(xlabel="topics", ylabel="events/s archived, all topics", title="Backlog throughput")
-    for axis in (memory, backlog):
+        rate.plot(counts, [r["steady_events_per_s"] for r in runs], marker=marker, label=shape)
+        rate.plot(counts, [r["steady_rate_sent"] for r in runs], linestyle=":", color="grey",
+                  label="offered" if shape == runs[0]["shape"] else None)  # fmt: skip
+    cpu.set(ylabel="driver CPU per event archived, us", title="CPU per event")
+    fresh.set(ylabel="seconds, Kafka timestamp to commit", title="Freshness p99")
+    memory.set(ylabel="MiB (Python + JVM), end of the steady run", title="Resident memory")
+    rate.set(ylabel="events/s archived while they arrive", title="Throughput")
+    for axis in (cpu, fresh, memory, rate):
         axis.set_xscale("log", base=2)
+        axis.set_xlabel("topics")
+        axis.set_ylim(bottom=0)
         axis.legend()
         axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -519,7 +540,12 @@ def main() -> None:
         "--catalog", choices=("sqlite", "postgres"), default="sqlite",
         help="the JDBC catalog's database: the stack's SQLite file, or a PostgreSQL server of the bench's",
     )  # fmt: skip
+    parser.add_argument("--replot", type=Path, help="draw the plot of a run's JSON again, and stop")
     args = parser.parse_args()
+    if args.replot is not None:
+        runs = json.loads(args.replot.read_text())["runs"]
+        plot([r for r in runs if "failed" not in r], args.replot.with_suffix(".png"))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="bergstream-bench-topics-"))
     kafka_port, controller_port, store_port = free_ports(3)
