@@ -19,16 +19,11 @@ import scala.Option;
  * stay together: a task writes a file per topic and hour it has rows of, so a topic read by one task is
  * written in one file an hour instead of one per task. Topics are spread over the tasks by their records,
  * the largest first, each to the task with the fewest so far; a topic with more records than a task's
- * share and more than TASK_RECORDS is spread by partition, as Spark's coalescing would. Partitions that
- * are not the Kafka source's (a batch read into memory first) are spread one by one.
+ * share is spread by partition, as Spark's coalescing would. Partitions that are not the Kafka source's
+ * (a batch read into memory first) are spread one by one.
  */
 final class TopicGroups implements PartitionCoalescer, Serializable {
   private static final long serialVersionUID = 1L;
-  /**
-   * The records worth a task of their own (the default of a topic's `records_per_write_task`): a topic of
-   * fewer in a batch is written by one task, in one file an hour, however few topics share the batch.
-   */
-  static final long TASK_RECORDS = 20_000;
 
   @Override
   public PartitionGroup[] coalesce(int maxPartitions, RDD<?> parent) {
@@ -55,7 +50,7 @@ final class TopicGroups implements PartitionCoalescer, Serializable {
     topics.sort((a, b) -> Long.compare(records.get(b), records.get(a)));
     for (String topic : topics) {
       List<Partition> own = byTopic.get(topic);
-      if (records.get(topic) > Math.max(share, TASK_RECORDS) && own.size() > 1) {
+      if (records.get(topic) > share && own.size() > 1) {
         for (Partition partition : own) {
           KafkaBatchInputPartition kafka = kafkaPartition(partition);
           int lightest = lightest(load);
