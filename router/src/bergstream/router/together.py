@@ -105,12 +105,10 @@ class TogetherWriter:
         ranges: dict[str, BatchRange],
         tables: dict[str, BatchTables],
         holding: dict[str, tuple[bool, bool]],
-        tasks: int | None = None,
     ) -> list[str]:
-        """Write the `tables` of a batch's topics in one Spark job (of `tasks` tasks at most, else one per
-        core) and commit them, each table that does not hold the batch already (`holding`); the topics left
-        to archive on their own: those whose rows cannot be planned apart, or whose write failed (their
-        worker tries again, and finds what landed)."""
+        """Write the `tables` of a batch's topics in one Spark job and commit them, each table that does not
+        hold the batch already (`holding`); the topics left to archive on their own: those whose rows cannot
+        be planned apart, or whose write failed (their worker tries again, and finds what landed)."""
         started = time.monotonic()
         together = []
         for topic, topic_tables in tables.items():
@@ -134,7 +132,7 @@ class TogetherWriter:
             return alone
         planned = time.monotonic()
         try:
-            written = self._job(source, batch_id, together, plans, tables, ranges, holding, tasks)
+            written = self._job(source, batch_id, together, plans, tables, ranges, holding)
         except Exception as error:
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
             # (CommitRetry), and finds what landed before it.
@@ -216,7 +214,6 @@ class TogetherWriter:
         tables: dict[str, BatchTables],
         ranges: dict[str, BatchRange],
         holding: dict[str, tuple[bool, bool]],
-        tasks: int | None = None,
     ) -> Any:
         """TopicTables.append of `topics` (with their rows' `plans`): a table that holds the batch already
         is named None, its rows counted, not written."""
@@ -226,7 +223,7 @@ class TogetherWriter:
         ]
         properties = [tables[topic].batch_properties(batch_id, ranges[topic]) for topic in topics]
         return append_tables(
-            source, topics, plans, identifiers, properties, tasks or self._cores, self._commit_threads
+            source, topics, plans, identifiers, properties, self._cores, self._commit_threads
         )
 
 

@@ -50,10 +50,8 @@ class BatchArchive:
             del busy[topic]
         if not busy:
             return
-        # The job's tasks: one per core at most, fewer for a few records; the job keeps each topic's
-        # partitions in one task where it can (TopicGroups, router/jvm).
-        tasks = max(1, min(self._cores, sum(worker.together.write_tasks() for worker in busy.values())))
-        source = records
+        tasks = sum(worker.together.write_tasks() for worker in busy.values()) or 1
+        source = records.coalesce(max(1, min(self._cores, tasks)))
         together = self.together.writable(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
         # read again (a topic archived alone, a schema registry's versions looked up first), they are read
@@ -63,7 +61,7 @@ class BatchArchive:
         def cache() -> None:
             nonlocal source, cached
             if not cached and len(busy) > 1:
-                source = source.coalesce(tasks).persist(StorageLevel.MEMORY_AND_DISK)
+                source = source.persist(StorageLevel.MEMORY_AND_DISK)
                 source.count()
                 cached = True
 
@@ -74,7 +72,7 @@ class BatchArchive:
             alone = [topic for topic in busy if topic not in together]
             if together:
                 tables = {topic: busy[topic].together for topic in together}
-                alone += self.together.write(source, batch_id, ranges, tables, together, tasks)
+                alone += self.together.write(source, batch_id, ranges, tables, together)
             if alone:
                 cache()
             futures = {

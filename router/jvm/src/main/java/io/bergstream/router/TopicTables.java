@@ -186,10 +186,7 @@ public final class TopicTables {
       JavaRDD<InternalRow> read = records.queryExecution().toRdd().toJavaRDD();
       int partitions = read.getNumPartitions();
       if (partitions > tasks) {
-        // A task per core at most, each topic's partitions in one task where its records allow.
-        read = read.rdd()
-            .coalesce(Math.max(1, tasks), false, scala.Option.apply(new TopicGroups()), null)
-            .toJavaRDD();
+        read = read.coalesce(Math.max(1, tasks), false);
       }
       for (Written part : read.mapPartitionsWithIndex(task, false).collect()) {
         outcomes.get(part.topic).add(part.counts);
