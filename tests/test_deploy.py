@@ -20,14 +20,8 @@ from click.testing import CliRunner
 
 from bergstream.catalog import CatalogConfig
 from bergstream.cli import cli
-from bergstream.deploy.render import (
-    DRIVER_PORT,
-    group_manifests,
-    kubernetes_manifests,
-    manifests_yaml,
-    spark_submit,
-    spark_submit_group,
-)
+from bergstream.deploy.kubernetes import DRIVER_PORT, group_manifests, kubernetes_manifests, manifests_yaml
+from bergstream.deploy.render import spark_submit, spark_submit_group
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports

@@ -93,7 +93,7 @@ def test_the_image_holds_the_pinned_versions_and_runs_as_a_plain_user(image: str
     for version in (pinned.spark, pinned.iceberg, pinned.kafka):
         assert version in versions, versions
     assert _docker("run", "--rm", image, "id", "-u").stdout.strip() == "10001"
-    # A SparkApplication's mainApplicationFile (deploy/render.py's IMAGE_SUBMIT_FILE).
+    # A SparkApplication's mainApplicationFile (deploy/kubernetes.py's IMAGE_SUBMIT_FILE).
     assert (
         _docker("run", "--rm", image, "test", "-f", "/opt/bergstream/submit.py", check=False).returncode == 0
     )

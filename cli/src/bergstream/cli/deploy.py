@@ -172,7 +172,7 @@ def deploy_kubernetes(
 
     Nothing comes from the local stack: the topic's file names the cluster's Kafka, catalog and
     checkpoint location."""
-    from bergstream.deploy.render import (
+    from bergstream.deploy.kubernetes import (
         group_manifests,
         kubernetes_manifests,
         manifests_yaml,
