@@ -238,6 +238,9 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
         admin.create_topics([NewTopic(later, 2, 1)])[later].result(30)
         sent[later] = send(later, 120, seed=3)
         eventually(lambda: archived(later) == sent[later], "the new topic archived", timeout=180)
+        # Its next batches, of fewer records than a task's worth, are each read by one task.
+        sent[later] |= send(later, 80, seed=4)
+        eventually(lambda: archived(later) == sent[later], "the new topic's second round archived")
         # The topic whose schema does not exist: every record dead-lettered, with why.
         catalog = stack.catalog.load()
         dead_letters = f"{stack.catalog.namespace}.{tables[no_schema]}__dlq"
@@ -285,6 +288,16 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
     assert appended_by_spark(stack, tables[own]) == []
     for topic in (by_default, later):
         each_file_one_hour_in_order(catalog.load_table(f"{stack.catalog.namespace}.{tables[topic]}"))
+    # After its first batch (which may be a backlog's), a topic's batch of fewer records than a task's worth
+    # is read by one task, its two partitions together: a file an hour a batch.
+    table = catalog.load_table(f"{stack.catalog.namespace}.{tables[later]}")
+    added: dict[int, list[str]] = {}
+    for entry in table.inspect.entries().to_pylist():
+        if entry["status"] == 1:
+            added.setdefault(entry["snapshot_id"], []).append(repr(entry["data_file"]["partition"]))
+    first = min(table.snapshots(), key=lambda snapshot: snapshot.sequence_number).snapshot_id
+    next_batches = [hours for snapshot, hours in added.items() if snapshot != first]
+    assert next_batches and all(len(hours) == len(set(hours)) for hours in next_batches), added
     rows = catalog.load_table(f"{stack.catalog.namespace}.{tables[by_default]}").scan().to_arrow().to_pylist()
     assert all(row["event_type"] and row["__metadata__"]["cluster"] == "test" for row in rows)
     assert all(row["__metadata__"]["router_write_ts"] is not None for row in rows)

@@ -122,7 +122,8 @@ def _append_dead_letters(
         }
         written = append_tables(
             records, [topic], [plan], [[None, dead_letter_id]], [properties],
-            spark.sparkContext.defaultParallelism, commit_threads=1,
+            spark.sparkContext.defaultParallelism, {topic: spark.sparkContext.defaultParallelism},
+            commit_threads=1,
         )  # fmt: skip
         (outcome,) = json.loads(written.json())
         if outcome["error"] is not None:

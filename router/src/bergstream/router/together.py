@@ -105,10 +105,14 @@ class TogetherWriter:
         ranges: dict[str, BatchRange],
         tables: dict[str, BatchTables],
         holding: dict[str, tuple[bool, bool]],
+        tasks: int | None = None,
+        shares: dict[str, int] | None = None,
     ) -> list[str]:
         """Write the `tables` of a batch's topics in one Spark job and commit them, each table that does not
         hold the batch already (`holding`); the topics left to archive on their own: those whose rows cannot
-        be planned apart, or whose write failed (their worker tries again, and finds what landed)."""
+        be planned apart, or whose write failed (their worker tries again, and finds what landed). The job
+        has `tasks` tasks at most (else one per core), a topic read by `shares[topic]` of them at most (else
+        one)."""
         started = time.monotonic()
         together = []
         for topic, topic_tables in tables.items():
@@ -132,7 +136,7 @@ class TogetherWriter:
             return alone
         planned = time.monotonic()
         try:
-            written = self._job(source, batch_id, together, plans, tables, ranges, holding)
+            written = self._job(source, batch_id, together, plans, tables, ranges, holding, tasks, shares)
         except Exception as error:
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
             # (CommitRetry), and finds what landed before it.
@@ -191,7 +195,7 @@ class TogetherWriter:
         plan = tables.topic_rows(records, batch_id)
         try:
             written = self._job(records, batch_id, [topic], [plan], {topic: tables}, {topic: covered},
-                                {topic: holding})  # fmt: skip
+                                {topic: holding}, None, None)  # fmt: skip
             (outcome,) = json.loads(written.json())
             if outcome["second_writer"] is not None:
                 raise tables.second_writer(batch_id, outcome["second_writer"], outcome["committed_beside"])
@@ -214,6 +218,8 @@ class TogetherWriter:
         tables: dict[str, BatchTables],
         ranges: dict[str, BatchRange],
         holding: dict[str, tuple[bool, bool]],
+        tasks: int | None,
+        shares: dict[str, int] | None,
     ) -> Any:
         """TopicTables.append of `topics` (with their rows' `plans`): a table that holds the batch already
         is named None, its rows counted, not written."""
@@ -223,8 +229,9 @@ class TogetherWriter:
         ]
         properties = [tables[topic].batch_properties(batch_id, ranges[topic]) for topic in topics]
         return append_tables(
-            source, topics, plans, identifiers, properties, self._cores, self._commit_threads
-        )
+            source, topics, plans, identifiers, properties, tasks or self._cores, shares or {},
+            self._commit_threads,
+        )  # fmt: skip
 
 
 def rows_plan(frame: DataFrame) -> Any:
@@ -243,6 +250,7 @@ def append_tables(
     identifiers: list[list[str | None]],
     properties: list[dict[str, str]],
     cores: int,
+    shares: dict[str, int],
     commit_threads: int,
 ) -> Any:
     """TopicTables.append: each of `topics`' records of `source` into its [archive, dead-letter] tables of
@@ -253,6 +261,6 @@ def append_tables(
     return getattr(jvm, _TOPIC_TABLES).append(
         spark._jsparkSession, source._jdf, source.columns.index("topic"), topics, plans,
         [archive for archive, _ in identifiers], [dead_letters for _, dead_letters in identifiers],
-        properties, int(time.time() * 1_000_000), cores, commit_threads,
+        properties, int(time.time() * 1_000_000), cores, shares, commit_threads,
         [QUERY_ID, BATCH_ID, TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS],
     )  # fmt: skip

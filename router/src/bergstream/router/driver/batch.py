@@ -50,8 +50,11 @@ class BatchArchive:
             del busy[topic]
         if not busy:
             return
-        tasks = sum(worker.together.write_tasks() for worker in busy.values()) or 1
-        source = records.coalesce(max(1, min(self._cores, tasks)))
+        # The job's tasks: one per core at most, fewer for a few records; each topic is read by as many of
+        # them as its last batch's records are worth (TopicGroups, router/jvm): a file an hour and task.
+        shares = {topic: worker.together.write_tasks() for topic, worker in busy.items()}
+        tasks = max(1, min(self._cores, sum(shares.values())))
+        source = records
         together = self.together.writable(batch_id, busy)
         # The one job that writes every topic together reads Kafka itself. Where the batch's records are
         # read again (a topic archived alone, a schema registry's versions looked up first), they are read
@@ -61,7 +64,7 @@ class BatchArchive:
         def cache() -> None:
             nonlocal source, cached
             if not cached and len(busy) > 1:
-                source = source.persist(StorageLevel.MEMORY_AND_DISK)
+                source = source.coalesce(tasks).persist(StorageLevel.MEMORY_AND_DISK)
                 source.count()
                 cached = True
 
@@ -72,7 +75,7 @@ class BatchArchive:
             alone = [topic for topic in busy if topic not in together]
             if together:
                 tables = {topic: busy[topic].together for topic in together}
-                alone += self.together.write(source, batch_id, ranges, tables, together)
+                alone += self.together.write(source, batch_id, ranges, tables, together, tasks, shares)
             if alone:
                 cache()
             futures = {

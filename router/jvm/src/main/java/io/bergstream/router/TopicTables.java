@@ -28,6 +28,7 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.types.StructType;
+import scala.Option;
 
 /**
  * The appends of many topics' tables in one micro-batch: one Spark job writes every topic's files, then
@@ -74,7 +75,8 @@ public final class TopicTables {
    * topicColumn} names each record's topic): {@code rows[i]} makes the rows of {@code topics[i]}'s
    * records, written into {@code archives[i]} and {@code deadLetters[i]}, each commit with {@code
    * properties[i]} in its snapshot summary and {@code writeMicros} as every row's router_write_ts. One
-   * job of at most {@code tasks} tasks, at most {@code threads} commits at once. A topic whose tables
+   * job of at most {@code tasks} tasks, a topic read by {@code shares.get(topic)} of them at most (one
+   * when not named: TopicGroups), at most {@code threads} commits at once. A topic whose tables
    * cannot be written this way, or whose commit fails, has the reason in its outcome; the others are
    * committed regardless.
    */
@@ -128,6 +130,7 @@ public final class TopicTables {
       List<Map<String, String>> properties,
       long writeMicros,
       int tasks,
+      Map<String, Integer> shares,
       int threads,
       List<String> keys)
       throws Exception {
@@ -184,9 +187,11 @@ public final class TopicTables {
           new DispatchTask(topicColumn, writable, plans, archiveCopies, deadLetterCopies, operation,
               writeMicros);
       JavaRDD<InternalRow> read = records.queryExecution().toRdd().toJavaRDD();
-      int partitions = read.getNumPartitions();
-      if (partitions > tasks) {
-        read = read.coalesce(Math.max(1, tasks), false);
+      if (read.getNumPartitions() > 1) {
+        // A task per core at most, each topic read by as many tasks as its records are worth.
+        read = read.rdd()
+            .coalesce(Math.max(1, tasks), false, Option.apply(new TopicGroups(shares)), null)
+            .toJavaRDD();
       }
       for (Written part : read.mapPartitionsWithIndex(task, false).collect()) {
         outcomes.get(part.topic).add(part.counts);

@@ -120,7 +120,7 @@ class TopicWriterTest {
             "next", "{\"0\":105,\"1\":106}");
     return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
         java.util.Arrays.asList(archive), java.util.Arrays.asList(deadLetters), List.of(properties),
-        writeMicros, 2, 2, KEYS);
+        writeMicros, 2, Map.of("plays", 2), 2, KEYS);
   }
 
   /** A topic's archive table and dead-letter table, as bergstream makes them, in t.ns. */
