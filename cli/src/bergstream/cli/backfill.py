@@ -13,6 +13,7 @@ from bergstream.cli.options import (
     CLIENT_CONFIG,
     DATA_DIR,
     JSON_REPORT,
+    SPARK_CONF,
     configure_logging,
     echo_lines,
     echo_report,
@@ -24,6 +25,7 @@ from bergstream.cli.options import (
 
 if TYPE_CHECKING:
     from bergstream.backfill.read.order import OrderingPolicy
+    from bergstream.runtime.settings import AppSettings
 
 
 @click.group()
@@ -103,6 +105,13 @@ def backfill_plan(
 @with_options(APP_OPTIONS)
 @with_options(WINDOW)
 @click.option("--unordered", is_flag=True, help="Read the window in one epoch, in no order.")
+@click.option(
+    "--branch",
+    default=None,
+    help="Correct the window: write its rows into this branch of the output table, never into main, for "
+    "`backfill audit` and `backfill publish`; --start and --end are then the window of the output's "
+    "output.time_column that a publish replaces.",
+)
 @DATA_DIR
 @reports_json("backfill run")
 def backfill_run(
@@ -119,11 +128,13 @@ def backfill_run(
     regions: tuple[str, ...],
     strict: bool,
     unordered: bool,
+    branch: str | None,
     data_dir: Path | None,
 ) -> None:
     """Run an application over a window of its archive; the same command resumes a stopped run."""
     from bergstream.cli.endpoints import Endpoints
-    from bergstream.runtime.settings import UNORDERED, backfill_checkpoint, load_app_settings
+    from bergstream.runtime.correct.checks import check_new_correction
+    from bergstream.runtime.settings import UNORDERED, backfill_checkpoint, correction, load_app_settings
 
     configure_logging()
     if unordered and (max_misalignment or strict):
@@ -139,24 +150,185 @@ def backfill_run(
                  "spark": spark_overrides(spark_conf)}  # fmt: skip
     defaults = Endpoints.resolve(data_dir).app_defaults(app)
     settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    if branch is not None:
+        # The window is the correction's; the read window is widened by the output's warm-up and settle.
+        settings = correction(settings, branch)
+        check_new_correction(settings)
     checkpoint = checkpoint or backfill_checkpoint(settings)
     run_application(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
 
 
+CORRECTION = [
+    click.option(
+        "--app",
+        required=True,
+        help="The application whose output the branch corrects: its settings are <apps dir>/<app>.yaml.",
+    ),
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Settings file (default: <apps dir>/<app>.yaml).",
+    ),
+    click.option("--branch", required=True, help="The branch `backfill run --branch` wrote."),
+    click.option(
+        "--output-table", default=None, help="The application's output table (default: its file's)."
+    ),
+    JSON_REPORT,
+    SPARK_CONF,
+    DATA_DIR,
+]
+
+
+def _correction_settings(
+    app: str,
+    config_file: Path | None,
+    output_table: str | None,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> AppSettings:
+    """An application's settings for a command on one of its corrections: its output table, catalog and
+    Spark settings. The window is the branch's, read from its table; the settings' own is not used."""
+    from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.settings import load_app_settings
+
+    configure_logging()
+    overrides = {
+        "mode": "backfill", "output_table": output_table, "spark": spark_overrides(spark_conf),
+        "backfill": {"start": "1970-01-01T00:00:00Z", "end": "1970-01-01T00:00:01Z"},
+    }  # fmt: skip
+    defaults = Endpoints.resolve(data_dir).app_defaults(app)
+    return load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+
+
+@backfill.command("audit")
+@with_options(CORRECTION)
+@click.option(
+    "--min-match",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Exit non-zero when fewer of the keys than this fraction are equal (0.999: a backfill expected to "
+    "reproduce production).",
+)
+@click.option(
+    "--sample", type=click.IntRange(0, 1000), default=5, help="Rows shown of each kind of difference."
+)
+@reports_json("backfill audit")
+def backfill_audit(
+    app: str,
+    config_file: Path | None,
+    branch: str,
+    output_table: str | None,
+    as_json: bool,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+    min_match: float | None,
+    sample: int,
+) -> None:
+    """Compare a correction's rows of its window with main's, by the output's key: equal, changed, only in
+    main, only in the branch; the match is the equal keys over all."""
+    from bergstream.runtime.correct.audit import audit
+    from bergstream.runtime.correct.checks import recorded_correction
+    from bergstream.spark import spark_session
+
+    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
+    output, correction = recorded_correction(settings, branch)
+    with spark_session(settings.catalog, settings.spark, f"bergstream-audit-{app}") as spark:
+        report = audit(spark, output.identifier, correction, sample)
+    failure = None
+    if min_match is not None and report.match < min_match:
+        failure = (
+            f"{app}: branch {branch} matches main on {100 * report.match:.3f} % of its keys, below "
+            f"--min-match {100 * min_match:.3f} %"
+        )
+    echo_report(as_json, "backfill audit", report.to_json(), report.lines(), failure)
+
+
+@backfill.command("publish")
+@with_options(CORRECTION)
+@reports_json("backfill publish")
+def backfill_publish(
+    app: str,
+    config_file: Path | None,
+    branch: str,
+    output_table: str | None,
+    as_json: bool,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """Replace main's rows of a correction's window with its branch's, in one commit on main that keeps what
+    the live query appends meanwhile; main's snapshot before it is tagged. Run again, it publishes once."""
+    from bergstream.runtime.correct.checks import recorded_correction
+    from bergstream.runtime.correct.publish import publish
+    from bergstream.spark import spark_session
+
+    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
+    output, _ = recorded_correction(settings, branch)
+    with spark_session(settings.catalog, settings.spark, f"bergstream-publish-{app}") as spark:
+        report = publish(spark, output.identifier, branch)
+    echo_report(as_json, "backfill publish", report.to_json(), report.lines())
+
+
+@backfill.command("unpublish")
+@with_options(CORRECTION)
+@reports_json("backfill unpublish")
+def backfill_unpublish(
+    app: str,
+    config_file: Path | None,
+    branch: str,
+    output_table: str | None,
+    as_json: bool,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """Put main's rows of a published correction's window back as they were, in one commit on main."""
+    from bergstream.runtime.correct.checks import recorded_correction
+    from bergstream.runtime.correct.publish import unpublish
+    from bergstream.spark import spark_session
+
+    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
+    output, _ = recorded_correction(settings, branch)
+    with spark_session(settings.catalog, settings.spark, f"bergstream-unpublish-{app}") as spark:
+        report = unpublish(spark, output.identifier, branch)
+    echo_report(as_json, "backfill unpublish", report.to_json(), report.lines())
+
+
 @backfill.command("release")
-@click.option("--checkpoint", required=True, help="The checkpoint of the backfill given up.")
+@click.option("--checkpoint", default=None, help="The checkpoint of the backfill given up.")
 @click.option("--table", "tables", multiple=True,
               help="Release only this table (default: every table of the namespace it holds).")  # fmt: skip
+@click.option("--app", default=None, help="With --branch: the application whose correction is released.")
+@click.option("--branch", default=None, help="Remove this correction's branch, its tags and its record.")
 @CATALOG_CONFIG
+@SPARK_CONF
 @DATA_DIR
 def backfill_release(
-    checkpoint: str, tables: tuple[str, ...], config_file: Path | None, data_dir: Path | None
+    checkpoint: str | None,
+    tables: tuple[str, ...],
+    app: str | None,
+    branch: str | None,
+    config_file: Path | None,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
 ) -> None:
-    """Let maintenance expire the snapshots a backfill that will not be resumed still holds."""
+    """Let maintenance expire the snapshots a backfill that will not be resumed still holds (--checkpoint),
+    or remove a correction's branch and tags (--app, --branch): what is published stays published."""
     from bergstream.backfill.read.planner import table_ref
     from bergstream.cli.endpoints import Endpoints
     from bergstream.runtime.pins import held_by, release, tag_of
 
+    if (app is None) != (branch is None):
+        raise click.UsageError("--app and --branch go together")
+    if (checkpoint is None) == (branch is None):
+        raise click.UsageError(
+            "give --checkpoint (a backfill's snapshots) or --app and --branch (a correction)"
+        )
+    if branch is not None:
+        assert app is not None
+        _release_correction(app, branch, config_file, spark_conf, data_dir)
+        return
+    assert checkpoint is not None
     configure_logging()
     catalog = Endpoints.resolve(data_dir).catalog(config_file)
     names = [table_ref(t, catalog).identifier for t in tables] if tables else held_by(catalog, checkpoint)
@@ -249,3 +421,22 @@ def backfill_replay(
         schema_registry=registry_from_file(config_file) if config_file is not None else None,
     )  # fmt: skip
     echo_report(as_json, "backfill replay", asdict(report), [report.summary()])
+
+
+def _release_correction(
+    app: str, branch: str, config_file: Path | None, spark_conf: tuple[str, ...], data_dir: Path | None
+) -> None:
+    from bergstream.runtime.correct.checks import output_table
+    from bergstream.runtime.correct.publish import release
+    from bergstream.runtime.correct.state import recorded
+    from bergstream.spark import spark_session
+
+    settings = _correction_settings(app, config_file, None, spark_conf, data_dir)
+    output = output_table(settings)
+    if recorded(output.properties, branch) is None and output.branch_snapshot(branch) is None:
+        raise click.ClickException(
+            f"{output.identifier} has no correction in branch {branch}: nothing to release"
+        )
+    with spark_session(settings.catalog, settings.spark, f"bergstream-release-{app}") as spark:
+        removed = release(spark, output.identifier, branch)
+    click.echo(f"{output.identifier}: removed {', '.join(removed)}; what was published stays in main")

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from bergstream.runtime.correct.state import Correction
+
 Application = Callable[["AppRun"], "DataFrame"]
 BOOTSTRAP_TRIGGER = "1 second"
 
@@ -66,10 +68,15 @@ def query_name(settings: AppSettings) -> str:
 
 
 def start_query(
-    spark: SparkSession, settings: AppSettings, available_now: bool = False, sources: Sources | None = None
+    spark: SparkSession,
+    settings: AppSettings,
+    available_now: bool = False,
+    sources: Sources | None = None,
+    correction: Correction | None = None,
 ) -> tuple[StreamingQuery, Sources]:
     """Start the application as the settings say; `available_now` makes a live run stop when caught up.
-    `sources`: those of the run's earlier query, when it starts again."""
+    `sources`: those of the run's earlier query, when it starts again; `correction`: the branch a
+    correction's backfill writes, made ready (correct/branch.py)."""
     sources = sources or Sources(spark, settings)
     sources.paced = settings.mode == "bootstrap" and not available_now
     result = load_entry(settings.entry)(AppRun(spark, sources, dict(settings.options), settings.mode))
@@ -90,4 +97,11 @@ def start_query(
         writer = writer.trigger(processingTime=BOOTSTRAP_TRIGGER)
     else:
         writer = writer.trigger(processingTime=settings.trigger_interval)
+    if correction is not None:
+        # A correction writes the window's rows into its branch, each micro-batch once (correct/writer.py).
+        from bergstream.runtime.correct.writer import BranchWriter
+
+        return writer.foreachBatch(
+            BranchWriter(spark, output, correction, settings.checkpoint_location)
+        ).start(), sources
     return writer.toTable(output), sources

@@ -16,6 +16,8 @@ from bergstream.progress_lines import ProgressLines
 from bergstream.query import QueryRunner, progress_events, query_failure
 from bergstream.runtime.app import output_identifier, query_name, start_query
 from bergstream.runtime.checkpoint import CheckpointFiles, RowLedger
+from bergstream.runtime.correct.branch import mark_complete, prepare_branch
+from bergstream.runtime.correct.state import Correction
 from bergstream.runtime.pins import release_plan
 from bergstream.runtime.run_report import RunReport, backfill_report
 from bergstream.runtime.settings import AppSettings
@@ -44,7 +46,10 @@ def run_app(
         ledger = RowLedger(files, f"{PLAN_DIR}/rows.json")
     tracker = RunTracker(settings, ledger)
     stopping = threading.Event()
-    query = _AppQuery(spark, settings, available_now, stopping)
+    correction = None
+    if settings.backfill.correct is not None:
+        correction = prepare_branch(spark, settings, output_identifier(settings))
+    query = _AppQuery(spark, settings, available_now, stopping, correction)
     runner = QueryRunner(query_name(settings), query.start, stopping, query.sources.recover)
     try:
         with progress_events(spark, tracker.on_progress), on_stop_signals(runner.stopping.set):
@@ -56,7 +61,10 @@ def run_app(
     plan = query.plan
     seconds = time.monotonic() - started
     report = RunReport(
-        app=settings.app, mode=settings.mode, output=output_identifier(settings), seconds=seconds,
+        app=settings.app, mode=settings.mode, seconds=seconds,
+        output=output_identifier(settings) if correction is None else (
+            f"branch {correction.branch} of {output_identifier(settings)} (its rows of {correction.window})"
+        ),
         position=tracker.position, window=None, bound=None,
     )  # fmt: skip
     if plan is not None and settings.mode == "bootstrap":
@@ -70,16 +78,25 @@ def run_app(
         )
     if plan is None or ledger is None:
         return report
-    return backfill_report(spark, settings, plan, ledger, report, files)
+    report = backfill_report(spark, settings, plan, ledger, report, files)
+    if correction is not None and report.complete:
+        mark_complete(spark, output_identifier(settings), correction.branch)
+    return report
 
 
 class _AppQuery:
     """Starts the application's query; keeps the plan its backfill sources read, for the progress shown."""
 
     def __init__(
-        self, spark: SparkSession, settings: AppSettings, available_now: bool, stopping: threading.Event
+        self,
+        spark: SparkSession,
+        settings: AppSettings,
+        available_now: bool,
+        stopping: threading.Event,
+        correction: Correction | None = None,
     ) -> None:
         self.spark = spark
+        self.correction = correction
         self.settings = settings
         self.available_now = available_now
         self.sources = Sources(spark, settings, stopping)
@@ -94,7 +111,7 @@ class _AppQuery:
             self.released = True
 
     def start(self) -> StreamingQuery:
-        query, _ = start_query(self.spark, self.settings, self.available_now, self.sources)
+        query, _ = start_query(self.spark, self.settings, self.available_now, self.sources, self.correction)
         if self.settings.mode in ("backfill", "bootstrap"):
             self.plan = self.sources.plan()
         return query

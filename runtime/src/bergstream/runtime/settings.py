@@ -42,6 +42,8 @@ _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Set per source by bergstream: each named source reads exactly its topic.
 _RESERVED_KAFKA_OPTIONS = ("subscribe", "subscribePattern", "assign")
 MAX_OFFSETS = "maxOffsetsPerTrigger"
+# A branch a correction writes: a name Spark takes in a table's identifier (table.branch_NAME).
+BRANCH_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,99}$"
 
 
 class SourceSettings(BaseModel):
@@ -83,6 +85,9 @@ class BackfillSettings(BaseModel):
     max_misalignment: timedelta | None = timedelta(minutes=15)
     strict: bool = False
     regions: list[str] | None = None
+    # Set by `backfill run --branch`: start and end above are then the read window, which this one's
+    # warm-up and settle widen.
+    correct: CorrectionSettings | None = None
 
     @field_validator("start", "end", mode="before")
     @classmethod
@@ -116,6 +121,67 @@ class BackfillSettings(BaseModel):
         return self
 
 
+class CorrectionSettings(BaseModel):
+    """A backfill that corrects a past window: written into branch `branch` of the output table, to replace
+    main's rows whose time column falls in [start, end) once audited and published (backfill/correct)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    branch: str = Field(pattern=BRANCH_NAME)
+    start: datetime
+    end: datetime
+
+
+class OutputSettings(BaseModel):
+    """What a correction needs to know of the application's output: which column places a row in time, which
+    columns are a row's key, and how far before and after a window the backfill reads to compute that
+    window's rows completely."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A timestamp column of the output: a publish replaces the rows whose value falls in its window.
+    time_column: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # The columns that identify a row: the audit compares the branch's rows with main's by them.
+    key: list[str] | None = None
+    # Read before the window's start, its output not published: a session open at the start, a join's
+    # other side. At least the longest span of a row (a session, a period plus its join window).
+    warm_up: timedelta | None = None
+    # Read past the window's end, for its rows to be complete: a row whose time is before the end is written
+    # once the watermark passes its end. At least the longest span of a row plus the watermark delay.
+    settle: timedelta | None = None
+
+    @field_validator("warm_up", "settle", mode="before")
+    @classmethod
+    def _duration(cls, value: Any, info: Any) -> Any:
+        if value is None or isinstance(value, timedelta):
+            return value
+        try:
+            duration = parse_duration(str(value), f"output.{info.field_name}")
+        except ConfigError as error:
+            raise ValueError(str(error)) from error
+        if duration < timedelta(0):
+            raise ValueError(f"{value!r}: a duration of zero or more")
+        return duration
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: list[str] | None) -> list[str] | None:
+        if key is not None and (not key or len(set(key)) != len(key)):
+            raise ValueError("a row's key is one column or more, each named once")
+        return key
+
+    def missing_for_correction(self) -> list[str]:
+        """The settings a correction needs that are not given, each with what it is."""
+        needed = {
+            "time_column": "the output's timestamp column that places a row in time (session_start)",
+            "key": "the columns that identify a row ([account_id, session_start])",
+            "warm_up": "how long before the window the backfill reads (the longest span of a row: 4h)",
+            "settle": "how long past the window it reads for its rows to be complete (a row's longest span "
+            "plus the watermark delay: 5h)",
+        }
+        return [f"output.{name}: {what}" for name, what in needed.items() if getattr(self, name) is None]
+
+
 class AppSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -134,6 +200,8 @@ class AppSettings(BaseModel):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     # Where the application's output is appended: T (in namespace apps), namespace.T or catalog.namespace.T.
     output_table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
+    # The output's time column and key, for corrections (backfill run --branch, audit, publish).
+    output: OutputSettings = Field(default_factory=OutputSettings)
     # The application's own settings (its session gap, its watermark delay, ...), passed to it as they are.
     options: dict[str, Any] = Field(default_factory=dict)
     schema_dir: Path = AVRO_DIR
@@ -173,6 +241,12 @@ class AppSettings(BaseModel):
             missing = [n for n, s in self.sources.items() if BOOTSTRAP not in {**self.kafka, **s.kafka}]
             if missing:
                 raise ValueError(f"kafka: {BOOTSTRAP} is missing for live source(s) {', '.join(missing)}")
+        if self.backfill.correct is not None:
+            if self.mode != "backfill":
+                raise ValueError("backfill.correct: only a backfill writes into a branch")
+            missing = self.output.missing_for_correction()
+            if missing:
+                raise ValueError(f"a correction (--branch) needs the output settings {'; '.join(missing)}")
         if self.mode == "backfill" and (self.backfill.start is None or self.backfill.end is None):
             raise ValueError("backfill: a backfill needs start and end (--start, --end)")
         if self.mode == "bootstrap":
@@ -280,6 +354,7 @@ def backfill_checkpoint(settings: AppSettings) -> str:
         _instant_name(backfill.end),
         bound,
         *sorted(backfill.regions or []),
+        *([f"branch-{backfill.correct.branch}"] if backfill.correct is not None else []),
     ]
     name = "_".join(re.sub(r"[^A-Za-z0-9-]", "-", part) for part in parts)
     return f"{settings.checkpoint_location.rstrip('/')}-backfill-{name}"
@@ -288,3 +363,25 @@ def backfill_checkpoint(settings: AppSettings) -> str:
 def _instant_name(instant: datetime) -> str:
     """An instant in a checkpoint's name, to the microsecond where it has one: two windows, two names."""
     return instant.strftime("%Y%m%dT%H%M%S") + (instant.strftime("%f") if instant.microsecond else "")
+
+
+def correction(settings: AppSettings, branch: str) -> AppSettings:
+    """The settings of a backfill that corrects its window [start, end) into branch `branch`: the window
+    becomes the correction's, and the read window widens by the output's warm-up before it and settle
+    after it."""
+    backfill = settings.backfill
+    missing = settings.output.missing_for_correction()
+    if missing:
+        raise BackfillConfigError(f"{settings.app}: a correction (--branch) needs {'; '.join(missing)}")
+    assert backfill.start is not None and backfill.end is not None, "validated by AppSettings"
+    assert settings.output.warm_up is not None and settings.output.settle is not None
+    merged = settings.model_dump()
+    merged["backfill"].update(
+        start=backfill.start - settings.output.warm_up,
+        end=backfill.end + settings.output.settle,
+        correct={"branch": branch, "start": backfill.start, "end": backfill.end},
+    )
+    try:
+        return AppSettings.model_validate(merged)
+    except ValidationError as error:
+        raise BackfillConfigError(f"{settings.app}: {problems(error)}") from error

@@ -1,0 +1,175 @@
+"""What is refused before Spark starts, naming what to fix: a correction's output table that is not an
+Iceberg table of the catalog or lacks its time column or key, a branch that is unknown or holds another
+window, an archive that does not hold the events the window's rows need yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.backfill.read.planner import table_ref
+from bergstream.runtime.app import output_identifier
+from bergstream.runtime.correct.state import Correction, property_name, recorded
+from bergstream.runtime.settings import AppSettings
+from bergstream.schemas.archive import INGESTION_TS_COLUMN
+from bergstream.timeparse import format_instant
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+# The row-level modes a correction's rewrite of the window needs: copy-on-write, Iceberg's default.
+_ROW_LEVEL_MODES = ("write.delete.mode", "write.update.mode", "write.merge.mode")
+
+
+@dataclass(frozen=True)
+class OutputTable:
+    """The application's output table, as pyiceberg reads it: no Spark needed."""
+
+    identifier: str  # catalog.namespace.table, for Spark
+    table: Table
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self.table.properties)
+
+    def branch_snapshot(self, branch: str) -> int | None:
+        ref = self.table.metadata.refs.get(branch)
+        return None if ref is None or str(ref.snapshot_ref_type) != "branch" else int(ref.snapshot_id)
+
+
+def output_table(settings: AppSettings) -> OutputTable:
+    """The application's output table, or an error naming what to fix."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    identifier = output_identifier(settings)
+    catalog_name, namespace, name = identifier.split(".")
+    if catalog_name != settings.catalog.name:
+        raise BackfillConfigError(
+            f"{settings.app}: output table {identifier} is not in the Iceberg catalog "
+            f"{settings.catalog.name}: a correction writes a branch of an Iceberg table; set output_table "
+            "to one of that catalog"
+        )
+    try:
+        table = settings.catalog.load().load_table((namespace, name))
+    except NoSuchTableError as error:
+        raise BackfillConfigError(
+            f"{settings.app}: no output table {identifier}: a correction replaces rows of an existing "
+            "output; run the application (or `backfill run` without --branch) to make it first"
+        ) from error
+    return OutputTable(identifier, table)
+
+
+def check_output_columns(settings: AppSettings, output: OutputTable) -> None:
+    """The output's time column is a timestamp and its key's columns exist."""
+    fields = {field.name: field for field in output.table.schema().fields}
+    time_column = settings.output.time_column
+    assert time_column is not None and settings.output.key is not None, "validated by AppSettings"
+    found = fields.get(time_column)
+    if found is None:
+        raise BackfillConfigError(
+            f"{settings.app}: output.time_column {time_column!r} is not a column of {output.identifier} "
+            f"(its columns: {', '.join(fields)})"
+        )
+    if str(found.field_type) not in ("timestamp", "timestamptz"):
+        raise BackfillConfigError(
+            f"{settings.app}: output.time_column {time_column!r} of {output.identifier} is a "
+            f"{found.field_type}, not a timestamp"
+        )
+    missing = [column for column in settings.output.key if column not in fields]
+    if missing:
+        raise BackfillConfigError(
+            f"{settings.app}: output.key names {', '.join(missing)}, not columns of {output.identifier} "
+            f"(its columns: {', '.join(fields)})"
+        )
+    merge_on_read = [name for name in _ROW_LEVEL_MODES if output.properties.get(name) == "merge-on-read"]
+    if merge_on_read:
+        raise BackfillConfigError(
+            f"{settings.app}: {output.identifier} sets {', '.join(merge_on_read)} merge-on-read: a "
+            "correction replaces whole files (copy-on-write); unset it, or set copy-on-write"
+        )
+
+
+def check_new_correction(settings: AppSettings) -> tuple[OutputTable, Correction | None]:
+    """`backfill run --branch`: the output table can be corrected, the branch is new or holds this window,
+    and the archive holds every event the window's rows need. The branch's correction when it exists."""
+    correct = settings.backfill.correct
+    assert correct is not None
+    output = output_table(settings)
+    check_output_columns(settings, output)
+    known = recorded(output.properties, correct.branch)
+    if output.branch_snapshot(correct.branch) is not None or known is not None:
+        if known is None:
+            raise BackfillConfigError(
+                f"{settings.app}: {output.identifier} has a branch {correct.branch} that is not a "
+                "correction's: name another branch"
+            )
+        if (known.start, known.end) != (correct.start, correct.end) or known.app != settings.app:
+            raise BackfillConfigError(
+                f"{settings.app}: branch {correct.branch} of {output.identifier} corrects {known.app}'s "
+                f"window {known.window}, not "
+                f"[{format_instant(correct.start)}, {format_instant(correct.end)}): "
+                f"give that window to resume it, or name another branch (`backfill release --app {known.app} "
+                f"--branch {correct.branch}` removes it)"
+            )
+        if known.published:
+            raise BackfillConfigError(
+                f"{settings.app}: branch {correct.branch} of {output.identifier} is published: "
+                "`backfill unpublish` it first, or name another branch"
+            )
+    elif output.table.current_snapshot() is None:
+        raise BackfillConfigError(
+            f"{settings.app}: {output.identifier} has no rows yet: there is nothing to correct; run "
+            "`backfill run` without --branch"
+        )
+    assert settings.backfill.end is not None
+    for source in settings.sources.values():
+        _check_archived_to(settings, source.table_or_topic, settings.backfill.end)
+    return output, known
+
+
+def _check_archived_to(settings: AppSettings, table: str, end: datetime) -> None:
+    """The archive table holds an event ingested at `end` or later: the events up to `end` are archived."""
+    from pyiceberg.expressions import GreaterThanOrEqual
+
+    ref = table_ref(table, settings.catalog)
+    loaded = settings.catalog.load().load_table((ref.namespace, ref.name))
+    column = INGESTION_TS_COLUMN
+    later: list[Any] = list(
+        loaded.scan(
+            row_filter=GreaterThanOrEqual(column, end.isoformat()), selected_fields=(column,)
+        ).plan_files()
+    )
+    if not later:
+        assert settings.backfill.correct is not None and settings.output.settle is not None
+        raise BackfillConfigError(
+            f"{settings.app}: archive table {ref.identifier} holds no event ingested after "
+            f"{format_instant(end)}: the window's rows are complete only with the events of "
+            f"output.settle ({settings.output.settle}) past its end; end the window earlier, or wait for the "
+            "router to archive them"
+        )
+
+
+def recorded_correction(
+    settings: AppSettings, branch: str, complete: bool = True
+) -> tuple[OutputTable, Correction]:
+    """The correction of `branch` (audit, publish, unpublish), its backfill `complete` unless said otherwise,
+    or an error naming what to fix."""
+    output = output_table(settings)
+    known = recorded(output.properties, branch)
+    if known is None or output.branch_snapshot(branch) is None:
+        others = sorted(
+            name[len(property_name("")) :] for name in output.properties if name.startswith(property_name(""))
+        )
+        raise BackfillConfigError(
+            f"{settings.app}: {output.identifier} has no correction in branch {branch} "
+            f"(its corrections: {', '.join(others) or 'none'}); `backfill run --branch {branch}` makes one"
+        )
+    if complete and not known.complete:
+        raise BackfillConfigError(
+            f"{settings.app}: the backfill into branch {branch} of {output.identifier} has not covered its "
+            f"window yet: run `backfill run --app {known.app} --branch {branch}` with its window "
+            f"{known.window} again to finish it"
+        )
+    return output, known

@@ -1,0 +1,299 @@
+"""Publish a correction: main's rows of the window replaced by the branch's in one commit on main.
+
+The branch holds, since the snapshot of main it was made from (its base), exactly the correction's changes:
+the files its clearing of the window removed or rewrote, and the files the backfill added. The publish makes
+those changes on main as it is now, in one Iceberg transaction: an overwrite that removes the same files and
+adds the branch's, validated against every commit on main since the base (a commit that wrote rows of the
+window since is a conflict, and so is one that removed or rewrote a file the publish removes), the tag on
+main's snapshot before it, and the correction's record. What the live query appended meanwhile is kept: its
+files are neither removed nor added again. Run again after a crash, it finds its commit and publishes once.
+
+An unpublish makes the publish's changes undone the same way: one overwrite that removes the files it added
+and adds back those it removed, validated against every commit since the publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from bergstream.backfill.errors import BackfillError
+from bergstream.runtime.correct.branch import IcebergTable
+from bergstream.runtime.correct.state import BRANCH, PUBLISH_ID, UNPUBLISH_ID, Correction, property_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("bergstream.correct")
+# How long a publish keeps trying while other commits on main (the live query's) win the race.
+COMMIT_PATIENCE = 300.0
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish (or an unpublish) did on main."""
+
+    table: str
+    branch: str
+    window: str
+    action: str  # publish, unpublish
+    snapshot: int
+    tag: str | None
+    files_removed: int
+    files_added: int
+    rows_removed: int
+    rows_added: int
+    seconds: float
+    # It was done by an earlier run of the same command.
+    already: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def lines(self) -> list[str]:
+        done = "was done already" if self.already else f"done in {self.seconds:.1f}s"
+        head = (
+            f"{self.action} of branch {self.branch} into main of {self.table}, window {self.window}: {done}"
+        )
+        lines = [
+            head,
+            f"  main's snapshot {self.snapshot}: {self.rows_removed:,} rows removed "
+            f"({self.files_removed} files), {self.rows_added:,} rows added ({self.files_added} files)",
+        ]
+        if self.tag is not None and self.action == "publish":
+            lines.append(
+                f"  main before it is tag {self.tag}; `backfill unpublish` puts the window's rows back"
+            )
+        return lines
+
+
+class Conflict(BackfillError):
+    """Main changed the window since the branch was made (or since the publish, for an unpublish)."""
+
+
+def _files(iterable: Any) -> list[Any]:
+    iterator = iterable.iterator()
+    found = []
+    while iterator.hasNext():
+        found.append(iterator.next())
+    return found
+
+
+def _find(table: IcebergTable, key: str, value: str, until: int | None) -> int | None:
+    """The snapshot among main's since `until` whose summary says `key` is `value`."""
+    current = table.table.currentSnapshot()
+    for snapshot in table.ancestors(int(current.snapshotId()) if current is not None else None, until):
+        if snapshot.summary().get(key) == value:
+            return int(snapshot.snapshotId())
+    return None
+
+
+def _changes(table: IcebergTable, head: int | None, since: int) -> tuple[list[Any], list[Any]]:
+    """The data files the snapshots from `since` (excluded) to `head` removed of `since`'s, and those they
+    added and kept: what those snapshots changed."""
+    removed: dict[str, Any] = {}
+    added: dict[str, Any] = {}
+    for snapshot in reversed(table.ancestors(head, since)):
+        io = table.table.io()
+        if _files(snapshot.addedDeleteFiles(io)):
+            raise BackfillError(
+                f"{table.identifier}: snapshot {snapshot.snapshotId()} added delete files: a correction "
+                "replaces whole files (copy-on-write); set write.delete.mode copy-on-write and correct again"
+            )
+        for file in _files(snapshot.removedDataFiles(io)):
+            location = str(file.location())
+            if added.pop(location, None) is None:
+                removed[location] = file
+        for file in _files(snapshot.addedDataFiles(io)):
+            added[str(file.location())] = file
+    return list(removed.values()), list(added.values())
+
+
+def _conflicting(table: IcebergTable, message: str, since: int) -> str:
+    """The snapshots since `since` that added or removed a file the validation's `message` names."""
+    found = []
+    current = table.table.currentSnapshot()
+    for snapshot in table.ancestors(int(current.snapshotId()), since):
+        io = table.table.io()
+        files = _files(snapshot.addedDataFiles(io)) + _files(snapshot.removedDataFiles(io))
+        if any(str(file.location()) in message for file in files):
+            when = datetime.fromtimestamp(snapshot.timestampMillis() / 1000, UTC).isoformat()
+            found.append(f"snapshot {snapshot.snapshotId()} ({snapshot.operation()}, committed {when})")
+    first = message.strip().splitlines()[0] if message.strip() else "a conflicting commit"
+    return f"{first[:300]}: {', '.join(found)}" if found else first[:600]
+
+
+def _apply(
+    table: IcebergTable,
+    correction: Correction,
+    removed: list[Any],
+    added: list[Any],
+    since: int,
+    summary: tuple[str, str],
+    recorded: Correction,
+    tag: str | None,
+) -> None:
+    """One transaction on main: the overwrite (validated since `since`), the tag on main's snapshot before
+    it, the correction's record; `summary` (key, value) marks its snapshot. Tried again while other commits
+    (the live query's) win the race, for up to COMMIT_PATIENCE seconds; a commit whose outcome is unknown is
+    looked for before it is tried again."""
+    deadline = time.monotonic() + COMMIT_PATIENCE
+    attempt = 0
+    while True:
+        attempt += 1
+        table.refresh()
+        if _find(table, *summary, since) is not None:
+            return  # an attempt whose outcome was unknown landed
+        transaction = table.table.newTransaction()
+        if tag is not None:
+            current = table.table.currentSnapshot()
+            transaction.manageSnapshots().createTag(tag, current.snapshotId()).commit()
+        overwrite = transaction.newOverwrite()
+        for file in removed:
+            overwrite.deleteFile(file)
+        for file in added:
+            overwrite.addFile(file)
+        overwrite.validateFromSnapshot(since).conflictDetectionFilter(table.window(correction))
+        overwrite.validateNoConflictingData().validateNoConflictingDeletes()
+        overwrite.set(BRANCH, correction.branch).set(*summary)
+        overwrite.commit()
+        transaction.updateProperties().set(property_name(correction.branch), recorded.dumps()).commit()
+        try:
+            transaction.commitTransaction()
+            return
+        except Exception as error:
+            conflict = _java_message(error, ("ValidationException",))
+            if conflict is not None:
+                table.refresh()
+                raise Conflict(
+                    f"{table.identifier}: main changed the window {correction.window} after "
+                    f"{'the branch was made' if tag is not None else 'the publish'} (snapshot {since}): "
+                    f"{_conflicting(table, conflict, since)}. Nothing was changed. Correct again: "
+                    f"`backfill release` branch {correction.branch}, then backfill the window into a new "
+                    "branch made from main as it is"
+                ) from error
+            raced = _java_message(error, ("CommitFailedException", "CommitStateUnknownException"))
+            if raced is None or time.monotonic() > deadline:
+                raise
+            log.warning("%s: commit %d lost to another (%s); trying again", table.identifier, attempt,
+                        raced.splitlines()[0] if raced else "")  # fmt: skip
+            time.sleep(min(2.0, 0.1 * attempt))
+
+
+def _java_message(error: BaseException, names: tuple[str, ...]) -> str | None:
+    """The whole message of the Java exception among `error`'s causes whose class is one of `names`."""
+    throwable: Any = getattr(error, "java_exception", None)
+    while throwable is not None:
+        if str(throwable.getClass().getSimpleName()) in names:
+            return str(throwable.getMessage())
+        throwable = throwable.getCause()
+    return None
+
+
+def publish(spark: SparkSession, identifier: str, branch: str) -> Published:
+    """Replace main's rows of the correction's window with its branch's, in one commit."""
+    started = time.monotonic()
+    table = IcebergTable(spark, identifier)
+    correction = table.correction(branch)
+    assert correction is not None, "checked before Spark started"
+    if correction.published:
+        assert correction.publish_id is not None
+        snapshot = _find(table, PUBLISH_ID, correction.publish_id, correction.base)
+        return _report(table, correction, "publish", snapshot, started, already=True)
+    # After an unpublish, main holds the base's files again as of the unpublish's commit.
+    since = correction.base
+    if correction.unpublish_id is not None:
+        since = _find(table, UNPUBLISH_ID, correction.unpublish_id, correction.base) or correction.base
+    removed, added = _changes(table, table.branch_head(branch), correction.base)
+    publish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    tag = f"{branch}-before-{publish_id}"
+    recorded = correction.but(publish_id=publish_id, tag=tag, unpublish_id=None)
+    _apply(table, correction, removed, added, since, (PUBLISH_ID, publish_id), recorded, tag)
+    table.refresh()
+    snapshot = _find(table, PUBLISH_ID, publish_id, since)
+    log.info("%s: branch %s published into main at snapshot %s, main before it tagged %s", identifier, branch,
+             snapshot, tag)  # fmt: skip
+    return _report(table, recorded, "publish", snapshot, started)
+
+
+def unpublish(spark: SparkSession, identifier: str, branch: str) -> Published:
+    """Put main's rows of the window back as they were before the correction's publish, in one commit."""
+    started = time.monotonic()
+    table = IcebergTable(spark, identifier)
+    correction = table.correction(branch)
+    assert correction is not None, "checked before Spark started"
+    if correction.publish_id is None:
+        raise BackfillError(
+            f"{identifier}: branch {branch} was never published: there is nothing to unpublish"
+        )
+    if correction.unpublish_id is not None:
+        snapshot = _find(table, UNPUBLISH_ID, correction.unpublish_id, correction.base)
+        return _report(table, correction, "unpublish", snapshot, started, already=True)
+    published = _find(table, PUBLISH_ID, correction.publish_id, correction.base)
+    if published is None:
+        raise BackfillError(
+            f"{identifier}: the publish {correction.publish_id} of branch {branch} is not in main's history "
+            "(rolled back?): there is nothing to unpublish"
+        )
+    snapshot = table.table.snapshot(published)
+    io = table.table.io()
+    added, removed = _files(snapshot.addedDataFiles(io)), _files(snapshot.removedDataFiles(io))
+    unpublish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    recorded = correction.but(unpublish_id=unpublish_id)
+    _apply(table, correction, added, removed, published, (UNPUBLISH_ID, unpublish_id), recorded, None)
+    table.refresh()
+    done = _find(table, UNPUBLISH_ID, unpublish_id, published)
+    log.info("%s: the publish of branch %s undone at snapshot %s", identifier, branch, done)
+    return _report(table, recorded, "unpublish", done, started)
+
+
+def _report(
+    table: IcebergTable,
+    correction: Correction,
+    action: str,
+    snapshot_id: int | None,
+    started: float,
+    already: bool = False,
+) -> Published:
+    removed = added = files_removed = files_added = 0
+    if snapshot_id is not None:
+        summary = table.table.snapshot(snapshot_id).summary()
+
+        def number(key: str) -> int:
+            value = summary.get(key)
+            return int(value) if value is not None else 0
+
+        removed, added = number("deleted-records"), number("added-records")
+        files_removed, files_added = number("deleted-data-files"), number("added-data-files")
+    return Published(
+        table=table.identifier, branch=correction.branch, window=correction.window, action=action,
+        snapshot=snapshot_id or -1, tag=correction.tag, files_removed=files_removed, files_added=files_added,
+        rows_removed=removed, rows_added=added, seconds=time.monotonic() - started, already=already,
+    )  # fmt: skip
+
+
+def release(spark: SparkSession, identifier: str, branch: str) -> list[str]:
+    """Remove the correction's branch, its tags and its record: what it names."""
+    table = IcebergTable(spark, identifier)
+    correction = table.correction(branch)
+    refs = table.table.refs()
+    names = [str(name) for name in _files(refs.keySet())]
+    tags = [name for name in names if name.startswith(f"{branch}-before-") and not refs.get(name).isBranch()]
+    transaction = table.table.newTransaction()
+    manage = transaction.manageSnapshots()
+    removed = []
+    if table.branch_head(branch) is not None:
+        manage.removeBranch(branch)
+        removed.append(f"branch {branch}")
+    for tag in tags:
+        manage.removeTag(tag)
+        removed.append(f"tag {tag}")
+    manage.commit()
+    if correction is not None:
+        transaction.updateProperties().remove(property_name(branch)).commit()
+        removed.append(f"the record {property_name(branch)}")
+    transaction.commitTransaction()
+    return removed

@@ -1,0 +1,85 @@
+"""A correction's record, kept in its output table's properties under `bergstream.correction.<branch>`: the
+window it replaces, the snapshot of main its branch was made from, and how far it got (cleared, published,
+unpublished). Every command reads it first; each step that changes it commits the change with the step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from bergstream.timeparse import format_instant
+
+PROPERTY_PREFIX = "bergstream.correction."
+# Snapshot summary keys of a correction's commits: on the branch, each micro-batch's; on main, the publish's.
+QUERY_ID = "bergstream.correction.query-id"
+BATCH_ID = "bergstream.correction.batch-id"
+PUBLISH_ID = "bergstream.correction.publish-id"
+UNPUBLISH_ID = "bergstream.correction.unpublish-id"
+BRANCH = "bergstream.correction.branch"
+
+
+def property_name(branch: str) -> str:
+    return f"{PROPERTY_PREFIX}{branch}"
+
+
+@dataclass(frozen=True)
+class Correction:
+    """What a branch corrects, and how far its correction went."""
+
+    app: str
+    branch: str
+    time_column: str
+    key: tuple[str, ...]
+    start: datetime
+    end: datetime
+    # Main's snapshot the branch was made from.
+    base: int
+    # Main's rows of the window are removed from the branch: the backfill's rows may be written.
+    cleared: bool = False
+    # The backfill covered its whole read window: its rows of the window are complete.
+    complete: bool = False
+    # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
+    publish_id: str | None = None
+    tag: str | None = None
+    # The unpublish of that publish, once run: its id, in its snapshot's summary on main.
+    unpublish_id: str | None = None
+
+    @property
+    def published(self) -> bool:
+        return self.publish_id is not None and self.unpublish_id is None
+
+    @property
+    def window(self) -> str:
+        return f"[{format_instant(self.start)}, {format_instant(self.end)})"
+
+    def window_sql(self, column_prefix: str = "") -> str:
+        """The SQL condition of a row in the window, by its time column (half-open)."""
+        column = f"{column_prefix}`{self.time_column}`"
+        start, end = self.start.isoformat(), self.end.isoformat()
+        return f"({column} >= TIMESTAMP '{start}' AND {column} < TIMESTAMP '{end}')"
+
+    def dumps(self) -> str:
+        document: dict[str, Any] = asdict(self)
+        document["key"] = list(self.key)
+        document["start"] = self.start.isoformat()
+        document["end"] = self.end.isoformat()
+        return json.dumps(document, sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: str) -> Correction:
+        document = json.loads(text)
+        document["key"] = tuple(document["key"])
+        for name in ("start", "end"):
+            document[name] = datetime.fromisoformat(document[name]).astimezone(UTC)
+        return cls(**document)
+
+    def but(self, **changes: Any) -> Correction:
+        return replace(self, **changes)
+
+
+def recorded(properties: dict[str, str], branch: str) -> Correction | None:
+    """The correction of `branch` the output table's `properties` record, or None."""
+    text = properties.get(property_name(branch))
+    return Correction.loads(text) if text is not None else None
