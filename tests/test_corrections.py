@@ -1,10 +1,12 @@
 """A past window corrected with a live application running: backfilled into a branch (killed once and
-resumed), audited against main, published while the live query commits, unpublished, released.
+resumed), audited against main, published while the live query commits, unpublished, released; for the
+sessionizer over one source and the attribution join over two.
 
-The topic is the one the correction exists for: its partition 0 holds events of its first hour only, read by
-a live application beside partitions 1 and 2 that run five hours ahead (Spark's Kafka source reads each
-partition's backlog at the same pace in offsets), so that the live sessionizer drops most of partition 0's
-events behind its watermark; read back from the archive in ingestion order, none is dropped.
+The topics are the ones a correction exists for: partition 0 of each application's first topic holds events
+of its first hour only, read by the live application beside partitions 1 and 2 that run five hours ahead
+(Spark's Kafka source reads each partition's backlog at the same pace in offsets), so that the live query
+drops most of partition 0's events behind its watermark; read back from the archive in ingestion order,
+none is dropped. The rows each application should write are computed here from every event sent.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,41 +45,39 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parent.parent
 GAP = timedelta(minutes=30)
+ATTRIBUTION_WINDOW = timedelta(minutes=30)
 # Few events an account: most sessions are one or two events long, all shorter than the settle below.
 ACCOUNTS = 20_000
+SHOWS = 40
+Row = tuple[tuple[Any, ...], tuple[Any, ...]]
+Event = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Event:
-    account_id: int
-    event_ts: datetime
-    event_type: str
-    view_duration_sec: int
-
-
-@dataclass(frozen=True)
-class LateTopic:
-    topic: str
-    start: datetime
-    events: list[Event]
-
-
-def send(bootstrap: str, topic: str, partition: int, times: list[datetime], seed: int) -> list[Event]:
-    """Playback events at `times` (their Kafka timestamps and their event times) into one partition."""
+def send(
+    bootstrap: str,
+    topic: str,
+    kind: str,
+    partition: int,
+    times: list[datetime],
+    seed: int,
+    made: Callable[[Event, datetime, random.Random], None],
+) -> list[Event]:
+    """Events of `kind` at `times` (their Kafka timestamps) into one partition, each made by `made` from a
+    generated one; what was sent."""
     clock = [times[0]]
-    events = EventModel(seed=seed, clock=lambda: clock[0]).events("playback")
-    schema = load_event_schema("playback")
+    events = EventModel(seed=seed, clock=lambda: clock[0]).events(kind)
+    schema = load_event_schema(kind)
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap})
     sent = []
     for at in times:
         clock[0] = at
         event = dict(next(events).event)
-        event["account_id"] = 10_000_000 + rng.randrange(ACCOUNTS)
         event["event_ts"] = at
+        made(event, at, rng)
         producer.produce(topic, schema.encode(event, "json"), partition=partition,
-                         timestamp=int(at.timestamp() * 1000))  # fmt: skip
-        sent.append(Event(event["account_id"], at, event["event_type"], event["view_duration_sec"]))
+                         timestamp=int(event["event_ts"].timestamp() * 1000))  # fmt: skip
+        sent.append({**event, "_at": f"{topic}/{partition}"})
     assert producer.flush(60) == 0
     return sent
 
@@ -85,42 +86,57 @@ def spread(start: datetime, span: timedelta, count: int) -> list[datetime]:
     return [start + span * index / count for index in range(count)]
 
 
-@pytest.fixture(scope="module")
-def late_topic(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> LateTopic:
-    topic = f"late_plays_{os.getpid()}"
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
-    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=8)
-    events = send(stack.bootstrap_servers, topic, 0, spread(start, timedelta(hours=1), 300), seed=1)
-    for partition in (1, 2):
-        events += send(stack.bootstrap_servers, topic, partition, spread(start, timedelta(hours=5), 1500),
-                       seed=partition + 1)  # fmt: skip
-    config = RouterConfig(
-        topic=topic, schema="playback", encoding="json", table=topic,
-        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
-        checkpoint_location=str(tmp_path_factory.mktemp("late") / "router"), catalog=stack.catalog,
-    )  # fmt: skip
-    assert archive_available_now(spark, config).read == len(events)
-    return LateTopic(topic, start, events)
+def any_account(event: Event, at: datetime, rng: random.Random) -> None:
+    event["account_id"] = 10_000_000 + rng.randrange(ACCOUNTS)
 
 
-def sessions(events: list[Event]) -> dict[tuple[int, datetime], tuple[Any, ...]]:
-    """The sessionizer's rows, computed here from every event: per (account, session start), its end,
-    events, plays and longest view."""
+def any_show(event: Event, at: datetime, rng: random.Random) -> None:
+    any_account(event, at, rng)
+    event["show_id"] = 1_000 + rng.randrange(SHOWS)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """An application over topics with a late partition, and the rows it should write."""
+
+    app: str
+    start: datetime
+    topics: dict[str, str]  # source -> topic, its archive table of the same name
+    ends: dict[str, int]  # topic/partition -> the end offset of what was sent first
+    events: dict[str, list[Event]]  # source -> every event sent
+    time_column: str
+    key: tuple[str, ...]
+    values: tuple[str, ...]
+    output: dict[str, Any]
+    options: dict[str, Any]
+    rows: Callable[[dict[str, list[Event]]], dict[tuple[Any, ...], tuple[Any, ...]]]
+    more: Callable[[datetime], dict[str, list[Event]]]  # new events at a time, per source
+
+    def expected(self, start: datetime, end: datetime) -> Counter[Row]:
+        """The rows whose time is in [start, end), each once."""
+        at = self.key.index(self.time_column)
+        return Counter((key, row) for key, row in self.rows(self.events).items() if start <= key[at] < end)
+
+    def in_window(self, start: datetime, end: datetime) -> str:
+        column = self.time_column
+        return f"{column} >= TIMESTAMP '{start.isoformat()}' AND {column} < TIMESTAMP '{end.isoformat()}'"
+
+
+def sessions(events: dict[str, list[Event]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """The sessionizer's rows: (account, session start) -> (end, events, plays, longest view)."""
     by_account: dict[int, list[Event]] = defaultdict(list)
-    for event in events:
-        by_account[event.account_id].append(event)
-    found: dict[tuple[int, datetime], tuple[Any, ...]] = {}
+    for event in events["playback"]:
+        by_account[event["account_id"]].append(event)
+    found = {}
     for account, own in by_account.items():
-        own.sort(key=lambda event: event.event_ts)
+        own.sort(key=lambda event: event["event_ts"])
         current: list[Event] = []
         for event in [*own, None]:
-            if current and (event is None or event.event_ts >= current[-1].event_ts + GAP):
-                start = current[0].event_ts
-                found[(account, start)] = (
-                    current[-1].event_ts + GAP, len(current),
-                    sum(1 for e in current if e.event_type == "START"),
-                    max(e.view_duration_sec for e in current),
+            if current and (event is None or event["event_ts"] >= current[-1]["event_ts"] + GAP):
+                found[(account, current[0]["event_ts"])] = (
+                    current[-1]["event_ts"] + GAP, len(current),
+                    sum(1 for e in current if e["event_type"] == "START"),
+                    max(e["view_duration_sec"] for e in current),
                 )  # fmt: skip
                 current = []
             if event is not None:
@@ -128,39 +144,163 @@ def sessions(events: list[Event]) -> dict[tuple[int, datetime], tuple[Any, ...]]
     return found
 
 
-def table_sessions(
-    spark: SparkSession, table: str, where: str, version: str | int | None = None
-) -> Counter[Any]:
-    """The table's rows `where`, at `version` (a tag, a snapshot) or now: (account, start) -> (end, events,
-    plays, longest), counted."""
+def take_rates(events: dict[str, list[Event]]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """The attribution's rows: (hour, show) -> (hour's end, impressions, plays, take rate); an impression
+    that led to several plays counts once for each, as the application's outer join does."""
+    plays: dict[tuple[int, int], list[datetime]] = defaultdict(list)
+    for play in events["playback"]:
+        if play["event_type"] == "START":
+            plays[(play["account_id"], play["show_id"])].append(play["event_ts"])
+    counts: dict[tuple[datetime, int], list[int]] = defaultdict(lambda: [0, 0])
+    for impression in events["impression"]:
+        at = impression["event_ts"]
+        led = [ts for ts in plays[(impression["account_id"], impression["show_id"])]
+               if at <= ts <= at + ATTRIBUTION_WINDOW]  # fmt: skip
+        hour = at.replace(minute=0, second=0, microsecond=0)
+        counts[(hour, impression["show_id"])][0] += max(1, len(led))
+        counts[(hour, impression["show_id"])][1] += len(led)
+    return {
+        key: (key[0] + timedelta(hours=1), shown, played, round(played / shown, 9))
+        for key, (shown, played) in counts.items()
+    }
+
+
+def table_rows(
+    spark: SparkSession, scenario: Scenario, table: str, where: str, version: str | int | None = None
+) -> Counter[Row]:
+    """The table's rows `where`, at `version` (a tag, a snapshot) or now, as `Scenario.rows` makes them."""
     source = table
     if version is not None:
         source += f" VERSION AS OF '{version}'" if isinstance(version, str) else f" VERSION AS OF {version}"
-    rows = spark.sql(
-        f"SELECT account_id, session_start, session_end, events, plays, longest_view_sec FROM {source} "
-        f"WHERE {where}"
-    ).collect()
+    columns = ", ".join((*scenario.key, *scenario.values))
     return Counter(
-        ((row.account_id, row.session_start.astimezone(UTC)),
-         (row.session_end.astimezone(UTC), row.events, row.plays, row.longest_view_sec))
-        for row in rows
-    )  # fmt: skip
-
-
-def in_window(start: datetime, end: datetime) -> str:
-    return (
-        f"session_start >= TIMESTAMP '{start.isoformat()}' AND session_start < TIMESTAMP '{end.isoformat()}'"
+        (tuple(_plain(row[c]) for c in scenario.key), tuple(_plain(row[c]) for c in scenario.values))
+        for row in spark.sql(f"SELECT {columns} FROM {source} WHERE {where}").collect()
     )
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    return round(value, 9) if isinstance(value, float) else value
+
+
+def make_topic(stack: Services, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def archive(
+    stack: Services, spark: SparkSession, topic: str, kind: str, checkpoint: Path, count: int
+) -> None:
+    config = RouterConfig(
+        topic=topic, schema=kind, encoding="json", table=topic,
+        kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
+        checkpoint_location=str(checkpoint), catalog=stack.catalog,
+    )  # fmt: skip
+    assert archive_available_now(spark, config).read == count
+
+
+def eight_hours_ago() -> datetime:
+    return datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=8)
+
+
+@pytest.fixture(scope="module")
+def late_plays(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    """Plays: partition 0 the first hour (300), partitions 1 and 2 five hours (1,500 each)."""
+    topic, start, bootstrap = f"late_plays_{os.getpid()}", eight_hours_ago(), stack.bootstrap_servers
+    make_topic(stack, topic, 3)
+    plays = send(bootstrap, topic, "playback", 0, spread(start, timedelta(hours=1), 300), 1, any_account)
+    for partition in (1, 2):
+        times = spread(start, timedelta(hours=5), 1500)
+        plays += send(bootstrap, topic, "playback", partition, times, partition + 1, any_account)
+    archive(stack, spark, topic, "playback", tmp_path_factory.mktemp("plays") / "router", len(plays))
+
+    def more(at: datetime) -> dict[str, list[Event]]:
+        times = spread(at, timedelta(minutes=1), 20)
+        return {"playback": send(bootstrap, topic, "playback", 1, times, int(at.timestamp()), any_account)}
+
+    return Scenario(
+        app="sessionizer", start=start, topics={"playback": topic},
+        ends=dict(Counter(event["_at"] for event in plays)), events={"playback": plays},
+        time_column="session_start", key=("account_id", "session_start"),
+        values=("session_end", "events", "plays", "longest_view_sec"),
+        output={"warm_up": "1h", "settle": "3h"},
+        options={"gap": "30 minutes", "watermark_delay": "1 hour"}, rows=sessions, more=more,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def late_impressions(
+    stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Scenario:
+    """Impressions as the plays above; half of them lead to a play of their account and title within 20
+    minutes, in a topic of two partitions that runs in step."""
+    start, bootstrap = eight_hours_ago(), stack.bootstrap_servers
+    impressions_topic, plays_topic = f"late_impressions_{os.getpid()}", f"led_plays_{os.getpid()}"
+    make_topic(stack, impressions_topic, 3)
+    make_topic(stack, plays_topic, 2)
+
+    def impressions_at(partition: int, times: list[datetime], seed: int) -> list[Event]:
+        return send(bootstrap, impressions_topic, "impression", partition, times, seed, any_show)
+
+    def plays_of(impressions: list[Event], seed: int) -> list[Event]:
+        rng = random.Random(seed)
+        led = sorted(
+            ((impression["event_ts"] + timedelta(seconds=rng.randrange(0, 1200)), impression)
+             for impression in impressions if rng.random() < 0.5),
+            key=lambda pair: pair[0],
+        )  # fmt: skip
+        sent = []
+        for partition in (0, 1):
+            own = led[partition::2]
+            if not own:
+                continue
+
+            def follow(event: Event, at: datetime, _: random.Random, own: list[Any] = own) -> None:
+                impression = next(i for t, i in own if t == at)
+                event.update(account_id=impression["account_id"], show_id=impression["show_id"],
+                             event_type="START")  # fmt: skip
+
+            sent += send(bootstrap, plays_topic, "playback", partition, [t for t, _ in own], seed + partition,
+                         follow)  # fmt: skip
+        return sent
+
+    impressions = impressions_at(0, spread(start, timedelta(hours=1), 300), 11)
+    for partition in (1, 2):
+        impressions += impressions_at(partition, spread(start, timedelta(hours=5), 1500), 11 + partition)
+    plays = plays_of(impressions, 21)
+    home = tmp_path_factory.mktemp("attribution")
+    archive(stack, spark, impressions_topic, "impression", home / "impressions", len(impressions))
+    archive(stack, spark, plays_topic, "playback", home / "plays", len(plays))
+    ends = dict(Counter(event["_at"] for event in [*impressions, *plays]))
+
+    def more(at: datetime) -> dict[str, list[Event]]:
+        shown = impressions_at(1, spread(at, timedelta(minutes=1), 20), int(at.timestamp()))
+        return {"impression": shown, "playback": plays_of(shown, int(at.timestamp()))}
+
+    return Scenario(
+        app="attribution", start=start, topics={"impression": impressions_topic, "playback": plays_topic},
+        ends=ends, events={"impression": impressions, "playback": plays},
+        time_column="period_start", key=("period_start", "show_id"),
+        values=("period_end", "impressions", "plays", "take_rate"),
+        output={"warm_up": "30m", "settle": "3h"},
+        options={"attribution_window": "30 minutes", "watermark_delay": "1 hour", "period": "1 hour"},
+        rows=take_rates, more=more,
+    )  # fmt: skip
+
+
 def last_offsets(checkpoint: Path) -> dict[str, int]:
-    """The end offsets of the newest micro-batch the live query committed, per partition."""
+    """The end offsets of the newest micro-batch the live query committed: topic/partition -> offset."""
     commits = [int(path.name) for path in (checkpoint / "commits").glob("[0-9]*")]
     if not commits:
         return {}
     lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    offsets = json.loads(lines[-1])
-    return {partition: int(offset) for topic in offsets.values() for partition, offset in topic.items()}
+    found = {}
+    for line in lines[2:]:
+        for topic, offsets in json.loads(line).items():
+            found.update({f"{topic}/{partition}": int(offset) for partition, offset in offsets.items()})
+    return found
 
 
 def bergstream(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -168,46 +308,52 @@ def bergstream(*arguments: str, timeout: float = 600) -> subprocess.CompletedPro
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
 
+@pytest.mark.parametrize("fixture", ["late_plays", "late_impressions"], ids=["sessionizer", "attribution"])
 def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_and_unpublished_live(
-    stack: Services, spark: SparkSession, late_topic: LateTopic, tmp_path: Path
+    stack: Services, spark: SparkSession, tmp_path: Path, fixture: str, request: pytest.FixtureRequest
 ) -> None:
-    topic, t0 = late_topic.topic, late_topic.start
-    output = f"sessions_{topic}"
+    scenario: Scenario = request.getfixturevalue(fixture)
+    t0 = scenario.start
+    output = f"{scenario.app}_{next(iter(scenario.topics.values()))}"
     identifier = f"{stack.catalog.name}.apps.{output}"
     window = (t0, t0 + timedelta(hours=1))
     settings = {
-        "app": "sessionizer",
-        "entry": "bergstream.apps.sessionizer:sessionizer",
-        "sources": {"playback": {"topic": topic, "table": topic, "schema": "playback"}},
+        "app": scenario.app,
+        "entry": f"bergstream.apps.{scenario.app}:{scenario.app}",
+        "sources": {
+            kind: {"topic": topic, "table": topic, "schema": kind} for kind, topic in scenario.topics.items()
+        },
         "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         "catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
         "checkpoint_location": str(tmp_path / "live"),
         "trigger_interval": "2 seconds",
-        "max_offsets_per_trigger": 150,
+        "max_offsets_per_trigger": 150 * len(scenario.topics),
         "output_table": f"apps.{output}",
         "backfill": {"max_misalignment": "10m"},
-        "output": {"time_column": "session_start", "key": ["account_id", "session_start"], "warm_up": "1h",
-                   "settle": "3h"},
-        "options": {"gap": "30 minutes", "watermark_delay": "1 hour"},
+        "output": {"time_column": scenario.time_column, "key": list(scenario.key), **scenario.output},
+        "options": scenario.options,
         "spark": {"master": "local[2]"},
     }  # fmt: skip
-    config = tmp_path / "sessionizer.yaml"
+    config = tmp_path / f"{scenario.app}.yaml"
     config.write_text(yaml.safe_dump(settings))
-    app = ["--app", "sessionizer", "--config", str(config)]
+    app = ["--app", scenario.app, "--config", str(config)]
+    in_window = scenario.in_window(*window)
+    outside = f"NOT ({in_window})"
+
+    def rows(table: str, where: str, version: str | int | None = None) -> Counter[Row]:
+        return table_rows(spark, scenario, table, where, version)
+
     live_log = tmp_path / "live.log"
     with live_log.open("wb") as out:
         live = subprocess.Popen([sys.executable, "-m", "bergstream", "app", "run", *app], cwd=ROOT,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     producing = threading.Event()
     try:
-        # The live query reads the topic's backlog, dropping partition 0's events behind its watermark.
-        ends = {"0": 300, "1": 1500, "2": 1500}
-        eventually(
-            lambda: last_offsets(tmp_path / "live") == ends, "the live query read the topic", timeout=300
-        )
-        truth = sessions(late_topic.events)
-        expected = Counter((key, row) for key, row in truth.items() if window[0] <= key[1] < window[1])
-        lived = table_sessions(spark, identifier, in_window(*window))
+        # The live query reads the topics' backlog, dropping partition 0's events behind its watermark.
+        eventually(lambda: last_offsets(tmp_path / "live") == scenario.ends, "the live query read the topics",
+                   timeout=300)  # fmt: skip
+        expected = scenario.expected(*window)
+        lived = rows(identifier, in_window)
         assert lived != expected, "the live query dropped none of partition 0's events"
 
         # The correction, killed once while it writes its branch, then resumed by the same command.
@@ -224,9 +370,8 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
             snapshot = table.snapshot_by_id(head.snapshot_id) if head is not None else None
             while snapshot is not None:
                 count += QUERY_ID in (snapshot.summary.additional_properties if snapshot.summary else {})
-                snapshot = (
-                    table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-                )
+                parent = snapshot.parent_snapshot_id
+                snapshot = table.snapshot_by_id(parent) if parent is not None else None
             return count
 
         killed_log = tmp_path / "killed.log"
@@ -241,20 +386,17 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
                                  check=False)  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert json.loads(resumed.stdout)["ok"] is True
-        # The branch: main as it was made from, its window's rows the true sessions, each once.
-        branch_rows = table_sessions(spark, f"{identifier}.branch_fix", in_window(*window))
+        # The branch: main as it was made from, its window's rows the true ones, each once.
+        branch_rows = rows(f"{identifier}.branch_fix", in_window)
         assert branch_rows == expected, (
             sorted(branch_rows - expected)[:5], sorted(expected - branch_rows)[:5],
             len(branch_rows), len(expected),
         )  # fmt: skip
-        outside = f"NOT ({in_window(*window)})"
-        base = recorded(dict(catalog.load_table(("apps", output)).properties), "fix")
-        assert base is not None and base.complete
-        assert table_sessions(spark, f"{identifier}.branch_fix", outside) == table_sessions(
-            spark, identifier, outside, version=base.base
-        )
+        correction = recorded(dict(catalog.load_table(("apps", output)).properties), "fix")
+        assert correction is not None and correction.complete
+        assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
 
-        # The audit, against counts made here from main's rows and the true sessions.
+        # The audit, against counts made here from main's rows and the true ones.
         audited = bergstream("backfill", "audit", *app, "--branch", "fix", "--json")
         assert audited.returncode == 0, audited.stderr[-3000:]
         report = json.loads(audited.stdout)
@@ -280,8 +422,7 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
             at = t0 + timedelta(hours=6)
             try:
                 while not producing.is_set():
-                    times = spread(at, timedelta(minutes=1), 20)
-                    send(stack.bootstrap_servers, topic, 1, times, seed=int(at.timestamp()))
+                    scenario.more(at)
                     at = min(at + timedelta(minutes=5), datetime.now(UTC) - timedelta(minutes=5))
                     time.sleep(0.5)
             except BaseException as error:
@@ -310,25 +451,21 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
         live.send_signal(signal.SIGINT)
         live.wait(120)
     tag = publish["tag"]
-    # Main: the window's rows are the true sessions; outside it, exactly what the live query wrote, once.
-    assert table_sessions(spark, identifier, in_window(*window)) == expected
-    appended_since = spark.read.format("iceberg").option(
-        "start-snapshot-id", str(spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{tag}'")
-                                 .first().snapshot_id)  # type: ignore[union-attr]
-    ).load(identifier).where(outside)  # fmt: skip
-    live_outside = table_sessions(spark, identifier, outside, version=tag) + Counter(
-        ((row.account_id, row.session_start.astimezone(UTC)),
-         (row.session_end.astimezone(UTC), row.events, row.plays, row.longest_view_sec))
-        for row in appended_since.collect()
-    )  # fmt: skip
-    assert table_sessions(spark, identifier, outside) == live_outside
-    assert max(table_sessions(spark, identifier, "true").values()) == 1, "a row twice"
+    # Main: the window's rows are the true ones; outside it, exactly what the live query wrote, once.
+    assert rows(identifier, in_window) == expected
+    tagged = spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{tag}'").first()
+    assert tagged is not None
+    since = spark.read.format("iceberg").option("start-snapshot-id", str(tagged.snapshot_id)).load(identifier)
+    since.where(outside).createOrReplaceTempView("appended_since_the_tag")
+    live_outside = rows(identifier, outside, version=tag) + rows("appended_since_the_tag", "true")
+    assert rows(identifier, outside) == live_outside
+    assert max(rows(identifier, "true").values()) == 1, "a row twice"
 
     # Unpublished: the window's rows are the live query's again, what it appended since kept.
     undone = bergstream("backfill", "unpublish", *app, "--branch", "fix", "--json")
     assert undone.returncode == 0, undone.stderr[-3000:]
-    assert table_sessions(spark, identifier, in_window(*window)) == lived
-    assert table_sessions(spark, identifier, outside) == live_outside
+    assert rows(identifier, in_window) == lived
+    assert rows(identifier, outside) == live_outside
 
     # Released: the branch, the tag and the record are gone; main stays as it is.
     released = bergstream("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
@@ -336,4 +473,4 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
     table = stack.catalog.load().load_table(("apps", output))
     assert "fix" not in table.metadata.refs and tag not in table.metadata.refs
     assert recorded(dict(table.properties), "fix") is None
-    assert table_sessions(spark, identifier, in_window(*window)) == lived
+    assert rows(identifier, in_window) == lived
