@@ -131,10 +131,17 @@ def check_new_correction(settings: AppSettings) -> tuple[OutputTable, Correction
 
 def _check_archived_to(settings: AppSettings, table: str, end: datetime) -> None:
     """The archive table holds an event ingested at `end` or later: the events up to `end` are archived."""
+    from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.expressions import GreaterThanOrEqual
 
     ref = table_ref(table, settings.catalog)
-    loaded = settings.catalog.load().load_table((ref.namespace, ref.name))
+    try:
+        loaded = settings.catalog.load().load_table((ref.namespace, ref.name))
+    except NoSuchTableError as error:
+        raise BackfillConfigError(
+            f"{settings.app}: no archive table {ref.identifier}: a backfill reads a topic's archive; check "
+            "the source's table, or route the topic first"
+        ) from error
     column = INGESTION_TS_COLUMN
     later: list[Any] = list(
         loaded.scan(

@@ -1,0 +1,146 @@
+"""A correction's settings and commands: the read window follows from the window corrected, and every bad
+input is refused before Spark starts, naming what to fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from bergstream.backfill.errors import BackfillConfigError
+from bergstream.runtime.correct.state import Correction, property_name, recorded
+from bergstream.runtime.settings import backfill_checkpoint, correction, load_app_settings
+from tests.services import Services
+
+ROOT = Path(__file__).parent.parent
+CATALOG = {"uri": "jdbc:sqlite:/tmp/catalog.db", "warehouse": "file:///tmp/warehouse"}
+DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": CATALOG,
+            "checkpoint_location": "/tmp/apps/sessionizer"}  # fmt: skip
+OUTPUT = {
+    "time_column": "session_start",
+    "key": ["account_id", "session_start"],
+    "warm_up": "1h",
+    "settle": "2h",
+}
+START, END = datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 20, 6, tzinfo=UTC)
+
+
+def settings_file(tmp_path: Path, **settings: Any) -> Path:
+    content = {
+        "app": "sessionizer",
+        "entry": "bergstream.apps.sessionizer:sessionizer",
+        "sources": {"playback": {"topic": "playback", "encoding": "json"}},
+        "output_table": "apps.sessions",
+        **settings,
+    }
+    path = tmp_path / "sessionizer.yaml"
+    path.write_text(yaml.safe_dump(content))
+    return path
+
+
+def backfill(path: Path) -> Any:
+    overrides = {"mode": "backfill", "backfill": {"start": START, "end": END}}
+    return load_app_settings("sessionizer", path, defaults=DEFAULTS, overrides=overrides)
+
+
+def test_a_correction_reads_its_warm_up_before_the_window_and_its_settle_after_it(tmp_path: Path) -> None:
+    plain = backfill(settings_file(tmp_path, output=OUTPUT))
+    corrected = correction(plain, "fix")
+    assert (corrected.backfill.start, corrected.backfill.end) == (
+        START - timedelta(hours=1),
+        END + timedelta(hours=2),
+    )
+    correct = corrected.backfill.correct
+    assert correct is not None and (correct.branch, correct.start, correct.end) == ("fix", START, END)
+    # Another branch is another backfill, never resumed from this one's checkpoint.
+    assert backfill_checkpoint(corrected) != backfill_checkpoint(correction(plain, "other"))
+    assert backfill_checkpoint(corrected) != backfill_checkpoint(plain)
+
+
+def test_a_correction_without_the_output_s_settings_is_refused_naming_each(tmp_path: Path) -> None:
+    plain = backfill(settings_file(tmp_path, output={"time_column": "session_start"}))
+    with pytest.raises(BackfillConfigError) as refused:
+        correction(plain, "fix")
+    message = str(refused.value)
+    assert "output.key" in message and "output.warm_up" in message and "output.settle" in message
+    assert "output.time_column" not in message
+    with pytest.raises(BackfillConfigError, match=r"output\.key"):
+        backfill(settings_file(tmp_path, output={**OUTPUT, "key": []}))
+    with pytest.raises(BackfillConfigError, match="branch"):
+        correction(backfill(settings_file(tmp_path, output=OUTPUT)), "fix-me")
+
+
+def test_a_correction_s_record_reads_back_as_written() -> None:
+    written = Correction(app="a", branch="fix", time_column="t", key=("k", "t"), start=START, end=END, base=7,
+                         cleared=True, publish_id="p", tag="fix-before-p")  # fmt: skip
+    assert recorded({property_name("fix"): written.dumps()}, "fix") == written
+    assert recorded({}, "fix") is None
+    assert written.published and not written.but(unpublish_id="u").published
+    assert written.window_sql() == (
+        "(`t` >= TIMESTAMP '2026-11-20T00:00:00+00:00' AND `t` < TIMESTAMP '2026-11-20T06:00:00+00:00')"
+    )
+
+
+@pytest.mark.integration
+def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
+    stack: Services, tmp_path: Path
+) -> None:
+    catalog = stack.catalog.load()
+    catalog.create_namespace_if_not_exists("apps")
+    schema = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
+                        ("events", pa.int64())])  # fmt: skip
+    name = f"refusals_{tmp_path.name}"[:60]
+    table = catalog.create_table(("apps", name), schema=schema)
+    table.append(pa.table({"account_id": [1], "session_start": [START], "events": [3]}, schema=schema))
+    base = table.current_snapshot()
+    assert base is not None
+    table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
+    known = Correction(app="sessionizer", branch="fix", time_column="session_start",
+                       key=("account_id", "session_start"), start=START, end=END,
+                       base=base.snapshot_id)  # fmt: skip
+    with table.transaction() as transaction:
+        transaction.set_properties({property_name("fix"): known.dumps()})
+    common = {"catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
+              "checkpoint_location": str(tmp_path / "checkpoint"),
+              "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers}}  # fmt: skip
+
+    def refused(*arguments: str, **settings: Any) -> str:
+        path = settings_file(
+            tmp_path, **{"output_table": f"apps.{name}", "output": OUTPUT, **common, **settings}
+        )
+        command = [sys.executable, "-m", "bergstream", "backfill", *arguments, "--app", "sessionizer",
+                   "--config", str(path)]  # fmt: skip
+        ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert ran.returncode != 0, ran.stdout
+        assert "SparkContext" not in ran.stderr and "jdk.incubator" not in ran.stderr, "Spark started"
+        return ran.stderr
+
+    window = ["--start", START.isoformat(), "--end", END.isoformat()]
+    assert "output.time_column" in refused("run", *window, "--branch", "fix", output={})
+    assert "not in the Iceberg catalog" in refused("run", *window, "--branch", "fix",
+                                                   output_table="spark_catalog.default.sessions")  # fmt: skip
+    assert "no output table bergstream.apps.no_such" in refused("run", *window, "--branch", "fix",
+                                                                 output_table="apps.no_such")  # fmt: skip
+    other = ["--start", START.isoformat(), "--end", (END + timedelta(hours=1)).isoformat()]
+    mismatch = refused("run", *other, "--branch", "fix")
+    assert "corrects sessionizer's window [2026-11-20T00:00:00Z, 2026-11-20T06:00:00Z)" in mismatch
+    assert "backfill release --app sessionizer --branch fix" in mismatch
+    assert "is not a column" in refused("run", *window, "--branch", "other",
+                                        output={**OUTPUT, "time_column": "session_end"})  # fmt: skip
+    assert "is a long, not a timestamp" in refused("run", *window, "--branch", "other",
+                                                   output={**OUTPUT, "time_column": "events"})  # fmt: skip
+    assert "output.key names window_id" in refused("run", *window, "--branch", "other",
+                                                   output={**OUTPUT, "key": ["window_id"]})  # fmt: skip
+    # The archive must hold the events the window's rows need: its table does not even exist here.
+    assert "playback" in refused("run", *window, "--branch", "other")
+    for command in ("audit", "publish", "unpublish"):
+        unknown = refused(command, "--branch", "nope")
+        assert "has no correction in branch nope (its corrections: fix)" in unknown, unknown
+    # A backfill that has not covered its window is neither audited nor published.
+    assert "has not covered its window yet" in refused("publish", "--branch", "fix")
