@@ -144,3 +144,47 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
         assert "has no correction in branch nope (its corrections: fix)" in unknown, unknown
     # A backfill that has not covered its window is neither audited nor published.
     assert "has not covered its window yet" in refused("publish", "--branch", "fix")
+
+
+@pytest.mark.integration
+def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_was_made(
+    stack: Services, tmp_path: Path
+) -> None:
+    catalog = stack.catalog.load()
+    catalog.create_namespace_if_not_exists("apps")
+    schema = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
+                        ("events", pa.int64())])  # fmt: skip
+    name = f"conflict_{tmp_path.name}"[:60]
+    table = catalog.create_table(("apps", name), schema=schema)
+    table.append(pa.table({"account_id": [1, 2], "session_start": [START, END + timedelta(hours=1)],
+                           "events": [3, 4]}, schema=schema))  # fmt: skip
+    base = table.current_snapshot()
+    assert base is not None
+    table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
+    known = Correction(app="sessionizer", branch="fix", time_column="session_start",
+                       key=("account_id", "session_start"), start=START, end=END, base=base.snapshot_id,
+                       cleared=True, complete=True)  # fmt: skip
+    with table.transaction() as transaction:
+        transaction.set_properties({property_name("fix"): known.dumps()})
+    # A row of the window written into main after the branch was made.
+    table.append(pa.table({"account_id": [5], "session_start": [START + timedelta(hours=1)], "events": [1]},
+                          schema=schema))  # fmt: skip
+    late = table.current_snapshot()
+    assert late is not None
+    path = settings_file(tmp_path, output_table=f"apps.{name}", output=OUTPUT,
+                         catalog=stack.catalog.model_dump(mode="json", exclude_none=True),
+                         checkpoint_location=str(tmp_path / "checkpoint"),
+                         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers})  # fmt: skip
+    ran = subprocess.run([sys.executable, "-m", "bergstream", "backfill", "publish", "--app", "sessionizer",
+                          "--branch", "fix", "--config", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert ran.returncode != 0
+    assert "main changed the window [2026-11-20T00:00:00Z, 2026-11-20T06:00:00Z)" in ran.stderr, ran.stderr[
+        -2000:
+    ]
+    assert f"snapshot {late.snapshot_id} (append" in ran.stderr and "backfill release" in ran.stderr
+    table = catalog.load_table(("apps", name))
+    current = table.current_snapshot()
+    assert current is not None and current.snapshot_id == late.snapshot_id, "main changed"
+    assert sorted(table.metadata.refs) == ["fix", "main"], "a tag was made"
+    assert recorded(dict(table.properties), "fix") == known

@@ -147,21 +147,22 @@ def _apply(
         table.refresh()
         if _find(table, *summary, since) is not None:
             return  # an attempt whose outcome was unknown landed
-        transaction = table.table.newTransaction()
-        if tag is not None:
-            current = table.table.currentSnapshot()
-            transaction.manageSnapshots().createTag(tag, current.snapshotId()).commit()
-        overwrite = transaction.newOverwrite()
-        for file in removed:
-            overwrite.deleteFile(file)
-        for file in added:
-            overwrite.addFile(file)
-        overwrite.validateFromSnapshot(since).conflictDetectionFilter(table.window(correction))
-        overwrite.validateNoConflictingData().validateNoConflictingDeletes()
-        overwrite.set(BRANCH, correction.branch).set(*summary)
-        overwrite.commit()
-        transaction.updateProperties().set(property_name(correction.branch), recorded.dumps()).commit()
         try:
+            # The overwrite is validated as it is staged, and again if the transaction is tried again.
+            transaction = table.table.newTransaction()
+            if tag is not None:
+                current = table.table.currentSnapshot()
+                transaction.manageSnapshots().createTag(tag, current.snapshotId()).commit()
+            overwrite = transaction.newOverwrite()
+            for file in removed:
+                overwrite.deleteFile(file)
+            for file in added:
+                overwrite.addFile(file)
+            overwrite.validateFromSnapshot(since).conflictDetectionFilter(table.window(correction))
+            overwrite.validateNoConflictingData().validateNoConflictingDeletes()
+            overwrite.set(BRANCH, correction.branch).set(*summary)
+            overwrite.commit()
+            transaction.updateProperties().set(property_name(correction.branch), recorded.dumps()).commit()
             transaction.commitTransaction()
             return
         except Exception as error:
