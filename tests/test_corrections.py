@@ -467,10 +467,15 @@ def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_an
     assert rows(identifier, in_window) == lived
     assert rows(identifier, outside) == live_outside
 
-    # Released: the branch, the tag and the record are gone; main stays as it is.
+    # Published again, then released: the branch, the tags and the record go; what is published stays.
+    republished = bergstream("backfill", "publish", *app, "--branch", "fix", "--json")
+    assert republished.returncode == 0, republished.stderr[-3000:]
+    assert json.loads(republished.stdout)["tag"] != tag
+    assert rows(identifier, in_window) == expected
+    assert rows(identifier, outside) == live_outside
     released = bergstream("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
     assert released.returncode == 0, released.stderr[-3000:]
     table = stack.catalog.load().load_table(("apps", output))
-    assert "fix" not in table.metadata.refs and tag not in table.metadata.refs
+    assert sorted(table.metadata.refs) == ["main"]
     assert recorded(dict(table.properties), "fix") is None
-    assert rows(identifier, in_window) == lived
+    assert rows(identifier, in_window) == expected

@@ -5,15 +5,16 @@ with its effect on a live query committing to the same table meanwhile.
     .venv/bin/python -m bench.apps.correct --shape 4h
 
 In one `local[2]` Spark session, on the archive's window [start, end) of ingestion time:
-1. a warm-up backfill (into a table of its own);
-2. (p) today's backfill: `backfill run` over [start, end), its output appended to the output table P;
-3. (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
+1. today's backfill: `backfill run` over [start, end), its output appended to the output table P;
+2. one run of each kind below to warm up, then three rounds of both, in turn:
+   (p) today's backfill over [start, end) into a table of its own;
+   (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
    of P, which reads the same [start, end); it makes the branch and clears the window first;
-4. (p) today's backfill again, into a table of its own: the first of each kind pays more;
-5. the audit of the branch against P's main;
+3. the audit of the last branch against P's main;
 6. a live sessionizer started on P (Kafka, new events produced at 2,000 a second by a thread of the
-   bench), then the publish while it commits; its micro-batches' durations before, during and after.
-The ratio c/p is of the seconds of each run, over the median of the two (p) runs.
+   bench), and the branch published and unpublished in turn, 3 s apart, while it commits: the times of
+   each, and the live query's micro-batches' durations while one of them runs and otherwise.
+The ratio c/p is of the medians of each kind's seconds.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
 from bergstream.runtime.correct.audit import audit
-from bergstream.runtime.correct.branch import IcebergTable
-from bergstream.runtime.correct.publish import publish
+from bergstream.runtime.correct.branch import IcebergTable, prepare_branch
+from bergstream.runtime.correct.publish import publish, unpublish
 from bergstream.runtime.run import run_app
 from bergstream.runtime.settings import AppSettings, correction
 from bergstream.spark import build_spark_session
@@ -47,6 +48,8 @@ OUT = Path(__file__).parent.parent / "out" / "apps"
 WARM_UP, SETTLE = timedelta(hours=1), timedelta(hours=1)
 BRANCH = "bench_fix"
 LIVE_RATE = 2_000
+# Runs of each kind, in turn, after one of each to warm up.
+ROUNDS = 3
 
 
 def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSettings:
@@ -90,31 +93,42 @@ def main() -> None:
     }  # fmt: skip
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.apps")
-        for name in ("bench_correct_warm", "bench_correct_prod", "bench_correct_again"):
+        for name in ("bench_correct_prod", *[f"bench_correct_plain_{i}" for i in range(ROUNDS + 1)]):
             spark.sql(f"DROP TABLE IF EXISTS bergstream.apps.{name} PURGE")
-        backfill(spark, with_output(base, "apps.bench_correct_warm", args.work / "warm"))
         plain = with_output(base, "apps.bench_correct_prod", args.work / "prod")
-        results["plain_s"] = backfill(spark, plain)
-        print(f"(p) today's backfill: {results['plain_s']:.1f}s", flush=True)
+        backfill(spark, plain)  # the output to correct; the first run of a session pays more
+        identifier = output_identifier(plain)
         assert plain.backfill.start is not None and plain.backfill.end is not None
         window = {"start": plain.backfill.start + WARM_UP, "end": plain.backfill.end - SETTLE}
-        corrected = correction(
-            AppSettings.model_validate(
-                {**plain.model_dump(), "backfill": {**plain.backfill.model_dump(), **window},
-                 "checkpoint_location": str(args.work / "branch")}
-            ),
-            BRANCH,
-        )  # fmt: skip
-        identifier = output_identifier(plain)
-        results["branch_s"] = backfill(spark, corrected)
-        print(f"(c) into branch {BRANCH}: {results['branch_s']:.1f}s", flush=True)
-        results["plain_again_s"] = backfill(
-            spark, with_output(base, "apps.bench_correct_again", args.work / "again")
-        )
-        print(f"(p) today's backfill again: {results['plain_again_s']:.1f}s", flush=True)
-        results["c_over_p"] = results["branch_s"] / statistics.median(
-            [results["plain_s"], results["plain_again_s"]]
-        )
+
+        def corrected(branch: str) -> float:
+            """The branch made and cleared, then the query (which finds it so): seconds of both."""
+            chosen = correction(
+                AppSettings.model_validate(
+                    {**plain.model_dump(), "backfill": {**plain.backfill.model_dump(), **window},
+                     "checkpoint_location": str(args.work / branch)}
+                ),
+                branch,
+            )  # fmt: skip
+            shutil.rmtree(chosen.checkpoint_location, ignore_errors=True)
+            prepared, _ = timed(lambda: prepare_branch(spark, chosen, identifier))
+            results.setdefault("branch_prepare_s", []).append(prepared)
+            return float(prepared) + backfill(spark, chosen)
+
+        # Each kind warmed once, then in turn: (p), (c), (p), (c), ...
+        backfill(spark, with_output(base, f"apps.bench_correct_plain_{ROUNDS}", args.work / "warm"))
+        corrected("bench_warm")
+        results["branch_prepare_s"] = []
+        for round_ in range(ROUNDS):
+            branch = BRANCH if round_ == ROUNDS - 1 else f"{BRANCH}_{round_}"
+            chosen = with_output(base, f"apps.bench_correct_plain_{round_}", args.work / f"plain_{round_}")
+            results.setdefault("plain_s", []).append(backfill(spark, chosen))
+            results.setdefault("branch_s", []).append(corrected(branch))
+            print(f"(p) today's backfill {results['plain_s'][-1]:.1f}s, (c) into branch {branch} "
+                  f"{results['branch_s'][-1]:.1f}s, of which the branch made and cleared "
+                  f"{results['branch_prepare_s'][-1]:.1f}s", flush=True)  # fmt: skip
+        results["c_over_p"] = statistics.median(results["branch_s"]) / statistics.median(results["plain_s"])
+        print(f"c/p {results['c_over_p']:.3f}", flush=True)
         table = IcebergTable(spark, identifier)
         recorded = table.correction(BRANCH)
         assert recorded is not None
@@ -128,7 +142,36 @@ def main() -> None:
     path = OUT / f"correct-{args.shape}.json"
     path.write_text(json.dumps(results, indent=2, default=str))
     print(json.dumps({k: v for k, v in results.items() if k != "live"}, indent=2, default=str))
-    print(json.dumps({k: v for k, v in results["live"].items() if k != "batches"}, indent=2, default=str))
+    print(json.dumps(results["live"], indent=2, default=str))
+    plot(results, path.with_suffix(".png"))
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Each round's seconds of (p) and (c), the branch's making in (c); the publishes' and unpublishes'."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (runs, commits) = plt.subplots(1, 2, figsize=(11, 4))
+    rounds = range(len(results.get("plain_s", [])))
+    runs.bar([r - 0.2 for r in rounds], results.get("plain_s", []), 0.4, label="(p) today's backfill")
+    runs.bar([r + 0.2 for r in rounds], results.get("branch_s", []), 0.4, label="(c) into a branch")
+    runs.bar(
+        [r + 0.2 for r in rounds], results.get("branch_prepare_s", []), 0.4, label="(c): branch made, cleared"
+    )
+    runs.set_xlabel("round")
+    runs.set_ylabel("seconds")
+    runs.set_title(f"backfill, {results['shape']} archive: c/p {results.get('c_over_p', 0):.2f} x")
+    runs.legend()
+    actions = results.get("live", {}).get("actions", [])
+    commits.bar(range(len(actions)), [a["seconds"] for a in actions],
+                color=["#3b7dd8" if a["what"] == "publish" else "#d8903b" for a in actions])  # fmt: skip
+    commits.set_xlabel("publish (blue) and unpublish (orange), in turn, beside a live query")
+    commits.set_ylabel("seconds")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, args: Any) -> dict[str, Any]:
@@ -150,34 +193,55 @@ def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, 
 
     batches = Batches()
     feeder = threading.Thread(target=feed, daemon=True)
+    actions: list[tuple[str, float, float, float]] = []  # what, began, ended, seconds
     with progress_events(spark, batches.add):
         query, _ = start_query(spark, live)
         feeder.start()
         try:
-            time.sleep(args.live_seconds / 2)
-            began = time.time()
-            seconds, published = timed(lambda: publish(spark, identifier, BRANCH))
-            ended = time.time()
-            print(f"publish: {seconds:.1f}s, {published.lines()[1].strip()}", flush=True)
-            time.sleep(args.live_seconds / 2)
+            # Published and unpublished in turn, a few seconds apart, while the live query commits.
+            deadline = time.monotonic() + args.live_seconds
+            action = publish
+            while time.monotonic() < deadline:
+                time.sleep(3)
+                began = time.time()
+                seconds, done = timed(lambda action=action: action(spark, identifier, BRANCH))
+                actions.append((done.action, began, time.time(), seconds))
+                print(f"{done.action}: {seconds:.2f}s, {done.lines()[1].strip()}", flush=True)
+                action = unpublish if action is publish else publish
+            time.sleep(5)
         finally:
             stop.set()
             query.stop()
             feeder.join()
-    during = [b for b in batches.batches if b.ended - b.ms / 1000 <= ended and b.ended >= began]
-    other = [b for b in batches.batches if b not in during and b.rows]
+    if actions and actions[-1][0] == "unpublish":
+        publish(spark, identifier, BRANCH)
+
+    def overlaps(batch: Any) -> bool:
+        return any(
+            batch.ended - batch.ms / 1000 <= ended and batch.ended >= began for _, began, ended, _ in actions
+        )
+
+    written = [b for b in batches.batches if b.rows]
+    during = [b for b in written if overlaps(b)]
+    other = [b for b in written if not overlaps(b)]
 
     def median(chosen: list[Any], phase: str | None = None) -> float | None:
         values = [b.phases.get(phase, 0.0) if phase else b.ms for b in chosen]
         return statistics.median(values) if values else None
 
     return {
-        "publish_s": seconds, "rows_removed": published.rows_removed, "rows_added": published.rows_added,
-        "files_removed": published.files_removed, "files_added": published.files_added,
-        "batch_ms_during": [b.ms for b in during], "batch_ms_median_other": median(other),
-        "add_batch_ms_during": [b.phases.get("addBatch") for b in during],
-        "add_batch_ms_median_other": median(other, "addBatch"), "batches": len(batches.batches),
+        "actions": [{"what": what, "seconds": seconds} for what, _, _, seconds in actions],
+        "publish_s_median": median_of([s for what, _, _, s in actions if what == "publish"]),
+        "unpublish_s_median": median_of([s for what, _, _, s in actions if what == "unpublish"]),
+        "live_batches": len(written), "live_batches_during": len(during),
+        "batch_ms_median_during": median(during), "batch_ms_median_other": median(other),
+        "add_batch_ms_median_during": median(during, "addBatch"),
+        "add_batch_ms_median_other": median(other, "addBatch"),
     }  # fmt: skip
+
+
+def median_of(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 if __name__ == "__main__":
