@@ -308,11 +308,15 @@ def bergstream(*arguments: str, timeout: float = 600) -> subprocess.CompletedPro
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("fixture", ["late_plays", "late_impressions"], ids=["sessionizer", "attribution"])
 def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_and_unpublished_live(
-    stack: Services, spark: SparkSession, tmp_path: Path, fixture: str, request: pytest.FixtureRequest
+    stack: Services, spark: SparkSession, tmp_path: Path, late_plays: Scenario
 ) -> None:
-    scenario: Scenario = request.getfixturevalue(fixture)
+    correct_live(stack, spark, tmp_path, late_plays)
+
+
+def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario: Scenario) -> None:
+    """The proof for `scenario`'s application (the attribution's in test_corrections_two_sources.py, so
+    that the two run side by side)."""
     t0 = scenario.start
     output = f"{scenario.app}_{next(iter(scenario.topics.values()))}"
     identifier = f"{stack.catalog.name}.apps.{output}"
