@@ -11,17 +11,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import yaml
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.runtime.correct.state import Correction, property_name, recorded
 from bergstream.runtime.settings import backfill_checkpoint, correction, load_app_settings
 from tests.services import Services
+from tests.test_backfill_settings import DEFAULTS
+from tests.test_backfill_settings import write as settings_file
 
 ROOT = Path(__file__).parent.parent
-CATALOG = {"uri": "jdbc:sqlite:/tmp/catalog.db", "warehouse": "file:///tmp/warehouse"}
-DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": CATALOG,
-            "checkpoint_location": "/tmp/apps/sessionizer"}  # fmt: skip
 OUTPUT = {
     "time_column": "session_start",
     "key": ["account_id", "session_start"],
@@ -29,19 +27,29 @@ OUTPUT = {
     "settle": "2h",
 }
 START, END = datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 20, 6, tzinfo=UTC)
+SCHEMA = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
+                    ("events", pa.int64())])  # fmt: skip
 
 
-def settings_file(tmp_path: Path, **settings: Any) -> Path:
-    content = {
-        "app": "sessionizer",
-        "entry": "bergstream.apps.sessionizer:sessionizer",
-        "sources": {"playback": {"topic": "playback", "encoding": "json"}},
-        "output_table": "apps.sessions",
-        **settings,
-    }
-    path = tmp_path / "sessionizer.yaml"
-    path.write_text(yaml.safe_dump(content))
-    return path
+def output_with_branch(
+    stack: Services, name: str, starts: list[datetime], **progress: Any
+) -> tuple[Any, Correction]:
+    """An output table of sessions starting at `starts`, and a correction of [START, END) in its branch
+    `fix` made from it, as far as `progress` says."""
+    catalog = stack.catalog.load()
+    catalog.create_namespace_if_not_exists("apps")
+    table = catalog.create_table(("apps", name), schema=SCHEMA)
+    rows = {"account_id": list(range(len(starts))), "session_start": starts, "events": [3] * len(starts)}
+    table.append(pa.table(rows, schema=SCHEMA))
+    base = table.current_snapshot()
+    assert base is not None
+    table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
+    known = Correction(app="sessionizer", branch="fix", time_column="session_start",
+                       key=("account_id", "session_start"), start=START, end=END, base=base.snapshot_id,
+                       **progress)  # fmt: skip
+    with table.transaction() as transaction:
+        transaction.set_properties({property_name("fix"): known.dumps()})
+    return table, known
 
 
 def backfill(path: Path) -> Any:
@@ -91,21 +99,8 @@ def test_a_correction_s_record_reads_back_as_written() -> None:
 def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
     stack: Services, tmp_path: Path
 ) -> None:
-    catalog = stack.catalog.load()
-    catalog.create_namespace_if_not_exists("apps")
-    schema = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
-                        ("events", pa.int64())])  # fmt: skip
     name = f"refusals_{tmp_path.name}"[:60]
-    table = catalog.create_table(("apps", name), schema=schema)
-    table.append(pa.table({"account_id": [1], "session_start": [START], "events": [3]}, schema=schema))
-    base = table.current_snapshot()
-    assert base is not None
-    table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
-    known = Correction(app="sessionizer", branch="fix", time_column="session_start",
-                       key=("account_id", "session_start"), start=START, end=END,
-                       base=base.snapshot_id)  # fmt: skip
-    with table.transaction() as transaction:
-        transaction.set_properties({property_name("fix"): known.dumps()})
+    output_with_branch(stack, name, [START])
     common = {"catalog": stack.catalog.model_dump(mode="json", exclude_none=True),
               "checkpoint_location": str(tmp_path / "checkpoint"),
               "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers}}  # fmt: skip
@@ -150,25 +145,13 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
 def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_was_made(
     stack: Services, tmp_path: Path
 ) -> None:
-    catalog = stack.catalog.load()
-    catalog.create_namespace_if_not_exists("apps")
-    schema = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
-                        ("events", pa.int64())])  # fmt: skip
     name = f"conflict_{tmp_path.name}"[:60]
-    table = catalog.create_table(("apps", name), schema=schema)
-    table.append(pa.table({"account_id": [1, 2], "session_start": [START, END + timedelta(hours=1)],
-                           "events": [3, 4]}, schema=schema))  # fmt: skip
-    base = table.current_snapshot()
-    assert base is not None
-    table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
-    known = Correction(app="sessionizer", branch="fix", time_column="session_start",
-                       key=("account_id", "session_start"), start=START, end=END, base=base.snapshot_id,
-                       cleared=True, complete=True)  # fmt: skip
-    with table.transaction() as transaction:
-        transaction.set_properties({property_name("fix"): known.dumps()})
+    table, known = output_with_branch(
+        stack, name, [START, END + timedelta(hours=1)], cleared=True, complete=True
+    )
     # A row of the window written into main after the branch was made.
     table.append(pa.table({"account_id": [5], "session_start": [START + timedelta(hours=1)], "events": [1]},
-                          schema=schema))  # fmt: skip
+                          schema=SCHEMA))  # fmt: skip
     late = table.current_snapshot()
     assert late is not None
     path = settings_file(tmp_path, output_table=f"apps.{name}", output=OUTPUT,
@@ -183,7 +166,7 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
         -2000:
     ]
     assert f"snapshot {late.snapshot_id} (append" in ran.stderr and "backfill release" in ran.stderr
-    table = catalog.load_table(("apps", name))
+    table = stack.catalog.load().load_table(("apps", name))
     current = table.current_snapshot()
     assert current is not None and current.snapshot_id == late.snapshot_id, "main changed"
     assert sorted(table.metadata.refs) == ["fix", "main"], "a tag was made"

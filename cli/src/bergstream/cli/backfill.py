@@ -24,7 +24,10 @@ from bergstream.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from bergstream.backfill.read.order import OrderingPolicy
+    from bergstream.runtime.correct.publish import Published
     from bergstream.runtime.settings import AppSettings
 
 
@@ -164,13 +167,7 @@ CORRECTION = [
         required=True,
         help="The application whose output the branch corrects: its settings are <apps dir>/<app>.yaml.",
     ),
-    click.option(
-        "--config",
-        "config_file",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Settings file (default: <apps dir>/<app>.yaml).",
-    ),
+    APP_OPTIONS[1],  # --config
     click.option("--branch", required=True, help="The branch `backfill run --branch` wrote."),
     click.option(
         "--output-table", default=None, help="The application's output table (default: its file's)."
@@ -259,15 +256,9 @@ def backfill_publish(
 ) -> None:
     """Replace main's rows of a correction's window with its branch's, in one commit on main that keeps what
     the live query appends meanwhile; main's snapshot before it is tagged. Run again, it publishes once."""
-    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.runtime.correct.publish import publish
-    from bergstream.spark import spark_session
 
-    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-publish-{app}") as spark:
-        report = publish(spark, output.identifier, branch)
-    echo_report(as_json, "backfill publish", report.to_json(), report.lines())
+    _on_main(publish, app, config_file, branch, output_table, as_json, spark_conf, data_dir)
 
 
 @backfill.command("unpublish")
@@ -283,15 +274,30 @@ def backfill_unpublish(
     data_dir: Path | None,
 ) -> None:
     """Put main's rows of a published correction's window back as they were, in one commit on main."""
-    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.runtime.correct.publish import unpublish
+
+    _on_main(unpublish, app, config_file, branch, output_table, as_json, spark_conf, data_dir)
+
+
+def _on_main(
+    action: Callable[[Any, str, str], Published],
+    app: str,
+    config_file: Path | None,
+    branch: str,
+    output_table: str | None,
+    as_json: bool,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+) -> None:
+    """A publish or an unpublish of `app`'s correction in `branch`, checked before Spark starts."""
+    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.spark import spark_session
 
     settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
     output, _ = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-unpublish-{app}") as spark:
-        report = unpublish(spark, output.identifier, branch)
-    echo_report(as_json, "backfill unpublish", report.to_json(), report.lines())
+    with spark_session(settings.catalog, settings.spark, f"bergstream-{action.__name__}-{app}") as spark:
+        report = action(spark, output.identifier, branch)
+    echo_report(as_json, f"backfill {action.__name__}", report.to_json(), report.lines())
 
 
 @backfill.command("release")
