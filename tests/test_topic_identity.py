@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.handover import pin_handover, refuse_lost_handover
 from bergstream.backfill.read.planner import table_ref
+from bergstream.errors import ConfigError
 from bergstream.kafka_topics import topic_ids
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
@@ -24,6 +25,7 @@ from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
 from bergstream.schemas.batch_range import TOPIC_ID
+from tests.routers import eventually
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -122,6 +124,15 @@ def test_a_topic_created_again_while_the_router_runs_stops_it_before_its_next_ba
         started_on = identity.at_start(spark, str(tmp_path / "checkpoint"), [])
         identity.before_batch(6)  # the same topic: no error
         recreate(stack.bootstrap_servers, topic, 2)
+
+        def described_again() -> bool:
+            """Kafka answers for the topic made again: its metadata has reached the broker it asks."""
+            try:
+                return kafka.topic_id() not in (None, started_on)
+            except ConfigError:
+                return False
+
+        eventually(described_again, f"Kafka describing topic {topic} made again", timeout=60)
         with pytest.raises(TopicRecreated) as stopped:
             identity.before_batch(7)
         assert f"records id {started_on}" in str(stopped.value)
