@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from bergstream.runtime.correct.state import Correction, property_name, recorded
+from bergstream.runtime.correct.state import Correction, property_name
 from bergstream.runtime.settings import AppSettings
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class IcebergTable:
 
     def correction(self, branch: str) -> Correction | None:
         text = self.property(property_name(branch))
-        return recorded({property_name(branch): text}, branch) if text is not None else None
+        return Correction.loads(text) if text is not None else None
 
     def save(self, correction: Correction) -> None:
         self.table.updateProperties().set(property_name(correction.branch), correction.dumps()).commit()
