@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.stack import bench_parser
+from bench.stack import bench_home, bench_parser
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -415,14 +414,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     OUT.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="bergstream-soak-"))
-    try:
-        with postgres_server() as postgres:
-            report = Soak(args, work, postgres).run()
-    finally:
-        if (work / "router.log").exists():
-            shutil.copy(work / "router.log", OUT / "router.log")
-        shutil.rmtree(work, ignore_errors=True)
+    with bench_home("soak") as work:
+        try:
+            with postgres_server() as postgres:
+                report = Soak(args, work, postgres).run()
+        finally:
+            if (work / "router.log").exists():
+                shutil.copy(work / "router.log", OUT / "router.log")
     (OUT / "soak.json").write_text(json.dumps(asdict(report), indent=1))
     plot(report, OUT / "soak.png")
     by_kind = Counter(fault.kind for fault in report.faults)

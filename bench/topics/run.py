@@ -40,7 +40,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -55,7 +54,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.router.run import freshness, machine, percentile
-from bench.stack import bench_parser
+from bench.stack import bench_home, bench_parser
 from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.events import EventModel
 from bergstream.loadgen.producer import ProduceRequest, produce
@@ -547,14 +546,14 @@ def main() -> None:
         plot([r for r in runs if "failed" not in r], args.replot.with_suffix(".png"))
         return
     OUT.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="bergstream-bench-topics-"))
+    running = contextlib.ExitStack()
+    home = running.enter_context(bench_home("topics"))
     kafka_port, controller_port, store_port = free_ports(3)
     stack = LocalStack(
         StackConfig(data_dir=home / "stack", kafka_port=kafka_port, controller_port=controller_port,
                     object_store=args.object_store, object_store_port=store_port)
     )  # fmt: skip
     status = stack.up()
-    running = contextlib.ExitStack()
     catalog = stack.config.catalog
     if args.catalog == "postgres":
         if args.object_store != "none":
@@ -576,8 +575,8 @@ def main() -> None:
                     print(f"  {count} topics, {shape}: {error}", flush=True)
                     results.append({"topics": count, "shape": shape, "failed": str(error), "samples": []})
     finally:
-        running.close()
         stack.down()
+        running.close()
     report = {
         "machine": machine(),
         "date": datetime.now(UTC).isoformat(),

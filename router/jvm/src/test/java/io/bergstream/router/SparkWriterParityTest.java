@@ -53,7 +53,7 @@ class SparkWriterParityTest {
   }
 
   @AfterAll
-  static void stop() {
+  static void stop() throws Exception {
     TopicWriterTest.stop();
   }
 

@@ -18,6 +18,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.sql.Timestamp;
 import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicReference;
@@ -73,8 +74,13 @@ class TopicWriterTest {
   }
 
   @AfterAll
-  static void stop() {
+  static void stop() throws Exception {
     spark.stop();
+    try (var paths = Files.walk(warehouse)) {
+      for (Path path : paths.sorted(Comparator.reverseOrder()).toList()) {
+        Files.delete(path);
+      }
+    }
   }
 
   /** The rows of a topic: the value as a title when it has one, else a dead letter saying so. */
