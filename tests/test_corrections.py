@@ -399,6 +399,19 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         correction = recorded(dict(catalog.load_table(("apps", output)).properties), "fix")
         assert correction is not None and correction.complete
         assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
+        # Its commits since main's snapshot: the clearing of main's rows of the window first (run beside the
+        # query's start), then the batches'.
+        table.refresh()
+        since: list[dict[str, str]] = []  # newest first
+        snapshot = table.snapshot_by_id(table.metadata.refs["fix"].snapshot_id)
+        while snapshot is not None and snapshot.snapshot_id != correction.base:
+            since.append(snapshot.summary.additional_properties if snapshot.summary else {})
+            snapshot = (
+                table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+            )
+        *batches, clearing = since
+        assert snapshot is not None and batches and QUERY_ID not in clearing
+        assert all(QUERY_ID in batch for batch in batches), since
 
         # The audit, against counts made here from main's rows and the true ones.
         audited = bergstream("backfill", "audit", *app, "--branch", "fix", "--json")

@@ -6,10 +6,14 @@ with its effect on a live query committing to the same table meanwhile.
 
 In one `local[2]` Spark session, on the archive's window [start, end) of ingestion time:
 1. today's backfill: `backfill run` over [start, end), its output appended to the output table P;
-2. one run of each kind below to warm up, then three rounds of both, in turn:
+2. one run of each kind below to warm up, then three rounds of each, in turn:
    (p) today's backfill over [start, end) into a table of its own;
    (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
-   of P, which reads the same [start, end); it makes the branch and clears the window first;
+   of P, which reads the same [start, end): it makes the branch, and clears it of the window beside the
+   query's start (the first commit to the branch waits for it);
+   (c_first) the same, the branch made and cleared before the query starts;
+   each run's seconds split into its micro-batches' (Spark's progress), the branch's making and clearing
+   (c_first), and the rest;
 3. the audit of the last branch against P's main;
 6. a live sessionizer started on P (Kafka, new events produced at 2,000 a second by a thread of the
    bench), and the branch published and unpublished in turn, 3 s apart, while it commits: the times of
@@ -37,7 +41,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
 from bergstream.runtime.correct.audit import audit
-from bergstream.runtime.correct.branch import IcebergTable, prepare_branch
+from bergstream.runtime.correct.branch import IcebergTable, clear_branch, make_branch
 from bergstream.runtime.correct.publish import publish, unpublish
 from bergstream.runtime.run import run_app
 from bergstream.runtime.settings import AppSettings, correction
@@ -60,6 +64,33 @@ def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSet
                 "warm_up": f"{int(WARM_UP.total_seconds())}s", "settle": f"{int(SETTLE.total_seconds())}s"},
     )  # fmt: skip
     return AppSettings.model_validate(document)
+
+
+class Profile:
+    """Where a kind of run's seconds go: its micro-batches (Spark's progress: their count and seconds, and
+    the seconds of their writes, `addBatch`), the branch's making and clearing, and the rest."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, float]] = []
+
+    def backfill(self, spark: Any, app: AppSettings, **before: float) -> float:
+        """`backfill(spark, app)`, profiled; `before`: seconds spent before it, counted in its total."""
+        batches = Batches()
+        with progress_events(spark, batches.add):
+            seconds = backfill(spark, app)
+        run = {
+            **before,
+            "batches": len(batches.batches),
+            "batches_s": sum(b.ms for b in batches.batches) / 1000,
+            "writes_s": sum(b.phases.get("addBatch", 0.0) for b in batches.batches) / 1000,
+        }
+        run["total_s"] = seconds + sum(before.values())
+        run["rest_s"] = run["total_s"] - run["batches_s"] - sum(before.values())
+        self.runs.append(run)
+        return float(run["total_s"])
+
+    def medians(self) -> dict[str, float]:
+        return {name: statistics.median(run[name] for run in self.runs) for name in self.runs[-1]}
 
 
 def backfill(spark: Any, app: AppSettings) -> float:
@@ -93,7 +124,8 @@ def main() -> None:
     }  # fmt: skip
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.apps")
-        for name in ("bench_correct_prod", *[f"bench_correct_plain_{i}" for i in range(ROUNDS + 1)]):
+        plains = [f"bench_correct_plain_{i}" for i in (*range(ROUNDS), "warm_p")]
+        for name in ("bench_correct_prod", *plains):
             spark.sql(f"DROP TABLE IF EXISTS bergstream.apps.{name} PURGE")
         plain = with_output(base, "apps.bench_correct_prod", args.work / "prod")
         backfill(spark, plain)  # the output to correct; the first run of a session pays more
@@ -101,8 +133,7 @@ def main() -> None:
         assert plain.backfill.start is not None and plain.backfill.end is not None
         window = {"start": plain.backfill.start + WARM_UP, "end": plain.backfill.end - SETTLE}
 
-        def corrected(branch: str) -> float:
-            """The branch made and cleared, then the query (which finds it so): seconds of both."""
+        def chosen_correction(branch: str) -> AppSettings:
             chosen = correction(
                 AppSettings.model_validate(
                     {**plain.model_dump(), "backfill": {**plain.backfill.model_dump(), **window},
@@ -111,24 +142,46 @@ def main() -> None:
                 branch,
             )  # fmt: skip
             shutil.rmtree(chosen.checkpoint_location, ignore_errors=True)
-            prepared, _ = timed(lambda: prepare_branch(spark, chosen, identifier))
-            results.setdefault("branch_prepare_s", []).append(prepared)
-            return float(prepared) + backfill(spark, chosen)
+            return chosen
 
-        # Each kind warmed once, then in turn: (p), (c), (p), (c), ...
-        backfill(spark, with_output(base, f"apps.bench_correct_plain_{ROUNDS}", args.work / "warm"))
-        corrected("bench_warm")
-        results["branch_prepare_s"] = []
+        def today(run: str, profile: Profile) -> float:
+            chosen = with_output(base, f"apps.bench_correct_plain_{run}", args.work / f"plain_{run}")
+            return profile.backfill(spark, chosen)
+
+        def corrected(branch: str, profile: Profile) -> float:
+            """`backfill run --branch`: the branch made, its clearing beside the query's start."""
+            return profile.backfill(spark, chosen_correction(branch))
+
+        def cleared_first(branch: str, profile: Profile) -> float:
+            """The branch made and cleared before the query starts: seconds of all three."""
+            chosen = chosen_correction(branch)
+            table = IcebergTable(spark, identifier)
+            made_s, made = timed(lambda: make_branch(table, chosen))
+            cleared_s, _ = timed(lambda: clear_branch(table, made))
+            return profile.backfill(spark, chosen, make_s=made_s, clear_s=cleared_s)
+
+        kinds = {"p": today, "c": corrected, "c_first": cleared_first}
+        profiles = {kind: Profile() for kind in kinds}
+        # Each kind warmed once, then in turn: (p), (c), (c_first), (p), ...
+        for kind, run in kinds.items():
+            run(f"warm_{kind}", Profile())
         for round_ in range(ROUNDS):
-            branch = BRANCH if round_ == ROUNDS - 1 else f"{BRANCH}_{round_}"
-            chosen = with_output(base, f"apps.bench_correct_plain_{round_}", args.work / f"plain_{round_}")
-            results.setdefault("plain_s", []).append(backfill(spark, chosen))
-            results.setdefault("branch_s", []).append(corrected(branch))
-            print(f"(p) today's backfill {results['plain_s'][-1]:.1f}s, (c) into branch {branch} "
-                  f"{results['branch_s'][-1]:.1f}s, of which the branch made and cleared "
-                  f"{results['branch_prepare_s'][-1]:.1f}s", flush=True)  # fmt: skip
+            for kind, run in kinds.items():
+                name = BRANCH if (kind, round_) == ("c", ROUNDS - 1) else f"{BRANCH}_{kind}_{round_}"
+                run(name if kind != "p" else str(round_), profiles[kind])
+                last = profiles[kind].runs[-1]
+                print(f"({kind}) {last['total_s']:.2f}s: " + ", ".join(
+                    f"{part} {value:.2f}" for part, value in last.items() if part != "total_s"
+                ), flush=True)  # fmt: skip
+        for kind, profile in profiles.items():
+            results[kind] = profile.runs
+            results[f"{kind}_median"] = profile.medians()
+        results["plain_s"] = [run["total_s"] for run in profiles["p"].runs]
+        results["branch_s"] = [run["total_s"] for run in profiles["c"].runs]
         results["c_over_p"] = statistics.median(results["branch_s"]) / statistics.median(results["plain_s"])
-        print(f"c/p {results['c_over_p']:.3f}", flush=True)
+        results["c_first_over_p"] = results["c_first_median"]["total_s"] / results["p_median"]["total_s"]
+        print(f"c/p {results['c_over_p']:.3f} (branch cleared first: {results['c_first_over_p']:.3f}); "
+              f"medians {json.dumps({k: results[f'{k}_median'] for k in kinds})}", flush=True)  # fmt: skip
         table = IcebergTable(spark, identifier)
         recorded = table.correction(BRANCH)
         assert recorded is not None
@@ -155,11 +208,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     figure, (runs, commits) = plt.subplots(1, 2, figsize=(11, 4))
     rounds = range(len(results.get("plain_s", [])))
-    runs.bar([r - 0.2 for r in rounds], results.get("plain_s", []), 0.4, label="(p) today's backfill")
-    runs.bar([r + 0.2 for r in rounds], results.get("branch_s", []), 0.4, label="(c) into a branch")
-    runs.bar(
-        [r + 0.2 for r in rounds], results.get("branch_prepare_s", []), 0.4, label="(c): branch made, cleared"
-    )
+    runs.bar([r - 0.27 for r in rounds], results.get("plain_s", []), 0.27, label="(p) today's backfill")
+    runs.bar([r for r in rounds], results.get("branch_s", []), 0.27, label="(c) backfill run --branch")
+    first = results.get("c_first", [])
+    runs.bar([r + 0.27 for r in rounds], [run["total_s"] for run in first], 0.27,
+             label="(c_first) branch cleared before the query")  # fmt: skip
+    runs.bar([r + 0.27 for r in rounds], [run["make_s"] + run["clear_s"] for run in first], 0.27,
+             label="(c_first): branch made, cleared")  # fmt: skip
     runs.set_xlabel("round")
     runs.set_ylabel("seconds")
     runs.set_title(f"backfill, {results['shape']} archive: c/p {results.get('c_over_p', 0):.2f} x")

@@ -4,6 +4,8 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bergstream.runtime.correct.state import Correction, property_name
@@ -68,45 +70,76 @@ class IcebergTable:
         )
 
 
-def prepare_branch(spark: SparkSession, settings: AppSettings, identifier: str) -> Correction:
-    """The correction's branch, made from main when new (in one commit with its record), then cleared of
-    main's rows of the window once: a resumed backfill finds it as it left it."""
+def prepare_branch(
+    spark: SparkSession, settings: AppSettings, identifier: str
+) -> tuple[Correction, Future[Any]]:
+    """The correction's branch, made from main when new (in one commit with its record), and its clearing of
+    main's rows of the window: done once, run beside the query's start (the query's first commit to the
+    branch waits for it; a resumed backfill finds it done)."""
+    table = IcebergTable(spark, identifier)
+    correction = make_branch(table, settings)
+    clearing: Future[Any] = Future()
+    if correction.cleared:
+        log.info(
+            "%s: resuming the correction of %s in branch %s", identifier, correction.window, correction.branch
+        )
+        clearing.set_result(correction)
+        return correction, clearing
+
+    def clear() -> None:
+        try:
+            clearing.set_result(clear_branch(table, correction))
+        except BaseException as error:  # raised by the query's first commit to the branch
+            clearing.set_exception(error)
+
+    threading.Thread(target=clear, name=f"clear {identifier}.branch_{correction.branch}", daemon=True).start()
+    return correction, clearing
+
+
+def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
+    """The correction's record; its branch made from main's current snapshot, in one commit with the record,
+    when it has none yet."""
     correct = settings.backfill.correct
     output = settings.output
     assert correct is not None and output.time_column is not None and output.key is not None
-    table = IcebergTable(spark, identifier)
     correction = table.correction(correct.branch)
-    if correction is None:
-        base = table.table.currentSnapshot()
-        assert base is not None, "checked before Spark started"
-        correction = Correction(
-            app=settings.app, branch=correct.branch, time_column=output.time_column, key=tuple(output.key),
-            start=correct.start, end=correct.end, base=int(base.snapshotId()),
-        )  # fmt: skip
-        transaction = table.table.newTransaction()
-        (
-            transaction.manageSnapshots()
-            .createBranch(correct.branch, correction.base)
-            .setMinSnapshotsToKeep(correct.branch, _KEEP_ALL)
-            .commit()
-        )
-        transaction.updateProperties().set(property_name(correct.branch), correction.dumps()).commit()
-        transaction.commitTransaction()
-        log.info("%s: branch %s made from main's snapshot %d to correct %s", identifier, correct.branch,
-                 correction.base, correction.window)  # fmt: skip
-    if not correction.cleared:
-        # Main's rows of the window go; the files that hold rows on both sides of it are rewritten.
-        spark.sql(f"DELETE FROM {identifier}.branch_{correct.branch} WHERE {correction.window_sql()}")
-        table.refresh()
-        correction = correction.but(cleared=True)
-        table.save(correction)
-        log.info(
-            "%s: branch %s holds none of main's rows of %s", identifier, correct.branch, correction.window
-        )
-    else:
-        log.info(
-            "%s: resuming the correction of %s in branch %s", identifier, correction.window, correct.branch
-        )
+    if correction is not None:
+        return correction
+    base = table.table.currentSnapshot()
+    assert base is not None, "checked before Spark started"
+    correction = Correction(
+        app=settings.app, branch=correct.branch, time_column=output.time_column, key=tuple(output.key),
+        start=correct.start, end=correct.end, base=int(base.snapshotId()),
+    )  # fmt: skip
+    transaction = table.table.newTransaction()
+    (
+        transaction.manageSnapshots()
+        .createBranch(correct.branch, correction.base)
+        .setMinSnapshotsToKeep(correct.branch, _KEEP_ALL)
+        .commit()
+    )
+    transaction.updateProperties().set(property_name(correct.branch), correction.dumps()).commit()
+    transaction.commitTransaction()
+    log.info("%s: branch %s made from main's snapshot %d to correct %s", table.identifier, correct.branch,
+             correction.base, correction.window)  # fmt: skip
+    return correction
+
+
+def clear_branch(table: IcebergTable, correction: Correction) -> Correction:
+    """Main's rows of the window removed from the branch, before any of the backfill's: the files that hold
+    rows on both sides of the window are rewritten. Recorded, so that it is done once."""
+    table.spark.sql(
+        f"DELETE FROM {table.identifier}.branch_{correction.branch} WHERE {correction.window_sql()}"
+    )
+    table.refresh()
+    correction = correction.but(cleared=True)
+    table.save(correction)
+    log.info(
+        "%s: branch %s holds none of main's rows of %s",
+        table.identifier,
+        correction.branch,
+        correction.window,
+    )
     return correction
 
 
