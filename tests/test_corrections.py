@@ -399,8 +399,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         correction = recorded(dict(catalog.load_table(("apps", output)).properties), "fix")
         assert correction is not None and correction.complete
         assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
-        # Its commits since main's snapshot: the clearing of main's rows of the window first (run beside the
-        # query's start), then the batches'.
+        # Its commits since main's snapshot: the clearing of main's window first, then the batches'.
         table.refresh()
         since: list[dict[str, str]] = []  # newest first
         snapshot = table.snapshot_by_id(table.metadata.refs["fix"].snapshot_id)

@@ -5,20 +5,22 @@ with its effect on a live query committing to the same table meanwhile.
     .venv/bin/python -m bench.apps.correct --shape 4h
 
 In one `local[2]` Spark session, on the archive's window [start, end) of ingestion time:
-1. today's backfill: `backfill run` over [start, end), its output appended to the output table P;
-2. one run of each kind below to warm up, then three rounds of each, in turn:
+1. today's backfill: `backfill run` over [start, end), its output appended to the output table P (made by
+   the query: unpartitioned); P copied into P_hour, partitioned by the hour of the time column;
+2. one run of each kind below to warm up, then five rounds of each, in turn:
    (p) today's backfill over [start, end) into a table of its own;
    (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
-   of P, which reads the same [start, end): it makes the branch, and clears it of the window beside the
-   query's start (the first commit to the branch waits for it);
-   (c_first) the same, the branch made and cleared before the query starts;
-   each run's seconds split into its micro-batches' (Spark's progress), the branch's making and clearing
-   (c_first), and the rest;
+   of P, which reads the same [start, end): the branch made, cleared of main's rows of the window (timed
+   apart, as the command does them), then the query;
+   (p_hour), (c_hour): the same with tables partitioned like P_hour (the clearing drops whole files);
+   each run's seconds split into its micro-batches' (Spark's progress), the branch's making and clearing,
+   and the rest; each branch but the last of (c) released and its snapshots expired after its run, so that
+   P holds one correction at a time, its metadata the size of the (p) tables';
 3. the audit of the last branch against P's main;
-6. a live sessionizer started on P (Kafka, new events produced at 2,000 a second by a thread of the
+4. a live sessionizer started on P (Kafka, new events produced at 2,000 a second by a thread of the
    bench), and the branch published and unpublished in turn, 3 s apart, while it commits: the times of
    each, and the live query's micro-batches' durations while one of them runs and otherwise.
-The ratio c/p is of the medians of each kind's seconds.
+The ratios c/p are of the medians of each kind's seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import shutil
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import IcebergTable, clear_branch, make_branch
-from bergstream.runtime.correct.publish import publish, unpublish
+from bergstream.runtime.correct.publish import publish, release, unpublish
 from bergstream.runtime.run import run_app
 from bergstream.runtime.settings import AppSettings, correction
 from bergstream.spark import build_spark_session
@@ -53,7 +56,12 @@ WARM_UP, SETTLE = timedelta(hours=1), timedelta(hours=1)
 BRANCH = "bench_fix"
 LIVE_RATE = 2_000
 # Runs of each kind, in turn, after one of each to warm up.
-ROUNDS = 3
+ROUNDS = 5
+# An output partitioned by hour: written by tasks that each hold rows of several hours, no shuffle first.
+HOURLY = (
+    "USING iceberg PARTITIONED BY (hours(session_start))"
+    " TBLPROPERTIES ('write.spark.fanout.enabled'='true', 'write.distribution-mode'='none')"
+)
 
 
 def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSettings:
@@ -124,63 +132,96 @@ def main() -> None:
     }  # fmt: skip
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.apps")
-        plains = [f"bench_correct_plain_{i}" for i in (*range(ROUNDS), "warm_p")]
-        for name in ("bench_correct_prod", *plains):
+        runs = [*range(ROUNDS), "warm"]
+        tables = ["bench_correct_prod", "bench_correct_prod_hour"]
+        tables += [f"bench_correct_plain_{run}{suffix}" for run in runs for suffix in ("", "_hour")]
+        for name in tables:
             spark.sql(f"DROP TABLE IF EXISTS bergstream.apps.{name} PURGE")
         plain = with_output(base, "apps.bench_correct_prod", args.work / "prod")
         backfill(spark, plain)  # the output to correct; the first run of a session pays more
         identifier = output_identifier(plain)
+        # The same output in a table partitioned by the hour of its time column.
+        hourly = with_output(base, "apps.bench_correct_prod_hour", args.work / "prod_hour")
+        spark.sql(f"CREATE TABLE {output_identifier(hourly)} {HOURLY} AS SELECT * FROM {identifier}")
         assert plain.backfill.start is not None and plain.backfill.end is not None
         window = {"start": plain.backfill.start + WARM_UP, "end": plain.backfill.end - SETTLE}
 
-        def chosen_correction(branch: str) -> AppSettings:
+        def today(run: str, profile: Profile, suffix: str = "") -> float:
+            """(p): today's backfill, appending to a table of its own (made partitioned for `_hour`)."""
+            name = f"apps.bench_correct_plain_{run}{suffix}"
+            if suffix:
+                spark.sql(
+                    f"CREATE TABLE bergstream.{name} {HOURLY} AS SELECT * FROM {identifier} WHERE false"
+                )
+            return profile.backfill(spark, with_output(base, name, args.work / f"plain_{run}{suffix}"))
+
+        def corrected(branch: str, profile: Profile, output: AppSettings = plain) -> float:
+            """(c): `backfill run --branch` into `output`, its branch made and cleared (as prepare_branch does
+            them) timed apart; the query then finds them done."""
             chosen = correction(
                 AppSettings.model_validate(
-                    {**plain.model_dump(), "backfill": {**plain.backfill.model_dump(), **window},
+                    {**output.model_dump(), "backfill": {**output.backfill.model_dump(), **window},
                      "checkpoint_location": str(args.work / branch)}
                 ),
                 branch,
             )  # fmt: skip
             shutil.rmtree(chosen.checkpoint_location, ignore_errors=True)
-            return chosen
-
-        def today(run: str, profile: Profile) -> float:
-            chosen = with_output(base, f"apps.bench_correct_plain_{run}", args.work / f"plain_{run}")
-            return profile.backfill(spark, chosen)
-
-        def corrected(branch: str, profile: Profile) -> float:
-            """`backfill run --branch`: the branch made, its clearing beside the query's start."""
-            return profile.backfill(spark, chosen_correction(branch))
-
-        def cleared_first(branch: str, profile: Profile) -> float:
-            """The branch made and cleared before the query starts: seconds of all three."""
-            chosen = chosen_correction(branch)
-            table = IcebergTable(spark, identifier)
+            table = IcebergTable(spark, output_identifier(output))
             made_s, made = timed(lambda: make_branch(table, chosen))
             cleared_s, _ = timed(lambda: clear_branch(table, made))
             return profile.backfill(spark, chosen, make_s=made_s, clear_s=cleared_s)
 
-        kinds = {"p": today, "c": corrected, "c_first": cleared_first}
-        profiles = {kind: Profile() for kind in kinds}
-        # Each kind warmed once, then in turn: (p), (c), (c_first), (p), ...
-        for kind, run in kinds.items():
-            run(f"warm_{kind}", Profile())
+        def discard(output: AppSettings, branch: str) -> None:
+            """A branch measured and not kept: released, its snapshots expired, so that the output table
+            holds one correction at a time, as a user's does, its metadata the size of (p)'s tables'."""
+            table = IcebergTable(spark, output_identifier(output))
+            made = table.correction(branch)
+            assert made is not None
+            since = table.ancestors(table.branch_head(branch), made.base)
+            release(spark, output_identifier(output), branch)
+            table.refresh()
+            expire = table.table.expireSnapshots()
+            for snapshot in since:
+                expire = expire.expireSnapshotId(snapshot.snapshotId())
+            expire.commit()
+
+        def kind(name: str, run: str) -> Callable[[Profile], float]:
+            """One run of kind `name` (p, c, p_hour, c_hour), named for `run`."""
+            if name.startswith("p"):
+                return lambda profile: today(run, profile, name[1:])
+            output = hourly if name == "c_hour" else plain
+            branch = BRANCH if (name, run) == ("c", str(ROUNDS - 1)) else f"{BRANCH}_{name}_{run}"
+
+            def measured(profile: Profile) -> float:
+                seconds = corrected(branch, profile, output)
+                if branch != BRANCH:
+                    discard(output, branch)
+                return seconds
+
+            return measured
+
+        kinds = ("p", "c", "p_hour", "c_hour")
+        profiles = {name: Profile() for name in kinds}
+        # Each kind warmed once, then in turn: (p), (c), (p_hour), (c_hour), (p), ...
+        for name in kinds:
+            kind(name, "warm")(Profile())
         for round_ in range(ROUNDS):
-            for kind, run in kinds.items():
-                name = BRANCH if (kind, round_) == ("c", ROUNDS - 1) else f"{BRANCH}_{kind}_{round_}"
-                run(name if kind != "p" else str(round_), profiles[kind])
-                last = profiles[kind].runs[-1]
-                print(f"({kind}) {last['total_s']:.2f}s: " + ", ".join(
+            for name in kinds:
+                kind(name, str(round_))(profiles[name])
+                last = profiles[name].runs[-1]
+                print(f"({name}) {last['total_s']:.2f}s: " + ", ".join(
                     f"{part} {value:.2f}" for part, value in last.items() if part != "total_s"
                 ), flush=True)  # fmt: skip
-        for kind, profile in profiles.items():
-            results[kind] = profile.runs
-            results[f"{kind}_median"] = profile.medians()
+        for name, profile in profiles.items():
+            results[name] = profile.runs
+            results[f"{name}_median"] = profile.medians()
         results["plain_s"] = [run["total_s"] for run in profiles["p"].runs]
         results["branch_s"] = [run["total_s"] for run in profiles["c"].runs]
         results["c_over_p"] = statistics.median(results["branch_s"]) / statistics.median(results["plain_s"])
-        results["c_first_over_p"] = results["c_first_median"]["total_s"] / results["p_median"]["total_s"]
-        print(f"c/p {results['c_over_p']:.3f} (branch cleared first: {results['c_first_over_p']:.3f}); "
+        results["c_hour_over_p_hour"] = (
+            results["c_hour_median"]["total_s"] / results["p_hour_median"]["total_s"]
+        )
+        print(f"c/p {results['c_over_p']:.3f}; partitioned by hour: {results['c_hour_over_p_hour']:.3f}; "
               f"medians {json.dumps({k: results[f'{k}_median'] for k in kinds})}", flush=True)  # fmt: skip
         table = IcebergTable(spark, identifier)
         recorded = table.correction(BRANCH)
@@ -200,21 +241,25 @@ def main() -> None:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Each round's seconds of (p) and (c), the branch's making in (c); the publishes' and unpublishes'."""
+    """Each round's seconds of each kind, the branch's making and clearing in (c); the publishes' and
+    unpublishes'."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (runs, commits) = plt.subplots(1, 2, figsize=(11, 4))
-    rounds = range(len(results.get("plain_s", [])))
-    runs.bar([r - 0.27 for r in rounds], results.get("plain_s", []), 0.27, label="(p) today's backfill")
-    runs.bar([r for r in rounds], results.get("branch_s", []), 0.27, label="(c) backfill run --branch")
-    first = results.get("c_first", [])
-    runs.bar([r + 0.27 for r in rounds], [run["total_s"] for run in first], 0.27,
-             label="(c_first) branch cleared before the query")  # fmt: skip
-    runs.bar([r + 0.27 for r in rounds], [run["make_s"] + run["clear_s"] for run in first], 0.27,
-             label="(c_first): branch made, cleared")  # fmt: skip
+    width = 0.2
+    for at, (kind, label) in enumerate(
+        [("p", "(p) today's backfill"), ("c", "(c) backfill run --branch"),
+         ("p_hour", "(p_hour) partitioned by hour"), ("c_hour", "(c_hour) partitioned by hour")]
+    ):  # fmt: skip
+        measured = results.get(kind, [])
+        offsets = [r + (at - 1.5) * width for r in range(len(measured))]
+        runs.bar(offsets, [run["total_s"] for run in measured], width, label=label)
+        if kind.startswith("c"):
+            runs.bar(offsets, [run["make_s"] + run["clear_s"] for run in measured], width, color="black",
+                     label="branch made and cleared" if kind == "c" else None)  # fmt: skip
     runs.set_xlabel("round")
     runs.set_ylabel("seconds")
     runs.set_title(f"backfill, {results['shape']} archive: c/p {results.get('c_over_p', 0):.2f} x")

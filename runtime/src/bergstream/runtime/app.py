@@ -20,8 +20,6 @@ from bergstream.runtime.settings import AppSettings, Mode
 from bergstream.runtime.sources import Sources
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -75,12 +73,10 @@ def start_query(
     available_now: bool = False,
     sources: Sources | None = None,
     correction: Correction | None = None,
-    cleared: Future[Any] | None = None,
 ) -> tuple[StreamingQuery, Sources]:
     """Start the application as the settings say; `available_now` makes a live run stop when caught up.
     `sources`: those of the run's earlier query, when it starts again; `correction`: the branch a
-    correction's backfill writes, made (correct/branch.py), and `cleared` its clearing, which the first
-    batch waits for."""
+    correction's backfill writes, made ready (correct/branch.py)."""
     sources = sources or Sources(spark, settings)
     sources.paced = settings.mode == "bootstrap" and not available_now
     result = load_entry(settings.entry)(AppRun(spark, sources, dict(settings.options), settings.mode))
@@ -106,6 +102,6 @@ def start_query(
         from bergstream.runtime.correct.writer import BranchWriter
 
         return writer.foreachBatch(
-            BranchWriter(spark, output, correction, settings.checkpoint_location, cleared)
+            BranchWriter(spark, output, correction, settings.checkpoint_location)
         ).start(), sources
     return writer.toTable(output), sources

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.planner import BackfillPlan, from_micros
@@ -27,8 +27,6 @@ from bergstream.signals import on_stop_signals
 from bergstream.timeparse import format_duration
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -48,18 +46,16 @@ def run_app(
         ledger = RowLedger(files, f"{PLAN_DIR}/rows.json")
     tracker = RunTracker(settings, ledger)
     stopping = threading.Event()
-    correction, cleared = None, None
+    correction = None
     if settings.backfill.correct is not None:
-        correction, cleared = prepare_branch(spark, settings, output_identifier(settings))
-    query = _AppQuery(spark, settings, available_now, stopping, correction, cleared)
+        correction = prepare_branch(spark, settings, output_identifier(settings))
+    query = _AppQuery(spark, settings, available_now, stopping, correction)
     runner = QueryRunner(query_name(settings), query.start, stopping, query.sources.recover)
     try:
         with progress_events(spark, tracker.on_progress), on_stop_signals(runner.stopping.set):
             _follow(runner, tracker, query, show_progress)
     except StreamingQueryException as error:
         raise BackfillError(f"{settings.app}: the query stopped: {query_failure(error)}") from error
-    if cleared is not None:
-        cleared.result()  # done before the first batch's commit; a run of no batch waits for it here
     if runner.stopping.is_set():
         log.warning("%s: stopped; run the same command again to resume from the checkpoint", settings.app)
     plan = query.plan
@@ -98,11 +94,9 @@ class _AppQuery:
         available_now: bool,
         stopping: threading.Event,
         correction: Correction | None = None,
-        cleared: Future[Any] | None = None,
     ) -> None:
         self.spark = spark
         self.correction = correction
-        self.cleared = cleared
         self.settings = settings
         self.available_now = available_now
         self.sources = Sources(spark, settings, stopping)
@@ -117,9 +111,7 @@ class _AppQuery:
             self.released = True
 
     def start(self) -> StreamingQuery:
-        query, _ = start_query(
-            self.spark, self.settings, self.available_now, self.sources, self.correction, self.cleared
-        )
+        query, _ = start_query(self.spark, self.settings, self.available_now, self.sources, self.correction)
         if self.settings.mode in ("backfill", "bootstrap"):
             self.plan = self.sources.plan()
         return query

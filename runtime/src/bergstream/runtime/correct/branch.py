@@ -4,8 +4,6 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bergstream.runtime.correct.state import Correction, property_name
@@ -70,30 +68,19 @@ class IcebergTable:
         )
 
 
-def prepare_branch(
-    spark: SparkSession, settings: AppSettings, identifier: str
-) -> tuple[Correction, Future[Any]]:
-    """The correction's branch, made from main when new (in one commit with its record), and its clearing of
-    main's rows of the window: done once, run beside the query's start (the query's first commit to the
-    branch waits for it; a resumed backfill finds it done)."""
+def prepare_branch(spark: SparkSession, settings: AppSettings, identifier: str) -> Correction:
+    """The correction's branch, made from main when new (in one commit with its record), then cleared of
+    main's rows of the window once, before the query starts: a resumed backfill finds it as it left it.
+    (Cleared beside the query's start instead, the clearing's tasks slow the first batches by more than it
+    takes: bench/README.md.)"""
     table = IcebergTable(spark, identifier)
     correction = make_branch(table, settings)
-    clearing: Future[Any] = Future()
     if correction.cleared:
         log.info(
             "%s: resuming the correction of %s in branch %s", identifier, correction.window, correction.branch
         )
-        clearing.set_result(correction)
-        return correction, clearing
-
-    def clear() -> None:
-        try:
-            clearing.set_result(clear_branch(table, correction))
-        except BaseException as error:  # raised by the query's first commit to the branch
-            clearing.set_exception(error)
-
-    threading.Thread(target=clear, name=f"clear {identifier}.branch_{correction.branch}", daemon=True).start()
-    return correction, clearing
+        return correction
+    return clear_branch(table, correction)
 
 
 def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:

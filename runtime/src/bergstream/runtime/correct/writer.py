@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bergstream.runtime.checkpoint import CheckpointFiles
 from bergstream.runtime.correct.branch import IcebergTable
 from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, Correction
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("bergstream.correct")
@@ -27,21 +25,11 @@ log = logging.getLogger("bergstream.correct")
 class BranchWriter:
     """foreachBatch's function: batch `batch_id`'s rows of the window appended to the branch, once."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        identifier: str,
-        correction: Correction,
-        checkpoint: str,
-        cleared: Future[Any] | None = None,
-    ) -> None:
-        """`cleared`: the branch's clearing of main's rows of the window (branch.py's prepare_branch), which
-        the first batch waits for; None when done already."""
+    def __init__(self, spark: SparkSession, identifier: str, correction: Correction, checkpoint: str) -> None:
         self.spark = spark
         self.identifier = identifier
         self.correction = correction
         self.checkpoint = checkpoint
-        self.cleared = cleared
         self._query_id: str | None = None
         self._last: int | None = None
 
@@ -66,9 +54,6 @@ class BranchWriter:
         return self._last
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        if self.cleared is not None:
-            self.cleared.result()
-            self.cleared = None
         if batch_id <= self.last_committed():
             # Run through all the same, written nowhere: the application's state is committed with the batch.
             log.info(
