@@ -7,7 +7,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
@@ -18,6 +18,9 @@ from bergstream.runtime.settings import backfill_checkpoint, correction, load_ap
 from tests.services import Services
 from tests.test_backfill_settings import DEFAULTS
 from tests.test_backfill_settings import write as settings_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).parent.parent
 OUTPUT = {
@@ -171,3 +174,35 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
     assert current is not None and current.snapshot_id == late.snapshot_id, "main changed"
     assert sorted(table.metadata.refs) == ["fix", "main"], "a tag was made"
     assert recorded(dict(table.properties), "fix") == known
+
+
+def test_an_output_table_bergstream_makes_is_partitioned_by_the_hour_of_its_time_column(
+    stack: Services, spark: SparkSession
+) -> None:
+    """Its windows then hold whole files: a correction's branch is cleared of one without rewriting any."""
+    from bergstream.runtime.app import OUTPUT_PROPERTIES, make_output_table
+
+    catalog = stack.catalog.load()
+    catalog.create_namespace_if_not_exists("apps")
+    frame = spark.createDataFrame(
+        [(1, datetime(2026, 11, 20, 1, 30), 3)], "account_id bigint, session_start timestamp, events bigint"
+    )
+    prefix = f"{stack.catalog.name}.apps"
+    make_output_table(spark, "sessionizer", f"{prefix}.made_hourly", frame, "session_start")
+    table = catalog.load_table(("apps", "made_hourly"))
+    source = table.schema().find_field("session_start").field_id
+    assert [(str(field.transform), field.source_id) for field in table.spec().fields] == [("hour", source)]
+    assert OUTPUT_PROPERTIES.items() <= dict(table.properties).items()
+    # A table that exists is left as it is: made again, or made by its user.
+    make_output_table(spark, "sessionizer", f"{prefix}.made_hourly", frame, "session_start")
+    assert catalog.load_table(("apps", "made_hourly")).metadata == table.metadata
+    catalog.create_table(("apps", "made_by_user"), schema=SCHEMA)
+    make_output_table(spark, "sessionizer", f"{prefix}.made_by_user", frame, "session_start")
+    assert catalog.load_table(("apps", "made_by_user")).spec().is_unpartitioned()
+    # A time column the output lacks, or not a timestamp: refused naming it, nothing made.
+    for column, found in (("events", "bigint"), ("session_end", "none")):
+        with pytest.raises(BackfillConfigError) as refused:
+            make_output_table(spark, "sessionizer", f"{prefix}.made_other", frame, column)
+        assert f"output.time_column {column!r} is not a timestamp column" in str(refused.value)
+        assert f"its type: {found}; its columns: account_id, session_start, events" in str(refused.value)
+    assert not catalog.table_exists(("apps", "made_other"))

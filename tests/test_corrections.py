@@ -366,6 +366,10 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
                    "--end", end, "--branch", "fix"]  # fmt: skip
         catalog = stack.catalog.load()
         table = catalog.load_table(("apps", output))
+        # Made by the live query, partitioned by the hour of the time column: the window holds whole files.
+        source = table.schema().find_field(scenario.time_column).field_id
+        partitioning = [(str(field.transform), field.source_id) for field in table.spec().fields]
+        assert partitioning == [("hour", source)]
 
         def branch_batches() -> int:
             table.refresh()

@@ -6,13 +6,14 @@ with its effect on a live query committing to the same table meanwhile.
 
 In one `local[2]` Spark session, on the archive's window [start, end) of ingestion time:
 1. today's backfill: `backfill run` over [start, end), its output appended to the output table P (made by
-   the query: unpartitioned); P copied into P_hour, partitioned by the hour of the time column;
+   bergstream: partitioned by the hour of its time column); P copied into P_flat, unpartitioned;
 2. one run of each kind below to warm up, then five rounds of each, in turn:
    (p) today's backfill over [start, end) into a table of its own;
    (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
    of P, which reads the same [start, end): the branch made, cleared of main's rows of the window (timed
    apart, as the command does them), then the query;
-   (p_hour), (c_hour): the same with tables partitioned like P_hour (the clearing drops whole files);
+   (p_flat), (c_flat): the same with unpartitioned tables like P_flat (the clearing rewrites the files
+   that straddle the window);
    each run's seconds split into its micro-batches' (Spark's progress), the branch's making and clearing,
    and the rest; each branch but the last of (c) released and its snapshots expired after its run, so that
    P holds one correction at a time, its metadata the size of the (p) tables';
@@ -57,11 +58,6 @@ BRANCH = "bench_fix"
 LIVE_RATE = 2_000
 # Runs of each kind, in turn, after one of each to warm up.
 ROUNDS = 5
-# An output partitioned by hour: written by tasks that each hold rows of several hours, no shuffle first.
-HOURLY = (
-    "USING iceberg PARTITIONED BY (hours(session_start))"
-    " TBLPROPERTIES ('write.spark.fanout.enabled'='true', 'write.distribution-mode'='none')"
-)
 
 
 def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSettings:
@@ -133,25 +129,25 @@ def main() -> None:
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.apps")
         runs = [*range(ROUNDS), "warm"]
-        tables = ["bench_correct_prod", "bench_correct_prod_hour"]
-        tables += [f"bench_correct_plain_{run}{suffix}" for run in runs for suffix in ("", "_hour")]
+        tables = ["bench_correct_prod", "bench_correct_prod_flat"]
+        tables += [f"bench_correct_plain_{run}{suffix}" for run in runs for suffix in ("", "_flat")]
         for name in tables:
             spark.sql(f"DROP TABLE IF EXISTS bergstream.apps.{name} PURGE")
         plain = with_output(base, "apps.bench_correct_prod", args.work / "prod")
         backfill(spark, plain)  # the output to correct; the first run of a session pays more
         identifier = output_identifier(plain)
-        # The same output in a table partitioned by the hour of its time column.
-        hourly = with_output(base, "apps.bench_correct_prod_hour", args.work / "prod_hour")
-        spark.sql(f"CREATE TABLE {output_identifier(hourly)} {HOURLY} AS SELECT * FROM {identifier}")
+        # The same output in a table made unpartitioned.
+        flat = with_output(base, "apps.bench_correct_prod_flat", args.work / "prod_flat")
+        spark.sql(f"CREATE TABLE {output_identifier(flat)} USING iceberg AS SELECT * FROM {identifier}")
         assert plain.backfill.start is not None and plain.backfill.end is not None
         window = {"start": plain.backfill.start + WARM_UP, "end": plain.backfill.end - SETTLE}
 
         def today(run: str, profile: Profile, suffix: str = "") -> float:
-            """(p): today's backfill, appending to a table of its own (made partitioned for `_hour`)."""
+            """(p): today's backfill, appending to a table of its own (made unpartitioned for `_flat`)."""
             name = f"apps.bench_correct_plain_{run}{suffix}"
             if suffix:
                 spark.sql(
-                    f"CREATE TABLE bergstream.{name} {HOURLY} AS SELECT * FROM {identifier} WHERE false"
+                    f"CREATE TABLE bergstream.{name} USING iceberg AS SELECT * FROM {identifier} WHERE false"
                 )
             return profile.backfill(spark, with_output(base, name, args.work / f"plain_{run}{suffix}"))
 
@@ -186,10 +182,10 @@ def main() -> None:
             expire.commit()
 
         def kind(name: str, run: str) -> Callable[[Profile], float]:
-            """One run of kind `name` (p, c, p_hour, c_hour), named for `run`."""
+            """One run of kind `name` (p, c, p_flat, c_flat), named for `run`."""
             if name.startswith("p"):
                 return lambda profile: today(run, profile, name[1:])
-            output = hourly if name == "c_hour" else plain
+            output = flat if name == "c_flat" else plain
             branch = BRANCH if (name, run) == ("c", str(ROUNDS - 1)) else f"{BRANCH}_{name}_{run}"
 
             def measured(profile: Profile) -> float:
@@ -200,9 +196,9 @@ def main() -> None:
 
             return measured
 
-        kinds = ("p", "c", "p_hour", "c_hour")
+        kinds = ("p", "c", "p_flat", "c_flat")
         profiles = {name: Profile() for name in kinds}
-        # Each kind warmed once, then in turn: (p), (c), (p_hour), (c_hour), (p), ...
+        # Each kind warmed once, then in turn: (p), (c), (p_flat), (c_flat), (p), ...
         for name in kinds:
             kind(name, "warm")(Profile())
         for round_ in range(ROUNDS):
@@ -218,10 +214,10 @@ def main() -> None:
         results["plain_s"] = [run["total_s"] for run in profiles["p"].runs]
         results["branch_s"] = [run["total_s"] for run in profiles["c"].runs]
         results["c_over_p"] = statistics.median(results["branch_s"]) / statistics.median(results["plain_s"])
-        results["c_hour_over_p_hour"] = (
-            results["c_hour_median"]["total_s"] / results["p_hour_median"]["total_s"]
+        results["c_flat_over_p_flat"] = (
+            results["c_flat_median"]["total_s"] / results["p_flat_median"]["total_s"]
         )
-        print(f"c/p {results['c_over_p']:.3f}; partitioned by hour: {results['c_hour_over_p_hour']:.3f}; "
+        print(f"c/p {results['c_over_p']:.3f}; unpartitioned: {results['c_flat_over_p_flat']:.3f}; "
               f"medians {json.dumps({k: results[f'{k}_median'] for k in kinds})}", flush=True)  # fmt: skip
         table = IcebergTable(spark, identifier)
         recorded = table.correction(BRANCH)
@@ -252,7 +248,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     width = 0.2
     for at, (kind, label) in enumerate(
         [("p", "(p) today's backfill"), ("c", "(c) backfill run --branch"),
-         ("p_hour", "(p_hour) partitioned by hour"), ("c_hour", "(c_hour) partitioned by hour")]
+         ("p_flat", "(p_flat) unpartitioned"), ("c_flat", "(c_flat) unpartitioned")]
     ):  # fmt: skip
         measured = results.get(kind, [])
         offsets = [r + (at - 1.5) * width for r in range(len(measured))]

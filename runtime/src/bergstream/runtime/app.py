@@ -11,6 +11,7 @@ interval between batches (Kafka's maxTriggerDelay), as a live run does.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 Application = Callable[["AppRun"], "DataFrame"]
 BOOTSTRAP_TRIGGER = "1 second"
+log = logging.getLogger("bergstream.backfill")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,44 @@ def output_identifier(settings: AppSettings) -> str:
     return ".".join(parts)
 
 
+# The properties of an output table bergstream makes: its tasks write the hours of their rows as they come,
+# without a shuffle to gather each hour's rows first.
+OUTPUT_PROPERTIES = {"write.spark.fanout.enabled": "true", "write.distribution-mode": "none"}
+
+
+def make_output_table(
+    spark: SparkSession, app: str, output: str, result: DataFrame, time_column: str
+) -> None:
+    """The application's output table, when it has none yet: partitioned by the hour of its time column, so
+    that a correction's window holds whole files (correct/branch.py clears them without rewriting any). A
+    table that exists is written as it is."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.functions import col
+    from pyspark.sql.functions.partitioning import hours
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    if spark.catalog.tableExists(output):
+        return
+    fields = {field.name: field for field in result.schema.fields}
+    field = fields.get(time_column)
+    if field is None or not isinstance(field.dataType, TimestampType | TimestampNTZType):
+        found = "none" if field is None else field.dataType.simpleString()
+        raise BackfillConfigError(
+            f"{app}: output.time_column {time_column!r} is not a timestamp column of the application's output"
+            f" (its type: {found}; its columns: {', '.join(fields)}): name the one that places a row in time"
+        )
+    writer = spark.createDataFrame([], result.schema).writeTo(output).using("iceberg")
+    for name, value in OUTPUT_PROPERTIES.items():
+        writer = writer.tableProperty(name, value)
+    try:
+        writer.partitionedBy(hours(col(time_column))).create()
+    except AnalysisException as error:
+        if "ALREADY_EXISTS" not in str(error):  # made meanwhile by another run: written as it is
+            raise
+        return
+    log.info("%s: output table %s made, partitioned by the hour of %s", app, output, time_column)
+
+
 def query_name(settings: AppSettings) -> str:
     return f"bergstream-app-{settings.app}-{settings.mode}"
 
@@ -86,6 +126,8 @@ def start_query(
         )
     output = output_identifier(settings)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {output.rpartition('.')[0]}")
+    if settings.output.time_column is not None:
+        make_output_table(spark, settings.app, output, result, settings.output.time_column)
     writer = (
         result.writeStream.queryName(query_name(settings))
         .outputMode("append")
