@@ -7,7 +7,7 @@ with its effect on a live query committing to the same table meanwhile.
 In one `local[2]` Spark session, on the archive's window [start, end) of ingestion time:
 1. today's backfill: `backfill run` over [start, end), its output appended to the output table P (made by
    bergstream: partitioned by the hour of its time column); P copied into P_flat, unpartitioned;
-2. one run of each kind below to warm up, then five rounds of each, in turn:
+2. one run of each kind below to warm up, then five rounds (`--rounds`) of each, in turn:
    (p) today's backfill over [start, end) into a table of its own;
    (c) the correction: `backfill run --branch` of the window [start + warm-up, end - settle) into a branch
    of P, which reads the same [start, end): the branch made, cleared of main's rows of the window (timed
@@ -21,7 +21,7 @@ In one `local[2]` Spark session, on the archive's window [start, end) of ingesti
 4. a live sessionizer started on P (Kafka, new events produced at 2,000 a second by a thread of the
    bench), and the branch published and unpublished in turn, 3 s apart, while it commits: the times of
    each, and the live query's micro-batches' durations while one of them runs and otherwise.
-The ratios c/p are of the medians of each kind's seconds.
+The ratios c/p are of the medians of each kind's seconds, and the median of each round's c over its p.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ OUT = Path(__file__).parent.parent / "out" / "apps"
 WARM_UP, SETTLE = timedelta(hours=1), timedelta(hours=1)
 BRANCH = "bench_fix"
 LIVE_RATE = 2_000
-# Runs of each kind, in turn, after one of each to warm up.
-ROUNDS = 5
+ROUNDS = 5  # runs of each kind, in turn, after one of each to warm up
 
 
 def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSettings:
@@ -111,6 +110,7 @@ def main() -> None:
     parser.add_argument(
         "--live-seconds", type=float, default=60, help="the live query's run around a publish"
     )
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each kind, after one to warm up")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     archive = build(shape_request(args.shape), shape_home(args.shape))
@@ -128,7 +128,8 @@ def main() -> None:
     }  # fmt: skip
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS bergstream.apps")
-        runs = [*range(ROUNDS), "warm"]
+        rounds = args.rounds
+        runs = [*range(rounds), "warm"]
         tables = ["bench_correct_prod", "bench_correct_prod_flat"]
         tables += [f"bench_correct_plain_{run}{suffix}" for run in runs for suffix in ("", "_flat")]
         for name in tables:
@@ -186,7 +187,7 @@ def main() -> None:
             if name.startswith("p"):
                 return lambda profile: today(run, profile, name[1:])
             output = flat if name == "c_flat" else plain
-            branch = BRANCH if (name, run) == ("c", str(ROUNDS - 1)) else f"{BRANCH}_{name}_{run}"
+            branch = BRANCH if (name, run) == ("c", str(rounds - 1)) else f"{BRANCH}_{name}_{run}"
 
             def measured(profile: Profile) -> float:
                 seconds = corrected(branch, profile, output)
@@ -201,7 +202,7 @@ def main() -> None:
         # Each kind warmed once, then in turn: (p), (c), (p_flat), (c_flat), (p), ...
         for name in kinds:
             kind(name, "warm")(Profile())
-        for round_ in range(ROUNDS):
+        for round_ in range(rounds):
             for name in kinds:
                 kind(name, str(round_))(profiles[name])
                 last = profiles[name].runs[-1]
@@ -214,10 +215,17 @@ def main() -> None:
         results["plain_s"] = [run["total_s"] for run in profiles["p"].runs]
         results["branch_s"] = [run["total_s"] for run in profiles["c"].runs]
         results["c_over_p"] = statistics.median(results["branch_s"]) / statistics.median(results["plain_s"])
+        # Each round's (c) over the (p) run just before it, a peer within seconds: their median.
+        for c, p in (("c", "p"), ("c_flat", "p_flat")):
+            pairs = zip(profiles[c].runs, profiles[p].runs, strict=True)
+            paired = [corrected["total_s"] / today["total_s"] for corrected, today in pairs]
+            results[f"{c}_over_{p}_paired"] = {"median": statistics.median(paired), "each": paired}
         results["c_flat_over_p_flat"] = (
             results["c_flat_median"]["total_s"] / results["p_flat_median"]["total_s"]
         )
-        print(f"c/p {results['c_over_p']:.3f}; unpartitioned: {results['c_flat_over_p_flat']:.3f}; "
+        print(f"c/p {results['c_over_p']:.3f} (paired {results['c_over_p_paired']['median']:.3f}); "
+              f"unpartitioned: {results['c_flat_over_p_flat']:.3f} "
+              f"(paired {results['c_flat_over_p_flat_paired']['median']:.3f}); "
               f"medians {json.dumps({k: results[f'{k}_median'] for k in kinds})}", flush=True)  # fmt: skip
         table = IcebergTable(spark, identifier)
         recorded = table.correction(BRANCH)
