@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,8 +23,20 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# What a run writes under the temporary folder (the broker's logs, the catalogs' warehouses, Spark's scratch
+# space), with room to spare: below it, the broker and Spark fail midway with errors that hide why.
+NEEDED_FREE_GIB = 5
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipReport(), "bergstream-skips")
+    scratch = tempfile.gettempdir()
+    free = shutil.disk_usage(scratch).free / 2**30
+    if free < NEEDED_FREE_GIB:
+        raise pytest.UsageError(
+            f"{free:.1f} GiB free under {scratch}: the tests need {NEEDED_FREE_GIB} GiB there (a Kafka "
+            "broker, catalogs, Spark's scratch space); free some and run them again"
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
