@@ -267,7 +267,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
     runs.set_xlabel("round")
     runs.set_ylabel("seconds")
     runs.set_title(f"backfill, {results['shape']} archive: c/p {results.get('c_over_p', 0):.2f} x")
-    runs.legend()
+    kinds = ("p", "c", "p_flat", "c_flat")
+    tallest = max((run["total_s"] for kind in kinds for run in results.get(kind, [])), default=1.0)
+    runs.set_ylim(0, tallest * 1.45)
+    runs.legend(loc="upper left", ncol=2, fontsize=8)
     actions = results.get("live", {}).get("actions", [])
     commits.bar(range(len(actions)), [a["seconds"] for a in actions],
                 color=["#3b7dd8" if a["what"] == "publish" else "#d8903b" for a in actions])  # fmt: skip
