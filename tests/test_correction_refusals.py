@@ -91,6 +91,8 @@ def test_a_correction_s_record_reads_back_as_written() -> None:
     written = Correction(app="a", branch="fix", time_column="t", key=("k", "t"), start=START, end=END, base=7,
                          cleared=True, publish_id="p", tag="fix-before-p")  # fmt: skip
     assert recorded({property_name("fix"): written.dumps()}, "fix") == written
+    ended = written.but(complete=True, watermark=END + timedelta(minutes=50))
+    assert recorded({property_name("fix"): ended.dumps()}, "fix") == ended
     assert recorded({}, "fix") is None
     assert written.published and not written.but(unpublish_id="u").published
     assert written.window_sql() == (
@@ -142,6 +144,14 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
         assert "has no correction in branch nope (its corrections: fix)" in unknown, unknown
     # A backfill that has not covered its window is neither audited nor published.
     assert "has not covered its window yet" in refused("publish", "--branch", "fix")
+    # Nor one whose application's watermark ended before the window's end: rows ending past it are missing.
+    short = f"{name}_short"[:60]
+    output_with_branch(stack, short, [START], cleared=True, complete=True,
+                       watermark=END - timedelta(minutes=30))  # fmt: skip
+    early = refused("publish", "--branch", "fix", output_table=f"apps.{short}")
+    assert "ended with the application's watermark at 2026-11-20T05:30:00Z, before the window's end " \
+           "2026-11-20T06:00:00Z" in early, early  # fmt: skip
+    assert "output.settle (now 2h)" in early and "backfill release --app sessionizer --branch fix" in early
 
 
 @pytest.mark.integration

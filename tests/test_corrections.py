@@ -402,6 +402,8 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         )  # fmt: skip
         correction = recorded(dict(catalog.load_table(("apps", output)).properties), "fix")
         assert correction is not None and correction.complete
+        # The application's watermark passed the window's end: its rows of the window were all written.
+        assert correction.watermark is not None and correction.watermark >= correction.end, correction
         assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
         # Its commits since main's snapshot: the clearing of main's window first, then the batches'.
         table.refresh()

@@ -294,7 +294,7 @@ def _on_main(
     from bergstream.spark import spark_session
 
     settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch)
+    output, _ = recorded_correction(settings, branch, publishing=action.__name__ == "publish")
     with spark_session(settings.catalog, settings.spark, f"bergstream-{action.__name__}-{app}") as spark:
         report = action(spark, output.identifier, branch)
     echo_report(as_json, f"backfill {action.__name__}", report.to_json(), report.lines())

@@ -80,7 +80,7 @@ def run_app(
         return report
     report = backfill_report(spark, settings, plan, ledger, report, files)
     if correction is not None and report.complete:
-        mark_complete(spark, output_identifier(settings), correction.branch)
+        mark_complete(spark, output_identifier(settings), correction.branch, tracker.position.event_watermark)
     return report
 
 

@@ -32,6 +32,8 @@ class Position:
     epoch: int = 0
     epochs: int | None = None
     watermark: datetime | None = None  # every row ingested before it has been read
+    # The application's own watermark, of event time (Spark's eventTime.watermark), once it has one.
+    event_watermark: datetime | None = None
     kafka_end_offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # live: next offset to read
     # A bootstrap: "archive", then "kafka" once its sources have switched (the batch of the switch on).
     phase: str | None = None
@@ -88,6 +90,9 @@ class RunTracker:
                 elif isinstance(end, dict):
                     for topic, partitions in end.items():
                         position.kafka_end_offsets[topic] = {int(p): int(o) for p, o in partitions.items()}
+            event_watermark = (progress.eventTime or {}).get("watermark")
+            if event_watermark and not event_watermark.startswith("1970-01-01T00:00:00"):
+                position.event_watermark = datetime.fromisoformat(event_watermark.replace("Z", "+00:00"))
             if self.ledger is not None:
                 self.ledger.record(int(progress.batchId), batch_rows)
 

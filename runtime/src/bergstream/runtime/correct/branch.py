@@ -4,6 +4,7 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from bergstream.runtime.correct.state import Correction, property_name
@@ -130,9 +131,10 @@ def clear_branch(table: IcebergTable, correction: Correction) -> Correction:
     return correction
 
 
-def mark_complete(spark: SparkSession, identifier: str, branch: str) -> None:
-    """The backfill into `branch` covered its window: the correction may be published."""
+def mark_complete(spark: SparkSession, identifier: str, branch: str, watermark: datetime | None) -> None:
+    """The backfill into `branch` covered its window, the application's event-time watermark at its end
+    `watermark`: the correction may be published if that passed the window's end (checks.py)."""
     table = IcebergTable(spark, identifier)
     correction = table.correction(branch)
-    if correction is not None and not correction.complete:
-        table.save(correction.but(complete=True))
+    if correction is not None and (not correction.complete or correction.watermark != watermark):
+        table.save(correction.but(complete=True, watermark=watermark))

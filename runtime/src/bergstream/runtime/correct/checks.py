@@ -14,7 +14,7 @@ from bergstream.runtime.app import output_identifier
 from bergstream.runtime.correct.state import Correction, property_name, recorded
 from bergstream.runtime.settings import AppSettings
 from bergstream.schemas.archive import INGESTION_TS_COLUMN
-from bergstream.timeparse import format_instant
+from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -159,10 +159,10 @@ def _check_archived_to(settings: AppSettings, table: str, end: datetime) -> None
 
 
 def recorded_correction(
-    settings: AppSettings, branch: str, complete: bool = True
+    settings: AppSettings, branch: str, complete: bool = True, publishing: bool = False
 ) -> tuple[OutputTable, Correction]:
     """The correction of `branch` (audit, publish, unpublish), its backfill `complete` unless said otherwise,
-    or an error naming what to fix."""
+    and when `publishing` its rows of the window complete to its end; or an error naming what to fix."""
     output = output_table(settings)
     known = recorded(output.properties, branch)
     if known is None or output.branch_snapshot(branch) is None:
@@ -178,5 +178,15 @@ def recorded_correction(
             f"{settings.app}: the backfill into branch {branch} of {output.identifier} has not covered its "
             f"window yet: run `backfill run --app {known.app} --branch {branch}` with its window "
             f"{known.window} again to finish it"
+        )
+    if publishing and known.watermark is not None and known.watermark < known.end:
+        settle = format_duration(settings.output.settle) if settings.output.settle is not None else "unset"
+        raise BackfillConfigError(
+            f"{settings.app}: the backfill into branch {branch} of {output.identifier} ended with the "
+            f"application's watermark at {format_instant(known.watermark)}, before the window's end "
+            f"{format_instant(known.end)}: its rows of the window that end after the watermark were never "
+            f"written, and a publish would remove main's. Set output.settle (now {settle}) to at least the "
+            f"application's watermark delay plus a row's longest span, then `backfill release --app "
+            f"{known.app} --branch {branch}` and run the correction again"
         )
     return output, known

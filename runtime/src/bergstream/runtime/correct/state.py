@@ -40,6 +40,9 @@ class Correction:
     cleared: bool = False
     # The backfill covered its whole read window: its rows of the window are complete.
     complete: bool = False
+    # The application's event-time watermark at the backfill's end: a row is written once it passes the row's
+    # end, so rows of the window that end after it were not (None: the application sets no watermark).
+    watermark: datetime | None = None
     # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
     publish_id: str | None = None
     tag: str | None = None
@@ -63,16 +66,18 @@ class Correction:
     def dumps(self) -> str:
         document: dict[str, Any] = asdict(self)
         document["key"] = list(self.key)
-        document["start"] = self.start.isoformat()
-        document["end"] = self.end.isoformat()
+        for name in ("start", "end", "watermark"):
+            value = getattr(self, name)
+            document[name] = value.isoformat() if value is not None else None
         return json.dumps(document, sort_keys=True)
 
     @classmethod
     def loads(cls, text: str) -> Correction:
         document = json.loads(text)
         document["key"] = tuple(document["key"])
-        for name in ("start", "end"):
-            document[name] = datetime.fromisoformat(document[name]).astimezone(UTC)
+        for name in ("start", "end", "watermark"):
+            if document.get(name) is not None:
+                document[name] = datetime.fromisoformat(document[name]).astimezone(UTC)
         return cls(**document)
 
     def but(self, **changes: Any) -> Correction:
