@@ -136,5 +136,9 @@ def mark_complete(spark: SparkSession, identifier: str, branch: str, watermark: 
     `watermark`: the correction may be published if that passed the window's end (checks.py)."""
     table = IcebergTable(spark, identifier)
     correction = table.correction(branch)
-    if correction is not None and (not correction.complete or correction.watermark != watermark):
+    if correction is None:
+        return
+    # A run that found nothing left to read (run again once complete) reports no watermark: the last stays.
+    watermark = watermark or correction.watermark
+    if not correction.complete or correction.watermark != watermark:
         table.save(correction.but(complete=True, watermark=watermark))
