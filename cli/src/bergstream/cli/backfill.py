@@ -258,7 +258,7 @@ def backfill_publish(
     the live query appends meanwhile; main's snapshot before it is tagged. Run again, it publishes once."""
     from bergstream.runtime.correct.publish import publish
 
-    _on_main(publish, app, config_file, branch, output_table, as_json, spark_conf, data_dir)
+    _on_main(publish, app, config_file, branch, output_table, as_json, spark_conf, data_dir, publishing=True)
 
 
 @backfill.command("unpublish")
@@ -276,7 +276,9 @@ def backfill_unpublish(
     """Put main's rows of a published correction's window back as they were, in one commit on main."""
     from bergstream.runtime.correct.publish import unpublish
 
-    _on_main(unpublish, app, config_file, branch, output_table, as_json, spark_conf, data_dir)
+    _on_main(
+        unpublish, app, config_file, branch, output_table, as_json, spark_conf, data_dir, publishing=False
+    )
 
 
 def _on_main(
@@ -288,13 +290,15 @@ def _on_main(
     as_json: bool,
     spark_conf: tuple[str, ...],
     data_dir: Path | None,
+    publishing: bool,
 ) -> None:
-    """A publish or an unpublish of `app`'s correction in `branch`, checked before Spark starts."""
+    """A publish or an unpublish of `app`'s correction in `branch`, checked before Spark starts (a publish's
+    rows of the window complete to its end: `publishing`)."""
     from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.spark import spark_session
 
     settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch, publishing=action.__name__ == "publish")
+    output, _ = recorded_correction(settings, branch, publishing=publishing)
     with spark_session(settings.catalog, settings.spark, f"bergstream-{action.__name__}-{app}") as spark:
         report = action(spark, output.identifier, branch)
     echo_report(as_json, f"backfill {action.__name__}", report.to_json(), report.lines())
