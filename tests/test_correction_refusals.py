@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
+from bergstream.runtime.correct.identity import identity_of
 from bergstream.runtime.correct.state import Correction, property_name, recorded
 from bergstream.runtime.settings import backfill_checkpoint, correction, load_app_settings
 from tests.services import Services
@@ -87,12 +88,25 @@ def test_a_correction_without_the_output_s_settings_is_refused_naming_each(tmp_p
         correction(backfill(settings_file(tmp_path, output=OUTPUT)), "fix-me")
 
 
-def test_a_correction_s_record_reads_back_as_written() -> None:
+def test_a_correction_s_checkpoint_is_its_run_s_own(tmp_path: Path) -> None:
+    """A branch made again under the same name (released, or started over) never resumes an earlier run's
+    query: its checkpoint is named from its run."""
+    plain = backfill(settings_file(tmp_path, output=OUTPUT))
+    first = backfill_checkpoint(correction(plain, "fix", run="20261120T000000000000"))
+    again = backfill_checkpoint(correction(plain, "fix", run="20261120T000001000000"))
+    assert first != again and first.endswith("_branch-fix_run-20261120T000000000000")
+
+
+def test_a_correction_s_record_reads_back_as_written(tmp_path: Path) -> None:
     written = Correction(app="a", branch="fix", time_column="t", key=("k", "t"), start=START, end=END, base=7,
                          cleared=True, publish_id="p", tag="fix-before-p")  # fmt: skip
     assert recorded({property_name("fix"): written.dumps()}, "fix") == written
-    ended = written.but(complete=True, watermark=END + timedelta(minutes=50))
+    ended = written.but(complete=True, watermark=END + timedelta(minutes=50), watermarked=False)
     assert recorded({property_name("fix"): ended.dumps()}, "fix") == ended
+    plain = backfill(settings_file(tmp_path, output=OUTPUT, options={"gap": "30 minutes"}))
+    named = correction(plain, "fix", run="20261120T000000000000")
+    identified = written.but(identity=identity_of(named))
+    assert recorded({property_name("fix"): identified.dumps()}, "fix") == identified
     assert recorded({}, "fix") is None
     assert written.published and not written.but(unpublish_id="u").published
     assert written.window_sql() == (
@@ -130,7 +144,12 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
     other = ["--start", START.isoformat(), "--end", (END + timedelta(hours=1)).isoformat()]
     mismatch = refused("run", *other, "--branch", "fix")
     assert "corrects sessionizer's window [2026-11-20T00:00:00Z, 2026-11-20T06:00:00Z)" in mismatch
-    assert "backfill release --app sessionizer --branch fix" in mismatch
+    assert "add --start-over to correct this window in it instead" in mismatch
+    # Recorded by a bergstream that kept no run: resumed by none, started over only.
+    unnamed = refused("run", *window, "--branch", "fix")
+    assert "did not record the settings its rows were computed with" in unnamed
+    assert "a correction replaces every region's rows" in refused("run", *window, "--branch", "fix",
+                                                                  "--region", "eu")  # fmt: skip
     assert "is not a column" in refused("run", *window, "--branch", "other",
                                         output={**OUTPUT, "time_column": "session_end"})  # fmt: skip
     assert "is a long, not a timestamp" in refused("run", *window, "--branch", "other",
@@ -152,6 +171,63 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
     assert "ended with the application's watermark at 2026-11-20T05:30:00Z, before the window's end " \
            "2026-11-20T06:00:00Z" in early, early  # fmt: skip
     assert "output.settle (now 2h)" in early and "backfill release --app sessionizer --branch fix" in early
+    # Nor one whose watermark is not known (a run killed after its last batch, before recording it).
+    unknown = f"{name}_unknown"[:60]
+    output_with_branch(stack, unknown, [START], cleared=True, complete=True, watermark=None)
+    assert "recorded no event-time watermark" in refused("publish", "--branch", "fix",
+                                                         output_table=f"apps.{unknown}")  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_correction_run_again_with_other_settings_is_refused_naming_each_before_spark_starts(
+    stack: Services, tmp_path: Path
+) -> None:
+    """Its branch holds rows computed with the recorded settings: appended to by a run with others, it would
+    hold a row twice, or rows of two computations."""
+    name = f"identity_{tmp_path.name}"[:60]
+    common = {"catalog": stack.catalog.model_dump(mode="json", exclude_none=True), "output": OUTPUT,
+              "checkpoint_location": str(tmp_path / "checkpoint"), "output_table": f"apps.{name}",
+              "options": {"gap": "30 minutes"}, "backfill": {"max_misalignment": "15m"},
+              "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers}}  # fmt: skip
+    path = settings_file(tmp_path, **common)
+    plain = backfill(path)
+    named = correction(plain.model_copy(update={"catalog": stack.catalog}), "fix", run="20261120T000000")
+    run = named.model_copy(update={"checkpoint_location": backfill_checkpoint(named)})
+    assert "run-20261120T000000" in run.checkpoint_location
+    output_with_branch(stack, name, [START], cleared=True, identity=identity_of(run))
+
+    def refused(*arguments: str, **settings: Any) -> str:
+        changed = settings_file(tmp_path, **{**common, **settings})
+        command = [sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer", "--config",
+                   str(changed), "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix",
+                   *arguments]  # fmt: skip
+        ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert ran.returncode != 0, ran.stdout
+        assert "SparkContext" not in ran.stderr and "jdk.incubator" not in ran.stderr, "Spark started"
+        assert "holds rows computed with other settings than these" in ran.stderr, ran.stderr
+        assert "--start-over" in ran.stderr
+        return ran.stderr
+
+    settle = refused(output={**OUTPUT, "settle": "3h"})
+    assert "the read window's end (the window's end plus output.settle): 2026-11-20T08:00:00Z recorded, " \
+           "2026-11-20T09:00:00Z now" in settle, settle  # fmt: skip
+    assert "output.warm_up" in refused(output={**OUTPUT, "warm_up": "2h"})
+    assert "the order (--max-misalignment, --strict, --unordered): 15m recorded, 5m now" in refused(
+        "--max-misalignment", "5m"
+    )
+    assert "15m recorded, strict now" in refused("--strict")
+    assert "options: gap '30 minutes' recorded, '45 minutes' now" in refused(options={"gap": "45 minutes"})
+    assert "entry: bergstream.apps.sessionizer:sessionizer recorded" in refused(
+        entry="bergstream.apps.attribution:attribution"
+    )
+    assert "--checkpoint" in refused("--checkpoint", str(tmp_path / "elsewhere"))
+    # The same settings get past these checks to the archive's (which does not exist here): a resume.
+    same = subprocess.run(
+        [sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer", "--config", str(path),
+         "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert same.returncode != 0 and "no archive table" in same.stderr, same.stderr
 
 
 @pytest.mark.integration
@@ -160,7 +236,12 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
 ) -> None:
     name = f"conflict_{tmp_path.name}"[:60]
     table, known = output_with_branch(
-        stack, name, [START, END + timedelta(hours=1)], cleared=True, complete=True
+        stack,
+        name,
+        [START, END + timedelta(hours=1)],
+        cleared=True,
+        complete=True,
+        watermark=END + timedelta(hours=1),
     )
     # A row of the window written into main after the branch was made.
     table.append(pa.table({"account_id": [5], "session_start": [START + timedelta(hours=1)], "events": [1]},

@@ -46,7 +46,9 @@ from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import IcebergTable, clear_branch, make_branch
-from bergstream.runtime.correct.publish import publish, release, unpublish
+from bergstream.runtime.correct.identity import new_run
+from bergstream.runtime.correct.publish import publish, unpublish
+from bergstream.runtime.correct.release import release
 from bergstream.runtime.run import run_app
 from bergstream.runtime.settings import AppSettings, correction
 from bergstream.spark import build_spark_session
@@ -161,6 +163,7 @@ def main() -> None:
                      "checkpoint_location": str(args.work / branch)}
                 ),
                 branch,
+                run=new_run(),
             )  # fmt: skip
             shutil.rmtree(chosen.checkpoint_location, ignore_errors=True)
             table = IcebergTable(spark, output_identifier(output))
@@ -175,7 +178,7 @@ def main() -> None:
             made = table.correction(branch)
             assert made is not None
             since = table.ancestors(table.branch_head(branch), made.base)
-            release(spark, output_identifier(output), branch)
+            release(spark, output.catalog, output_identifier(output), branch)
             table.refresh()
             expire = table.table.expireSnapshots()
             for snapshot in since:
@@ -302,7 +305,7 @@ def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, 
     feeder = threading.Thread(target=feed, daemon=True)
     actions: list[tuple[str, float, float, float]] = []  # what, began, ended, seconds
     with progress_events(spark, batches.add):
-        query, _ = start_query(spark, live)
+        query = start_query(spark, live).query
         feeder.start()
         try:
             # Published and unpublished in turn, a few seconds apart, while the live query commits.

@@ -115,6 +115,13 @@ def backfill_plan(
     "`backfill audit` and `backfill publish`; --start and --end are then the window of the output's "
     "output.time_column that a publish replaces.",
 )
+@click.option(
+    "--start-over",
+    is_flag=True,
+    help="With --branch: release the branch's correction (its rows, its run's checkpoint) and correct the "
+    "window again with these settings; without it, a branch is resumed only with the settings it was "
+    "written with.",
+)
 @DATA_DIR
 @reports_json("backfill run")
 def backfill_run(
@@ -132,6 +139,7 @@ def backfill_run(
     strict: bool,
     unordered: bool,
     branch: str | None,
+    start_over: bool,
     data_dir: Path | None,
 ) -> None:
     """Run an application over a window of its archive; the same command resumes a stopped run."""
@@ -142,6 +150,8 @@ def backfill_run(
     configure_logging()
     if unordered and (max_misalignment or strict):
         raise click.UsageError("--unordered goes with neither --max-misalignment nor --strict")
+    if start_over and branch is None:
+        raise click.UsageError("--start-over starts a correction over: give its --branch")
     window: dict[str, Any] = {
         "start": start,
         "end": end,
@@ -155,10 +165,11 @@ def backfill_run(
     settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
     if branch is not None:
         # The window is the correction's; the read window is widened by the output's warm-up and settle.
-        settings = correction(settings, branch)
-        check_new_correction(settings)
-    checkpoint = checkpoint or backfill_checkpoint(settings)
-    run_application(settings.model_copy(update={"checkpoint_location": checkpoint}), True, as_json)
+        settings = check_new_correction(correction(settings, branch, start_over=start_over), checkpoint)
+    else:
+        checkpoint = checkpoint or backfill_checkpoint(settings)
+        settings = settings.model_copy(update={"checkpoint_location": checkpoint})
+    run_application(settings, True, as_json)
 
 
 CORRECTION = [
@@ -437,7 +448,7 @@ def _release_correction(
     app: str, branch: str, config_file: Path | None, spark_conf: tuple[str, ...], data_dir: Path | None
 ) -> None:
     from bergstream.runtime.correct.checks import output_table
-    from bergstream.runtime.correct.publish import release
+    from bergstream.runtime.correct.release import release
     from bergstream.runtime.correct.state import recorded
     from bergstream.spark import spark_session
 
@@ -448,5 +459,5 @@ def _release_correction(
             f"{output.identifier} has no correction in branch {branch}: nothing to release"
         )
     with spark_session(settings.catalog, settings.spark, f"bergstream-release-{app}") as spark:
-        removed = release(spark, output.identifier, branch)
+        removed = release(spark, settings.catalog, output.identifier, branch)
     click.echo(f"{output.identifier}: removed {', '.join(removed)}; what was published stays in main")

@@ -103,6 +103,20 @@ def make_output_table(
     log.info("%s: output table %s made, partitioned by the hour of %s", app, output, time_column)
 
 
+def event_time_watermarked(frame: DataFrame) -> bool:
+    """Whether the application's query sets an event-time watermark: then a stateful operator emits a row
+    once the watermark passes it, not in the batch that reads its events."""
+    return "EventTimeWatermark" in str(frame._jdf.queryExecution().logical().toString())
+
+
+@dataclass(frozen=True)
+class StartedQuery:
+    query: StreamingQuery
+    sources: Sources
+    # The query sets an event-time watermark (event_time_watermarked).
+    watermarked: bool
+
+
 def query_name(settings: AppSettings) -> str:
     return f"bergstream-app-{settings.app}-{settings.mode}"
 
@@ -113,7 +127,7 @@ def start_query(
     available_now: bool = False,
     sources: Sources | None = None,
     correction: Correction | None = None,
-) -> tuple[StreamingQuery, Sources]:
+) -> StartedQuery:
     """Start the application as the settings say; `available_now` makes a live run stop when caught up.
     `sources`: those of the run's earlier query, when it starts again; `correction`: the branch a
     correction's backfill writes, made ready (correct/branch.py)."""
@@ -124,6 +138,7 @@ def start_query(
         raise BackfillConfigError(
             f"entry {settings.entry} returned a batch DataFrame: build it from run.sources.stream(...)"
         )
+    watermarked = event_time_watermarked(result)
     output = output_identifier(settings)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {output.rpartition('.')[0]}")
     if settings.output.time_column is not None:
@@ -143,7 +158,6 @@ def start_query(
         # A correction writes the window's rows into its branch, each micro-batch once (correct/writer.py).
         from bergstream.runtime.correct.writer import BranchWriter
 
-        return writer.foreachBatch(
-            BranchWriter(spark, output, correction, settings.checkpoint_location)
-        ).start(), sources
-    return writer.toTable(output), sources
+        branch_writer = BranchWriter(spark, output, correction, settings.checkpoint_location)
+        return StartedQuery(writer.foreachBatch(branch_writer).start(), sources, watermarked)
+    return StartedQuery(writer.toTable(output), sources, watermarked)

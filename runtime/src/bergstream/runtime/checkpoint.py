@@ -58,6 +58,10 @@ class CheckpointFiles:
         if not self._fs.rename(written, target):
             raise OSError(f"cannot rename {written.toString()} to {target.toString()}")
 
+    def remove(self) -> bool:
+        """The whole checkpoint removed; False when there was none."""
+        return bool(self._fs.delete(self._root, True))
+
     def names(self, relative: str) -> list[str]:
         """The names of the entries of a folder; none when it does not exist."""
         folder = self._path(relative)
@@ -123,3 +127,21 @@ def committed_epoch(files: CheckpointFiles) -> int | None:
     in the offset log but not in the commit log has not been delivered."""
     committed = committed_batches(files)
     return logged_epoch(files, committed[-1]) if committed else None
+
+
+def logged_watermark(files: CheckpointFiles, batch: int) -> int | None:
+    """The event-time watermark (epoch milliseconds) `batch` ran with, from the query's offset log: its rows
+    were emitted against it. None for no such batch, or a query with no watermark (Spark logs 0)."""
+    logged = f"offsets/{batch}"
+    if batch < 0 or not files.exists(logged):
+        return None
+    lines = files.read_text(logged).splitlines()
+    metadata = offset_json(lines[1]) if len(lines) > 1 else None
+    watermark = int(metadata.get("batchWatermarkMs", 0)) if isinstance(metadata, dict) else 0
+    return watermark or None
+
+
+def committed_watermark(files: CheckpointFiles) -> int | None:
+    """The watermark the newest micro-batch Spark committed ran with; None before the first commit."""
+    committed = committed_batches(files)
+    return logged_watermark(files, committed[-1]) if committed else None

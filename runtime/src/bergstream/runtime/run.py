@@ -80,7 +80,7 @@ def run_app(
         return report
     report = backfill_report(spark, settings, plan, ledger, report, files)
     if correction is not None and report.complete:
-        mark_complete(spark, output_identifier(settings), correction.branch, tracker.position.event_watermark)
+        mark_complete(spark, settings, output_identifier(settings), query.watermarked)
     return report
 
 
@@ -102,6 +102,7 @@ class _AppQuery:
         self.sources = Sources(spark, settings, stopping)
         self.plan: BackfillPlan | None = None
         self.released = False
+        self.watermarked = True
 
     def switched(self) -> None:
         """A bootstrap's sources have switched to Kafka, in a batch Spark committed: the archive is not
@@ -111,10 +112,11 @@ class _AppQuery:
             self.released = True
 
     def start(self) -> StreamingQuery:
-        query, _ = start_query(self.spark, self.settings, self.available_now, self.sources, self.correction)
+        started = start_query(self.spark, self.settings, self.available_now, self.sources, self.correction)
+        self.watermarked = started.watermarked
         if self.settings.mode in ("backfill", "bootstrap"):
             self.plan = self.sources.plan()
-        return query
+        return started.query
 
 
 def _follow(runner: QueryRunner, tracker: RunTracker, query: _AppQuery, show_progress: bool) -> None:

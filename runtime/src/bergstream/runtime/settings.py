@@ -130,6 +130,11 @@ class CorrectionSettings(BaseModel):
     branch: str = Field(pattern=BRANCH_NAME)
     start: datetime
     end: datetime
+    # The run that writes the branch: its checkpoint is named from it, so that a correction made again
+    # under the same branch name never resumes an earlier one's query (correct/identity.py).
+    run: str | None = None
+    # The branch's earlier correction, if any, is released first (branch, tags, record, checkpoint, pins).
+    start_over: bool = False
 
 
 class OutputSettings(BaseModel):
@@ -334,27 +339,31 @@ def bootstrap_checkpoint(settings: AppSettings) -> str:
     the same command resumes it in either phase; another time, or another bound, is another query."""
     backfill = settings.backfill
     assert backfill.start is not None
-    bound = "unordered" if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
-    if backfill.strict:
-        bound = "strict"
-    name = re.sub(r"[^A-Za-z0-9-]", "-", f"{backfill.start:%Y%m%dT%H%M%S%f}_{bound}")
+    name = re.sub(r"[^A-Za-z0-9-]", "-", f"{backfill.start:%Y%m%dT%H%M%S%f}_{ordering_name(backfill)}")
     return f"{settings.checkpoint_location.rstrip('/')}-from-{name}"
+
+
+def ordering_name(backfill: BackfillSettings) -> str:
+    """The order a backfill reads in, as a checkpoint's name and a correction's record say it."""
+    if backfill.strict:
+        return "strict"
+    return UNORDERED if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
 
 
 def backfill_checkpoint(settings: AppSettings) -> str:
     """A checkpoint of its own for each backfill request, beside the live one: the same command resumes
-    the same backfill, and no backfill ever starts from the live query's checkpoint or another's."""
+    the same backfill, and no backfill ever starts from the live query's checkpoint or another's. A
+    correction's is named from its run too: the same branch made again is another query."""
     backfill = settings.backfill
     assert backfill.start is not None and backfill.end is not None
-    bound = "unordered" if backfill.max_misalignment is None else format_duration(backfill.max_misalignment)
-    if backfill.strict:
-        bound = "strict"
+    correct = backfill.correct
     parts = [
         _instant_name(backfill.start),
         _instant_name(backfill.end),
-        bound,
+        ordering_name(backfill),
         *sorted(backfill.regions or []),
-        *([f"branch-{backfill.correct.branch}"] if backfill.correct is not None else []),
+        *([f"branch-{correct.branch}"] if correct is not None else []),
+        *([f"run-{correct.run}"] if correct is not None and correct.run is not None else []),
     ]
     name = "_".join(re.sub(r"[^A-Za-z0-9-]", "-", part) for part in parts)
     return f"{settings.checkpoint_location.rstrip('/')}-backfill-{name}"
@@ -365,7 +374,9 @@ def _instant_name(instant: datetime) -> str:
     return instant.strftime("%Y%m%dT%H%M%S") + (instant.strftime("%f") if instant.microsecond else "")
 
 
-def correction(settings: AppSettings, branch: str) -> AppSettings:
+def correction(
+    settings: AppSettings, branch: str, run: str | None = None, start_over: bool = False
+) -> AppSettings:
     """The settings of a backfill that corrects its window [start, end) into branch `branch`: the window
     becomes the correction's, and the read window widens by the output's warm-up before it and settle
     after it."""
@@ -373,13 +384,18 @@ def correction(settings: AppSettings, branch: str) -> AppSettings:
     missing = settings.output.missing_for_correction()
     if missing:
         raise BackfillConfigError(f"{settings.app}: a correction (--branch) needs {'; '.join(missing)}")
+    if backfill.regions is not None:
+        raise BackfillConfigError(
+            f"{settings.app}: a correction replaces every region's rows of its window, and --region "
+            f"({', '.join(backfill.regions)}) would read only some of their events: leave --region out"
+        )
     assert backfill.start is not None and backfill.end is not None, "validated by AppSettings"
     assert settings.output.warm_up is not None and settings.output.settle is not None
     merged = settings.model_dump()
     merged["backfill"].update(
         start=backfill.start - settings.output.warm_up,
         end=backfill.end + settings.output.settle,
-        correct={"branch": branch, "start": backfill.start, "end": backfill.end},
+        correct=dict(branch=branch, start=backfill.start, end=backfill.end, run=run, start_over=start_over),
     )
     try:
         return AppSettings.model_validate(merged)

@@ -4,9 +4,12 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from bergstream.backfill.errors import BackfillError
+from bergstream.backfill.read.planner import from_micros
+from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
+from bergstream.runtime.correct.identity import identity_of
 from bergstream.runtime.correct.state import Correction, property_name
 from bergstream.runtime.settings import AppSettings
 
@@ -16,6 +19,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("bergstream.correct")
 # Every snapshot of a correction's branch is kept while the branch lives: its publish applies their changes.
 _KEEP_ALL = 2**31 - 1
+
+
+def java_list(iterable: Any) -> list[Any]:
+    """A Java collection's items."""
+    iterator = iterable.iterator()
+    found = []
+    while iterator.hasNext():
+        found.append(iterator.next())
+    return found
 
 
 class IcebergTable:
@@ -71,10 +83,32 @@ class IcebergTable:
 
 def prepare_branch(spark: SparkSession, settings: AppSettings, identifier: str) -> Correction:
     """The correction's branch, made from main when new (in one commit with its record), then cleared of
-    main's rows of the window once, before the query starts: a resumed backfill finds it as it left it.
-    (Cleared beside the query's start instead, the clearing's tasks slow the first batches by more than it
-    takes: bench/README.md.)"""
+    main's rows of the window once, before the query starts: a resumed backfill finds it as it left it. A
+    run asked to start over releases the branch's earlier correction first. (Cleared beside the query's
+    start instead, the clearing's tasks slow the first batches by more than it takes: bench/README.md.)"""
+    from bergstream.runtime.correct.release import release
+
     table = IcebergTable(spark, identifier)
+    correct = settings.backfill.correct
+    assert correct is not None
+    requested = identity_of(settings)
+    known = table.correction(correct.branch)
+    if known is not None and (known.identity is None or known.identity.run != requested.run):
+        if not correct.start_over or known.published:
+            raise BackfillError(
+                f"{identifier}: branch {correct.branch} is another run's correction now (made while this "
+                "one started): nothing was written; run the command again to see what it records"
+            )
+        log.info("%s: starting the correction in branch %s over: %s", identifier, correct.branch,
+                 ", ".join(release(spark, settings.catalog, identifier, correct.branch)))  # fmt: skip
+        table.refresh()
+        known = None
+    if known is None and _holds_a_query(spark, requested.checkpoint):
+        raise BackfillError(
+            f"{identifier}: checkpoint {requested.checkpoint} holds another query's progress: a new "
+            f"correction in branch {correct.branch} starts from a checkpoint of its own; leave --checkpoint "
+            "out, or name a new one"
+        )
     correction = make_branch(table, settings)
     if correction.cleared:
         log.info(
@@ -82,6 +116,11 @@ def prepare_branch(spark: SparkSession, settings: AppSettings, identifier: str) 
         )
         return correction
     return clear_branch(table, correction)
+
+
+def _holds_a_query(spark: SparkSession, checkpoint: str) -> bool:
+    files = CheckpointFiles(spark, checkpoint)
+    return files.exists("metadata") or files.exists("offsets")
 
 
 def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
@@ -97,7 +136,7 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
     assert base is not None, "checked before Spark started"
     correction = Correction(
         app=settings.app, branch=correct.branch, time_column=output.time_column, key=tuple(output.key),
-        start=correct.start, end=correct.end, base=int(base.snapshotId()),
+        start=correct.start, end=correct.end, base=int(base.snapshotId()), identity=identity_of(settings),
     )  # fmt: skip
     transaction = table.table.newTransaction()
     (
@@ -131,14 +170,21 @@ def clear_branch(table: IcebergTable, correction: Correction) -> Correction:
     return correction
 
 
-def mark_complete(spark: SparkSession, identifier: str, branch: str, watermark: datetime | None) -> None:
-    """The backfill into `branch` covered its window, the application's event-time watermark at its end
-    `watermark`: the correction may be published if that passed the window's end (checks.py)."""
+def mark_complete(
+    spark: SparkSession, settings: AppSettings, identifier: str, watermarked: bool
+) -> Correction:
+    """The backfill into the correction's branch covered its read window: recorded with the application's
+    event-time watermark that its query's last committed micro-batch ran with, read from its checkpoint (a
+    run killed after its last batch and run again reads nothing, and finds it all the same). A publish
+    checks it against the window (checks.py)."""
+    correct = settings.backfill.correct
+    assert correct is not None
     table = IcebergTable(spark, identifier)
-    correction = table.correction(branch)
-    if correction is None:
-        return
-    # A run that found nothing left to read (run again once complete) reports no watermark: the last stays.
-    watermark = watermark or correction.watermark
-    if not correction.complete or correction.watermark != watermark:
-        table.save(correction.but(complete=True, watermark=watermark))
+    correction = table.correction(correct.branch)
+    assert correction is not None, "made before the query started"
+    millis = committed_watermark(CheckpointFiles(spark, settings.checkpoint_location))
+    watermark = from_micros(millis * 1000) if millis is not None else None
+    done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
+    if done != correction:
+        table.save(done)
+    return done

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.planner import table_ref
 from bergstream.runtime.app import output_identifier
+from bergstream.runtime.correct.identity import differences, identity_of, new_run
 from bergstream.runtime.correct.state import Correction, property_name, recorded
-from bergstream.runtime.settings import AppSettings
+from bergstream.runtime.settings import AppSettings, backfill_checkpoint
 from bergstream.schemas.archive import INGESTION_TS_COLUMN
 from bergstream.timeparse import format_duration, format_instant
 
@@ -91,42 +92,75 @@ def check_output_columns(settings: AppSettings, output: OutputTable) -> None:
         )
 
 
-def check_new_correction(settings: AppSettings) -> tuple[OutputTable, Correction | None]:
-    """`backfill run --branch`: the output table can be corrected, the branch is new or holds this window,
-    and the archive holds every event the window's rows need. The branch's correction when it exists."""
+def check_new_correction(settings: AppSettings, checkpoint: str | None = None) -> AppSettings:
+    """`backfill run --branch`: the output table can be corrected, the branch is new, or holds this window
+    computed with these settings (then resumed), or is to start over; the archive holds every event the
+    window's rows need. The settings of the run: its run named, its checkpoint chosen (`checkpoint`, when
+    given; the recorded one, when resumed; else one named from the run)."""
     correct = settings.backfill.correct
     assert correct is not None
     output = output_table(settings)
     check_output_columns(settings, output)
     known = recorded(output.properties, correct.branch)
+    resumed = known is not None and not correct.start_over
     if output.branch_snapshot(correct.branch) is not None or known is not None:
         if known is None:
             raise BackfillConfigError(
                 f"{settings.app}: {output.identifier} has a branch {correct.branch} that is not a "
                 "correction's: name another branch"
             )
-        if (known.start, known.end) != (correct.start, correct.end) or known.app != settings.app:
-            raise BackfillConfigError(
-                f"{settings.app}: branch {correct.branch} of {output.identifier} corrects {known.app}'s "
-                f"window {known.window}, not "
-                f"[{format_instant(correct.start)}, {format_instant(correct.end)}): "
-                f"give that window to resume it, or name another branch (`backfill release --app {known.app} "
-                f"--branch {correct.branch}` removes it)"
-            )
         if known.published:
             raise BackfillConfigError(
                 f"{settings.app}: branch {correct.branch} of {output.identifier} is published: "
                 "`backfill unpublish` it first, or name another branch"
+            )
+        other_window = (known.start, known.end) != (correct.start, correct.end)
+        if resumed and (other_window or known.app != settings.app):
+            raise BackfillConfigError(
+                f"{settings.app}: branch {correct.branch} of {output.identifier} corrects {known.app}'s "
+                f"window {known.window}, not "
+                f"[{format_instant(correct.start)}, {format_instant(correct.end)}): "
+                f"give that window to resume it, add --start-over to correct this window in it instead, or "
+                "name another branch"
             )
     elif output.table.current_snapshot() is None:
         raise BackfillConfigError(
             f"{settings.app}: {output.identifier} has no rows yet: there is nothing to correct; run "
             "`backfill run` without --branch"
         )
+    run = run_settings(settings, known if resumed else None, checkpoint)
     assert settings.backfill.end is not None
     for source in settings.sources.values():
         _check_archived_to(settings, source.table_or_topic, settings.backfill.end)
-    return output, known
+    return run
+
+
+def run_settings(settings: AppSettings, resumed: Correction | None, checkpoint: str | None) -> AppSettings:
+    """The settings of the correction's run: the `resumed` correction's run, refused when these settings
+    would compute its rows otherwise; else a new run, with a checkpoint of its own."""
+    correct = settings.backfill.correct
+    assert correct is not None
+    if resumed is None:
+        named = settings.model_copy(update={"backfill": settings.backfill.model_copy(
+            update={"correct": correct.model_copy(update={"run": new_run()})})})  # fmt: skip
+        return named.model_copy(update={"checkpoint_location": checkpoint or backfill_checkpoint(named)})
+    again = f"`backfill run --app {settings.app} --branch {correct.branch} --start-over`"
+    if resumed.identity is None:
+        raise BackfillConfigError(
+            f"{settings.app}: branch {correct.branch} was written by an earlier bergstream that did not "
+            f"record the settings its rows were computed with: start it over ({again} with the window)"
+        )
+    named = settings.model_copy(update={"backfill": settings.backfill.model_copy(
+        update={"correct": correct.model_copy(update={"run": resumed.identity.run})})})  # fmt: skip
+    named = named.model_copy(update={"checkpoint_location": checkpoint or resumed.identity.checkpoint})
+    changed = differences(resumed.identity, identity_of(named), checkpoint_given=checkpoint is not None)
+    if changed:
+        raise BackfillConfigError(
+            f"{settings.app}: branch {correct.branch} holds rows computed with other settings than these: "
+            f"{'; '.join(changed)}. Nothing was written. Give the recorded settings to resume it, or start "
+            f"it over with these ({again}: its rows removed, its run released)"
+        )
+    return named
 
 
 def _check_archived_to(settings: AppSettings, table: str, end: datetime) -> None:
@@ -178,6 +212,13 @@ def recorded_correction(
             f"{settings.app}: the backfill into branch {branch} of {output.identifier} has not covered its "
             f"window yet: run `backfill run --app {known.app} --branch {branch}` with its window "
             f"{known.window} again to finish it"
+        )
+    if publishing and known.watermarked and known.watermark is None:
+        raise BackfillConfigError(
+            f"{settings.app}: the backfill into branch {branch} of {output.identifier} recorded no "
+            "event-time watermark of the application, whose query sets one: its rows of the window cannot "
+            f"be shown complete, and a publish could remove main's. Run `backfill run --app {known.app} "
+            f"--branch {branch}` with its window {known.window} again to record it"
         )
     if publishing and known.watermark is not None and known.watermark < known.end:
         settle = format_duration(settings.output.settle) if settings.output.settle is not None else "unset"

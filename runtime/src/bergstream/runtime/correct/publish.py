@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
-from bergstream.runtime.correct.branch import IcebergTable
+from bergstream.runtime.correct.branch import IcebergTable, java_list
 from bergstream.runtime.correct.state import BRANCH, PUBLISH_ID, UNPUBLISH_ID, Correction, property_name
 
 if TYPE_CHECKING:
@@ -74,14 +74,6 @@ class Conflict(BackfillError):
     """Main changed the window since the branch was made (or since the publish, for an unpublish)."""
 
 
-def _files(iterable: Any) -> list[Any]:
-    iterator = iterable.iterator()
-    found = []
-    while iterator.hasNext():
-        found.append(iterator.next())
-    return found
-
-
 def _find(table: IcebergTable, key: str, value: str, until: int | None) -> int | None:
     """The snapshot among main's since `until` whose summary says `key` is `value`."""
     current = table.table.currentSnapshot()
@@ -98,16 +90,16 @@ def _changes(table: IcebergTable, head: int | None, since: int) -> tuple[list[An
     added: dict[str, Any] = {}
     for snapshot in reversed(table.ancestors(head, since)):
         io = table.table.io()
-        if _files(snapshot.addedDeleteFiles(io)):
+        if java_list(snapshot.addedDeleteFiles(io)):
             raise BackfillError(
                 f"{table.identifier}: snapshot {snapshot.snapshotId()} added delete files: a correction "
                 "replaces whole files (copy-on-write); set write.delete.mode copy-on-write and correct again"
             )
-        for file in _files(snapshot.removedDataFiles(io)):
+        for file in java_list(snapshot.removedDataFiles(io)):
             location = str(file.location())
             if added.pop(location, None) is None:
                 removed[location] = file
-        for file in _files(snapshot.addedDataFiles(io)):
+        for file in java_list(snapshot.addedDataFiles(io)):
             added[str(file.location())] = file
     return list(removed.values()), list(added.values())
 
@@ -118,7 +110,7 @@ def _conflicting(table: IcebergTable, message: str, since: int) -> str:
     current = table.table.currentSnapshot()
     for snapshot in table.ancestors(int(current.snapshotId()), since):
         io = table.table.io()
-        files = _files(snapshot.addedDataFiles(io)) + _files(snapshot.removedDataFiles(io))
+        files = java_list(snapshot.addedDataFiles(io)) + java_list(snapshot.removedDataFiles(io))
         if any(str(file.location()) in message for file in files):
             when = datetime.fromtimestamp(snapshot.timestampMillis() / 1000, UTC).isoformat()
             found.append(f"snapshot {snapshot.snapshotId()} ({snapshot.operation()}, committed {when})")
@@ -241,7 +233,7 @@ def unpublish(spark: SparkSession, identifier: str, branch: str) -> Published:
         )
     snapshot = table.table.snapshot(published)
     io = table.table.io()
-    added, removed = _files(snapshot.addedDataFiles(io)), _files(snapshot.removedDataFiles(io))
+    added, removed = java_list(snapshot.addedDataFiles(io)), java_list(snapshot.removedDataFiles(io))
     unpublish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     recorded = correction.but(unpublish_id=unpublish_id)
     _apply(table, correction, added, removed, published, (UNPUBLISH_ID, unpublish_id), recorded, None)
@@ -274,27 +266,3 @@ def _report(
         snapshot=snapshot_id or -1, tag=correction.tag, files_removed=files_removed, files_added=files_added,
         rows_removed=removed, rows_added=added, seconds=time.monotonic() - started, already=already,
     )  # fmt: skip
-
-
-def release(spark: SparkSession, identifier: str, branch: str) -> list[str]:
-    """Remove the correction's branch, its tags and its record: what it names."""
-    table = IcebergTable(spark, identifier)
-    correction = table.correction(branch)
-    refs = table.table.refs()
-    names = [str(name) for name in _files(refs.keySet())]
-    tags = [name for name in names if name.startswith(f"{branch}-before-") and not refs.get(name).isBranch()]
-    transaction = table.table.newTransaction()
-    manage = transaction.manageSnapshots()
-    removed = []
-    if table.branch_head(branch) is not None:
-        manage.removeBranch(branch)
-        removed.append(f"branch {branch}")
-    for tag in tags:
-        manage.removeTag(tag)
-        removed.append(f"tag {tag}")
-    manage.commit()
-    if correction is not None:
-        transaction.updateProperties().remove(property_name(branch)).commit()
-        removed.append(f"the record {property_name(branch)}")
-    transaction.commitTransaction()
-    return removed

@@ -1,5 +1,6 @@
 """A correction's record, kept in its output table's properties under `bergstream.correction.<branch>`: the
-window it replaces, the snapshot of main its branch was made from, and how far it got (cleared, published,
+window it replaces, the snapshot of main its branch was made from, the run that writes the branch and what
+its rows depend on (identity.py), and how far it got (cleared, complete to which watermark, published,
 unpublished). Every command reads it first; each step that changes it commits the change with the step."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from bergstream.runtime.correct.identity import Identity
 from bergstream.timeparse import format_instant
 
 PROPERTY_PREFIX = "bergstream.correction."
@@ -18,6 +20,8 @@ BATCH_ID = "bergstream.correction.batch-id"
 PUBLISH_ID = "bergstream.correction.publish-id"
 UNPUBLISH_ID = "bergstream.correction.unpublish-id"
 BRANCH = "bergstream.correction.branch"
+# On each of the branch's batch commits: the application's event-time watermark the batch ran with.
+WATERMARK = "bergstream.correction.watermark"
 
 
 def property_name(branch: str) -> str:
@@ -40,9 +44,15 @@ class Correction:
     cleared: bool = False
     # The backfill covered its whole read window: its rows of the window are complete.
     complete: bool = False
-    # The application's event-time watermark at the backfill's end: a row is written once it passes the row's
-    # end, so rows of the window that end after it were not (None: the application sets no watermark).
+    # The application's event-time watermark that the backfill's last committed micro-batch ran with, read
+    # from its checkpoint: a row is written once it passes the row's end, so rows of the window that end
+    # after it were not. None: not known (the run has not completed, or the application has none).
     watermark: datetime | None = None
+    # Whether the application sets an event-time watermark; without one, each row is written by the batch
+    # that reads its events. Unknown (an earlier bergstream's record) counts as set.
+    watermarked: bool = True
+    # What the branch's rows depend on and the run that writes them; None in an earlier bergstream's record.
+    identity: Identity | None = None
     # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
     publish_id: str | None = None
     tag: str | None = None
@@ -69,6 +79,7 @@ class Correction:
         for name in ("start", "end", "watermark"):
             value = getattr(self, name)
             document[name] = value.isoformat() if value is not None else None
+        document["identity"] = self.identity.to_json() if self.identity is not None else None
         return json.dumps(document, sort_keys=True)
 
     @classmethod
@@ -78,6 +89,8 @@ class Correction:
         for name in ("start", "end", "watermark"):
             if document.get(name) is not None:
                 document[name] = datetime.fromisoformat(document[name]).astimezone(UTC)
+        if document.get("identity") is not None:
+            document["identity"] = Identity.from_json(document["identity"])
         return cls(**document)
 
     def but(self, **changes: Any) -> Correction:

@@ -4,6 +4,8 @@ Spark's streaming writer of an Iceberg table looks for a batch already committed
 so the batch is appended through foreachBatch, its query's id and batch's id in the snapshot's summary, and
 a batch the branch holds already (a batch run again after a kill) is not written twice. Only the rows of the
 correction's window are written: the warm-up's rows and those the read's end leaves incomplete are not.
+Each commit records the application's event-time watermark its batch ran with. A branch that holds batches
+of another query (a checkpoint lost or replaced) is refused: rows of two queries never meet in it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from bergstream.runtime.checkpoint import CheckpointFiles
+from bergstream.backfill.errors import BackfillError
+from bergstream.runtime.checkpoint import CheckpointFiles, logged_watermark
 from bergstream.runtime.correct.branch import IcebergTable
-from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, Correction
+from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, WATERMARK, Correction
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -29,7 +32,7 @@ class BranchWriter:
         self.spark = spark
         self.identifier = identifier
         self.correction = correction
-        self.checkpoint = checkpoint
+        self.files = CheckpointFiles(spark, checkpoint)
         self._query_id: str | None = None
         self._last: int | None = None
 
@@ -37,20 +40,29 @@ class BranchWriter:
     def query_id(self) -> str:
         """The query's id, kept in its checkpoint: the same across restarts, another for a new checkpoint."""
         if self._query_id is None:
-            metadata = CheckpointFiles(self.spark, self.checkpoint).read_text("metadata")
-            self._query_id = str(json.loads(metadata)["id"])
+            self._query_id = str(json.loads(self.files.read_text("metadata"))["id"])
         return self._query_id
 
     def last_committed(self) -> int:
-        """The newest batch of this query the branch holds; -1 when none."""
+        """The newest batch of this query the branch holds; -1 when none. A batch of another query in the
+        branch is refused: this query would write its rows a second time."""
         if self._last is None:
             table = IcebergTable(self.spark, self.identifier)
-            self._last = -1
+            found = []
             for snapshot in table.ancestors(table.branch_head(self.correction.branch), self.correction.base):
                 summary = snapshot.summary()
-                if summary.get(QUERY_ID) == self.query_id:
-                    self._last = int(summary.get(BATCH_ID))
-                    break
+                if summary.get(QUERY_ID) is not None:
+                    found.append((str(summary.get(QUERY_ID)), int(summary.get(BATCH_ID))))
+            others = sorted({query for query, _ in found if query != self.query_id})
+            if others:
+                raise BackfillError(
+                    f"{self.identifier}: branch {self.correction.branch} holds batches of query "
+                    f"{', '.join(others)}, not of this run's query {self.query_id} (checkpoint "
+                    f"{self.files.location}): that checkpoint was removed or replaced, and its rows would be "
+                    f"written twice. Nothing was written; correct the window again with `backfill run "
+                    f"--branch {self.correction.branch} --start-over`"
+                )
+            self._last = max((batch for _, batch in found), default=-1)
         return self._last
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -62,10 +74,12 @@ class BranchWriter:
             frame.write.format("noop").mode("overwrite").save()
             return
         rows = frame.where(self.correction.window_sql())
+        watermark = logged_watermark(self.files, batch_id)
         (
             rows.writeTo(f"{self.identifier}.branch_{self.correction.branch}")
             .option(f"snapshot-property.{QUERY_ID}", self.query_id)
             .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
+            .option(f"snapshot-property.{WATERMARK}", str(watermark or 0))
             .append()
         )
         self._last = batch_id
