@@ -250,6 +250,11 @@ def backfill_audit(
             f"{app}: branch {branch} matches main on {100 * report.match:.3f} % of its keys, below "
             f"--min-match {100 * min_match:.3f} %"
         )
+    elif min_match is not None and report.duplicated:
+        failure = (
+            f"{app}: branch {branch} holds {report.duplicated:,} keys more often than main, and more than "
+            "once: a publish would duplicate their rows (--min-match fails on any)"
+        )
     echo_report(as_json, "backfill audit", report.to_json(), report.lines(), failure)
 
 

@@ -4,7 +4,10 @@ Each key of either side is one of: equal (every column the same), changed (the c
 named), only in main, only in the branch. The match is the equal keys over all keys, the figure Netflix's
 talk gives for a backfill that reproduces production ("matches 99.9 % with prod"); a correction is expected
 to differ, and its audit is what a person or a rule reviews before the publish. A key held by several rows
-of one side is counted, and its rows compared as one.
+of one side is counted, and its rows compared as a whole, in a fixed order: it is equal only when both sides
+hold the same rows as many times. A key the branch holds more often than main, and more than once, is a
+duplicate a publish would bring into main: `--min-match` fails and the publish is refused on it. Columns of
+every type the output can have are compared, maps by their entries in key order.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bergstream.runtime.correct.state import Correction
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 KINDS = ("equal", "changed", "only_main", "only_branch")
 
@@ -29,7 +32,8 @@ class Audit:
     counts: dict[str, int]
     # Per column: how many changed keys differ in it.
     changed_columns: dict[str, int]
-    # Keys held by more than one row, per side.
+    # Keys held by more than one row, per side; and keys the branch holds more than once and more often than
+    # main ("branch_over_main"): rows a publish would duplicate.
     duplicate_keys: dict[str, int]
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -41,6 +45,10 @@ class Audit:
     def match(self) -> float:
         """The equal keys over every key of either side; 1 when neither side has a row."""
         return self.counts["equal"] / self.total if self.total else 1.0
+
+    @property
+    def duplicated(self) -> int:
+        return self.duplicate_keys.get("branch_over_main", 0)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "total": self.total, "match": self.match}
@@ -55,9 +63,12 @@ class Audit:
         if self.changed_columns:
             columns = ", ".join(f"{name} ({count:,})" for name, count in sorted(self.changed_columns.items()))
             lines.append(f"  changed columns: {columns}")
-        for side, count in self.duplicate_keys.items():
-            if count:
-                lines.append(f"  {count:,} keys held by more than one row in {side}")
+        for side in ("main", "branch"):
+            if self.duplicate_keys.get(side):
+                lines.append(f"  {self.duplicate_keys[side]:,} keys held by more than one row in {side}")
+        if self.duplicated:
+            lines.append(f"  {self.duplicated:,} keys held more often in the branch than in main: a publish "
+                         "would duplicate their rows")  # fmt: skip
         for kind in KINDS[1:]:
             for row in self.samples.get(kind, []):
                 lines.append(f"  e.g. {kind}: {row}")
@@ -73,17 +84,16 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
     branch = spark.table(f"{identifier}.branch_{correction.branch}").where(window)
     key = list(correction.key)
     values = [column for column in main.columns if column not in key]
-
-    def side(frame: DataFrame, name: str) -> DataFrame:
-        row = F.first(F.struct(*values)) if values else F.lit(True)
-        grouped = frame.groupBy(*key).agg(F.count(F.lit(1)).alias("rows"), row.alias("row"))
-        return grouped.select(*[F.col(c).alias(f"k_{c}") for c in key], F.struct("rows", "row").alias(name))
-
-    joined = _joined(side(main, "m"), side(branch, "b"), key)
+    joined = _joined(_side(main, key, values, "m"), _side(branch, key, values, "b"), key)
+    # A key held as many times on each side: the columns whose values differ; else the count of its rows.
+    same_count = F.col("m.rows") == F.col("b.rows")
     differing = F.filter(
-        F.array(*[F.when(~F.col(f"m.row.{c}").eqNullSafe(F.col(f"b.row.{c}")), F.lit(c)) for c in values]),
+        F.array(
+            F.when(~same_count, F.lit("(rows)")),
+            *[F.when(same_count & ~_values("m", c).eqNullSafe(_values("b", c)), F.lit(c)) for c in values],
+        ),
         lambda name: name.isNotNull(),
-    ) if values else F.array().cast("array<string>")  # fmt: skip
+    )  # fmt: skip
     kind = (
         F.when(F.col("m").isNull(), "only_branch")
         .when(F.col("b").isNull(), "only_main")
@@ -99,17 +109,20 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
             row.column: int(row.n)
             for row in classified.where(F.col("kind") == "changed")
             .select(F.explode("differing").alias("column"))
+            .where(F.col("column") != "(rows)")
             .groupBy("column")
             .agg(F.count("*").alias("n"))
             .collect()
         }
+        over = (F.col("b.rows") > 1) & (F.col("b.rows") > F.coalesce(F.col("m.rows"), F.lit(0)))
         duplicates = classified.agg(
             F.count(F.when(F.col("m.rows") > 1, 1)).alias("main"),
             F.count(F.when(F.col("b.rows") > 1, 1)).alias("branch"),
+            F.count(F.when(over, 1)).alias("branch_over_main"),
         ).first()
         samples: dict[str, list[dict[str, Any]]] = {}
         for name in KINDS[1:]:
-            rows = classified.where(F.col("kind") == name).limit(sample).collect()
+            rows = classified.where(F.col("kind") == name).orderBy(*key).limit(sample).collect()
             samples[name] = [_sample(row, key, values) for row in rows]
     finally:
         classified.unpersist()
@@ -117,9 +130,81 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
     return Audit(
         table=identifier, branch=correction.branch, window=correction.window, key=key, counts=counts,
         changed_columns=changed_columns,
-        duplicate_keys={"main": int(duplicates["main"]), "branch": int(duplicates["branch"])},
+        duplicate_keys={name: int(duplicates[name]) for name in ("main", "branch", "branch_over_main")},
         samples=samples,
     )  # fmt: skip
+
+
+def duplicated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
+    """The keys of the window that the branch holds more than once and more often than main: rows a publish
+    would duplicate. Main is read only for the keys the branch repeats (none, on the straight path)."""
+    from pyspark.sql import functions as F
+
+    key = list(correction.key)
+    window = correction.window_sql()
+    repeated = (
+        spark.table(f"{identifier}.branch_{correction.branch}").where(window)
+        .groupBy(*key).agg(F.count(F.lit(1)).alias("b")).where(F.col("b") > 1)
+    )  # fmt: skip
+    found = repeated.collect()
+    if not found:
+        return 0
+    main = spark.table(identifier).where(window).groupBy(*key).agg(F.count(F.lit(1)).alias("m"))
+    condition = None
+    for column in key:
+        equal = repeated[column].eqNullSafe(main[column])
+        condition = equal if condition is None else condition & equal
+    joined = repeated.join(main, on=condition, how="left")
+    return joined.where(F.col("b") > F.coalesce(F.col("m"), F.lit(0))).count()
+
+
+def _side(frame: DataFrame, key: list[str], values: list[str], name: str) -> DataFrame:
+    """One side's rows by key: how many, and all of them, comparable and in a fixed order."""
+    from pyspark.sql import functions as F
+
+    comparable = [_comparable(frame.schema[c].dataType, F.col(c)).alias(c) for c in values]
+    rows = F.array_sort(F.collect_list(F.struct(*comparable))) if values else F.array()
+    grouped = frame.groupBy(*key).agg(F.count(F.lit(1)).alias("rows"), rows.alias("all"))
+    return grouped.select(*[F.col(c).alias(f"k_{c}") for c in key], F.struct("rows", "all").alias(name))
+
+
+def _values(side: str, column: str) -> Column:
+    """One column of a side's rows of a key, in their order."""
+    from pyspark.sql import functions as F
+
+    return F.transform(f"{side}.all", lambda row: row[column])
+
+
+def _comparable(data_type: Any, column: Column) -> Column:
+    """`column` with every map in it as its entries in key order: Spark compares and sorts no map."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if not _has_map(data_type):
+        return column
+    if isinstance(data_type, MapType):
+        entries = F.transform(F.map_entries(column), lambda entry: F.struct(
+            _comparable(data_type.keyType, entry["key"]).alias("key"),
+            _comparable(data_type.valueType, entry["value"]).alias("value"),
+        ))  # fmt: skip
+        return F.array_sort(entries)
+    if isinstance(data_type, ArrayType):
+        return F.transform(column, lambda item: _comparable(data_type.elementType, item))
+    assert isinstance(data_type, StructType)
+    fields = [_comparable(field.dataType, column[field.name]).alias(field.name) for field in data_type.fields]
+    return F.when(column.isNull(), F.lit(None)).otherwise(F.struct(*fields))
+
+
+def _has_map(data_type: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, MapType):
+        return True
+    if isinstance(data_type, ArrayType):
+        return _has_map(data_type.elementType)
+    if isinstance(data_type, StructType):
+        return any(_has_map(field.dataType) for field in data_type.fields)
+    return False
 
 
 def _joined(main: DataFrame, branch: DataFrame, key: list[str]) -> DataFrame:
@@ -145,11 +230,20 @@ def _sample(row: Any, key: list[str], values: list[str]) -> dict[str, Any]:
     document: dict[str, Any] = {column: _plain(row[column]) for column in key}
     for side, name in (("m", "main"), ("b", "branch")):
         found = row[side]
-        document[name] = None if found is None else {c: _plain(found["row"][c]) for c in values}
+        if found is None or not found["all"]:
+            document[name] = None
+            continue
+        document[name] = {c: _plain(found["all"][0][c]) for c in values}
+        if found["rows"] > 1:
+            document[f"{name}_rows"] = found["rows"]
     if row["differing"]:
         document["differing"] = list(row["differing"])
     return document
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if hasattr(value, "asDict"):
+        return {name: _plain(item) for name, item in value.asDict().items()}
     return value.isoformat() if hasattr(value, "isoformat") else value

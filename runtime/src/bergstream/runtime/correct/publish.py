@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
+from bergstream.runtime.correct.audit import duplicated_keys
 from bergstream.runtime.correct.branch import IcebergTable, java_list
 from bergstream.runtime.correct.state import BRANCH, PUBLISH_ID, UNPUBLISH_ID, Correction, property_name
 
@@ -196,6 +197,14 @@ def publish(spark: SparkSession, identifier: str, branch: str) -> Published:
         assert correction.publish_id is not None
         snapshot = _find(table, PUBLISH_ID, correction.publish_id, correction.base)
         return _report(table, correction, "publish", snapshot, started, already=True)
+    duplicated = duplicated_keys(spark, identifier, correction)
+    if duplicated:
+        raise BackfillError(
+            f"{identifier}: branch {branch} holds {duplicated:,} keys of the window more often than main, "
+            "and more than once: the publish would duplicate their rows. Nothing was changed; `backfill "
+            "audit` names them, and a correction started over (`backfill run ... --start-over`) writes each "
+            "row once"
+        )
     # After an unpublish, main holds the base's files again as of the unpublish's commit.
     since = correction.base
     if correction.unpublish_id is not None:
