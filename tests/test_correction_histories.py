@@ -1,0 +1,194 @@
+"""A correction after the histories an operator runs on a bad day: run again with other settings, released
+and made again under the same name, killed after its last batch, its checkpoint lost. Each ends with main's
+window the sessions computed here from every archived event, each once, or with a refusal that changes
+nothing; never with rows doubled, emptied or short and an exit of 0.
+
+The commands run as the command line runs them (settings loaded from the application's file, checked before
+Spark, then run), in this process's Spark session: the kills that need a process of their own are in
+tests/corrections.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from bergstream.backfill.errors import BackfillConfigError, BackfillError
+from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
+from bergstream.runtime.correct.audit import audit
+from bergstream.runtime.correct.branch import IcebergTable
+from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
+from bergstream.runtime.correct.publish import publish
+from bergstream.runtime.correct.release import release
+from bergstream.runtime.correct.state import Correction
+from bergstream.runtime.run import run_app
+from bergstream.runtime.run_report import RunReport
+from bergstream.runtime.settings import AppSettings, correction, load_app_settings
+from tests import corrections
+from tests.corrections import Row, Scenario, table_rows
+from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+OUTPUT = {
+    "time_column": "session_start", "key": ["account_id", "session_start"], "warm_up": "1h", "settle": "3h"
+}  # fmt: skip
+
+
+class Operator:
+    """The correction commands over the sessionizer's output of a late partition's topic, as an operator
+    gives them; main made by the live application reading the topic once."""
+
+    def __init__(self, stack: Services, spark: SparkSession, home: Path, scenario: Scenario) -> None:
+        self.stack, self.spark, self.home, self.scenario = stack, spark, home, scenario
+        self.output = f"histories_{next(iter(scenario.topics.values()))}"
+        self.identifier = f"{stack.catalog.name}.apps.{self.output}"
+        self.window = (scenario.start, scenario.start + timedelta(hours=1))
+        self.in_window = scenario.in_window(*self.window)
+        live = self.settings(mode="live")
+        run_app(spark, live, available_now=True, show_progress=False)
+        self.outside = self.rows(f"NOT ({self.in_window})")
+
+    def settings(self, output: dict[str, Any] | None = None, **flags: Any) -> AppSettings:
+        topic = next(iter(self.scenario.topics.values()))
+        path = self.home / "sessionizer.yaml"
+        path.write_text(yaml.safe_dump({
+            "app": "sessionizer", "entry": "bergstream.apps.sessionizer:sessionizer",
+            "sources": {"playback": {"topic": topic, "table": topic, "schema": "playback"}},
+            "kafka": {"kafka.bootstrap.servers": self.stack.bootstrap_servers, "startingOffsets": "earliest"},
+            "catalog": self.stack.catalog.model_dump(mode="json", exclude_none=True),
+            "checkpoint_location": str(self.home / "live"), "max_offsets_per_trigger": 300,
+            "output_table": f"apps.{self.output}", "backfill": {"max_misalignment": "30m"},
+            "output": output or OUTPUT, "options": self.scenario.options,
+        }))  # fmt: skip
+        return load_app_settings("sessionizer", path, defaults={}, overrides=flags)
+
+    def run(
+        self, branch: str, start_over: bool = False, output: dict[str, Any] | None = None, **backfill: Any
+    ) -> RunReport:
+        """`backfill run --branch`: checked before Spark, then run; refused with BackfillConfigError."""
+        start, end = (instant.isoformat() for instant in self.window)
+        plain = self.settings(output, mode="backfill", backfill={"start": start, "end": end, **backfill})
+        settings = check_new_correction(correction(plain, branch, start_over=start_over))
+        report = run_app(self.spark, settings, show_progress=False)
+        assert report.complete, report.problems
+        return report
+
+    def recorded(self, branch: str) -> Correction:
+        found = IcebergTable(self.spark, self.identifier).correction(branch)
+        assert found is not None
+        return found
+
+    def publish(self, branch: str) -> None:
+        """`backfill publish`: its checks before Spark, then the publish."""
+        recorded_correction(self.settings(), branch, publishing=True)
+        publish(self.spark, self.identifier, branch)
+
+    def release(self, branch: str) -> list[str]:
+        return release(self.spark, self.stack.catalog, self.identifier, branch)
+
+    def rows(self, where: str, table: str | None = None) -> Counter[Row]:
+        return table_rows(self.spark, self.scenario, table or self.identifier, where)
+
+    def branch_rows(self, branch: str) -> Counter[Row]:
+        return self.rows(self.in_window, f"{self.identifier}.branch_{branch}")
+
+    @property
+    def expected(self) -> Counter[Row]:
+        return self.scenario.expected(*self.window)
+
+
+@pytest.fixture(scope="module")
+def operator(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Operator:
+    home = tmp_path_factory.mktemp("histories")
+    return Operator(stack, spark, home, corrections.late_plays(stack, spark, home, name="history_plays"))
+
+
+def test_a_correction_run_again_with_other_settings_is_refused_then_started_over_each_row_once(
+    operator: Operator,
+) -> None:
+    operator.run("fix")
+    assert operator.branch_rows("fix") == operator.expected
+    first = operator.recorded("fix")
+    assert first.identity is not None
+    # The operator lengthens output.settle (as a publish refusal advises) and runs the same branch again.
+    longer = {**OUTPUT, "settle": "210m"}
+    with pytest.raises(BackfillConfigError, match=r"output\.settle\): .* recorded, .* now"):
+        operator.run("fix", output=longer)
+    with pytest.raises(BackfillConfigError, match="the order"):
+        operator.run("fix", max_misalignment="20m")
+    assert operator.branch_rows("fix") == operator.expected, "a refused run wrote into the branch"
+    assert operator.recorded("fix") == first
+
+    # Started over with the new settings: the branch holds the window's rows once, the first run's
+    # checkpoint is gone.
+    operator.run("fix", start_over=True, output=longer)
+    again = operator.recorded("fix")
+    assert again.identity is not None and again.identity.run != first.identity.run
+    assert again.identity.read_end == first.identity.read_end + timedelta(minutes=30)
+    assert not Path(first.identity.checkpoint).exists()
+    assert operator.branch_rows("fix") == operator.expected
+    assert audit(operator.spark, operator.identifier, again).duplicated == 0
+    operator.publish("fix")
+    assert operator.rows(operator.in_window) == operator.expected
+    assert operator.rows(f"NOT ({operator.in_window})") == operator.outside
+
+
+def test_a_correction_released_and_made_again_under_the_same_name_reads_its_window_again(
+    operator: Operator,
+) -> None:
+    operator.run("again")
+    first = operator.recorded("again")
+    assert first.identity is not None
+    removed = operator.release("again")
+    assert f"the checkpoint {first.identity.checkpoint}" in removed, removed
+    assert not Path(first.identity.checkpoint).exists()
+    # The same command again: a new run with a checkpoint of its own, that reads the whole window.
+    operator.run("again")
+    made = operator.recorded("again")
+    assert made.identity is not None and made.identity.checkpoint != first.identity.checkpoint
+    assert operator.branch_rows("again") == operator.expected
+    operator.publish("again")
+    assert operator.rows(operator.in_window) == operator.expected
+    assert operator.rows(f"NOT ({operator.in_window})") == operator.outside
+
+
+def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(operator: Operator) -> None:
+    """Run again, it reads nothing: the watermark comes from its checkpoint, and a settle too short for the
+    window's rows to be complete is refused at the publish all the same."""
+    short = {**OUTPUT, "settle": "30m"}
+    operator.run("short", output=short)
+    ended = operator.recorded("short")
+    assert ended.identity is not None and ended.watermarked and ended.watermark is not None
+    files = CheckpointFiles(operator.spark, ended.identity.checkpoint)
+    millis = committed_watermark(files)
+    assert millis is not None and ended.watermark.timestamp() * 1000 == millis
+    assert ended.watermark < ended.end, "a settle of 30 minutes ends before a watermark of an hour passes"
+    # As a kill between the query's last batch and its record leaves it.
+    IcebergTable(operator.spark, operator.identifier).save(ended.but(complete=False, watermark=None))
+    with pytest.raises(BackfillConfigError, match="has not covered its window yet"):
+        operator.publish("short")
+    operator.run("short", output=short)
+    assert operator.recorded("short") == ended
+    before = operator.rows(operator.in_window)
+    with pytest.raises(BackfillConfigError, match="before the window's end"):
+        operator.publish("short")
+    assert operator.rows(operator.in_window) == before
+
+
+def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(operator: Operator) -> None:
+    operator.run("lost")
+    ended = operator.recorded("lost")
+    assert ended.identity is not None
+    assert CheckpointFiles(operator.spark, ended.identity.checkpoint).remove()
+    IcebergTable(operator.spark, operator.identifier).save(ended.but(complete=False, watermark=None))
+    with pytest.raises(BackfillError, match="holds batches of query"):
+        operator.run("lost")
+    assert operator.branch_rows("lost") == operator.expected
