@@ -65,7 +65,7 @@ def test_the_audit_counts_a_key_held_twice_apart_compares_maps_and_the_publish_r
 
     before = table.table.currentSnapshot().snapshotId()
     with pytest.raises(BackfillError, match="holds 1 keys of the window more often than main"):
-        publish(spark, identifier, "fix")
+        publish(spark, identifier, "fix", None)
     table.refresh()
     assert table.table.currentSnapshot().snapshotId() == before, "main changed"
     assert table.correction("fix") == correction, "the record changed"

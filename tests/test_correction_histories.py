@@ -89,7 +89,7 @@ class Operator:
     def publish(self, branch: str) -> None:
         """`backfill publish`: its checks before Spark, then the publish."""
         recorded_correction(self.settings(), branch, publishing=True)
-        publish(self.spark, self.identifier, branch)
+        publish(self.spark, self.identifier, branch, str(self.home / "live"))
 
     def release(self, branch: str) -> list[str]:
         return release(self.spark, self.stack.catalog, self.identifier, branch)

@@ -314,7 +314,11 @@ def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, 
             while time.monotonic() < deadline:
                 time.sleep(3)
                 began = time.time()
-                seconds, done = timed(lambda action=action: action(spark, identifier, BRANCH))
+                # A publish checks the live query's checkpoint: it waits for the window's rows written.
+                seconds, done = timed(
+                    lambda action=action: publish(spark, identifier, BRANCH, live.checkpoint_location)
+                    if action is publish else unpublish(spark, identifier, BRANCH)
+                )  # fmt: skip
                 actions.append((done.action, began, time.time(), seconds))
                 print(f"{done.action}: {seconds:.2f}s, {done.lines()[1].strip()}", flush=True)
                 action = unpublish if action is publish else publish
@@ -324,7 +328,7 @@ def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, 
             query.stop()
             feeder.join()
     if actions and actions[-1][0] == "unpublish":
-        publish(spark, identifier, BRANCH)
+        publish(spark, identifier, BRANCH, None)
 
     def overlaps(batch: Any) -> bool:
         return any(

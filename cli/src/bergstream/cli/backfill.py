@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bergstream.cli.app import APP_OPTIONS, run_application
+from bergstream.cli.correct import CORRECTION_COMMANDS
 from bergstream.cli.options import (
     CLIENT_CONFIG,
     DATA_DIR,
@@ -24,11 +25,7 @@ from bergstream.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from bergstream.backfill.read.order import OrderingPolicy
-    from bergstream.runtime.correct.publish import Published
-    from bergstream.runtime.settings import AppSettings
 
 
 @click.group()
@@ -172,152 +169,8 @@ def backfill_run(
     run_application(settings, True, as_json)
 
 
-CORRECTION = [
-    click.option(
-        "--app",
-        required=True,
-        help="The application whose output the branch corrects: its settings are <apps dir>/<app>.yaml.",
-    ),
-    APP_OPTIONS[1],  # --config
-    click.option("--branch", required=True, help="The branch `backfill run --branch` wrote."),
-    click.option(
-        "--output-table", default=None, help="The application's output table (default: its file's)."
-    ),
-    JSON_REPORT,
-    SPARK_CONF,
-    DATA_DIR,
-]
-
-
-def _correction_settings(
-    app: str,
-    config_file: Path | None,
-    output_table: str | None,
-    spark_conf: tuple[str, ...],
-    data_dir: Path | None,
-) -> AppSettings:
-    """An application's settings for a command on one of its corrections: its output table, catalog and
-    Spark settings. The window is the branch's, read from its table; the settings' own is not used."""
-    from bergstream.cli.endpoints import Endpoints
-    from bergstream.runtime.settings import load_app_settings
-
-    configure_logging()
-    overrides = {
-        "mode": "backfill", "output_table": output_table, "spark": spark_overrides(spark_conf),
-        "backfill": {"start": "1970-01-01T00:00:00Z", "end": "1970-01-01T00:00:01Z"},
-    }  # fmt: skip
-    defaults = Endpoints.resolve(data_dir).app_defaults(app)
-    return load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
-
-
-@backfill.command("audit")
-@with_options(CORRECTION)
-@click.option(
-    "--min-match",
-    type=click.FloatRange(0, 1),
-    default=None,
-    help="Exit non-zero when fewer of the keys than this fraction are equal (0.999: a backfill expected to "
-    "reproduce production).",
-)
-@click.option(
-    "--sample", type=click.IntRange(0, 1000), default=5, help="Rows shown of each kind of difference."
-)
-@reports_json("backfill audit")
-def backfill_audit(
-    app: str,
-    config_file: Path | None,
-    branch: str,
-    output_table: str | None,
-    as_json: bool,
-    spark_conf: tuple[str, ...],
-    data_dir: Path | None,
-    min_match: float | None,
-    sample: int,
-) -> None:
-    """Compare a correction's rows of its window with main's, by the output's key: equal, changed, only in
-    main, only in the branch; the match is the equal keys over all."""
-    from bergstream.runtime.correct.audit import audit
-    from bergstream.runtime.correct.checks import recorded_correction
-    from bergstream.spark import spark_session
-
-    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, correction = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-audit-{app}") as spark:
-        report = audit(spark, output.identifier, correction, sample)
-    failure = None
-    if min_match is not None and report.match < min_match:
-        failure = (
-            f"{app}: branch {branch} matches main on {100 * report.match:.3f} % of its keys, below "
-            f"--min-match {100 * min_match:.3f} %"
-        )
-    elif min_match is not None and report.duplicated:
-        failure = (
-            f"{app}: branch {branch} holds {report.duplicated:,} keys more often than main, and more than "
-            "once: a publish would duplicate their rows (--min-match fails on any)"
-        )
-    echo_report(as_json, "backfill audit", report.to_json(), report.lines(), failure)
-
-
-@backfill.command("publish")
-@with_options(CORRECTION)
-@reports_json("backfill publish")
-def backfill_publish(
-    app: str,
-    config_file: Path | None,
-    branch: str,
-    output_table: str | None,
-    as_json: bool,
-    spark_conf: tuple[str, ...],
-    data_dir: Path | None,
-) -> None:
-    """Replace main's rows of a correction's window with its branch's, in one commit on main that keeps what
-    the live query appends meanwhile; main's snapshot before it is tagged. Run again, it publishes once."""
-    from bergstream.runtime.correct.publish import publish
-
-    _on_main(publish, app, config_file, branch, output_table, as_json, spark_conf, data_dir, publishing=True)
-
-
-@backfill.command("unpublish")
-@with_options(CORRECTION)
-@reports_json("backfill unpublish")
-def backfill_unpublish(
-    app: str,
-    config_file: Path | None,
-    branch: str,
-    output_table: str | None,
-    as_json: bool,
-    spark_conf: tuple[str, ...],
-    data_dir: Path | None,
-) -> None:
-    """Put main's rows of a published correction's window back as they were, in one commit on main."""
-    from bergstream.runtime.correct.publish import unpublish
-
-    _on_main(
-        unpublish, app, config_file, branch, output_table, as_json, spark_conf, data_dir, publishing=False
-    )
-
-
-def _on_main(
-    action: Callable[[Any, str, str], Published],
-    app: str,
-    config_file: Path | None,
-    branch: str,
-    output_table: str | None,
-    as_json: bool,
-    spark_conf: tuple[str, ...],
-    data_dir: Path | None,
-    publishing: bool,
-) -> None:
-    """A publish or an unpublish of `app`'s correction in `branch`, checked before Spark starts (a publish's
-    rows of the window complete to its end: `publishing`)."""
-    from bergstream.runtime.correct.checks import recorded_correction
-    from bergstream.spark import spark_session
-
-    settings = _correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch, publishing=publishing)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-{action.__name__}-{app}") as spark:
-        report = action(spark, output.identifier, branch)
-    echo_report(as_json, f"backfill {action.__name__}", report.to_json(), report.lines())
+for command in CORRECTION_COMMANDS:
+    backfill.add_command(command)
 
 
 @backfill.command("release")
@@ -341,6 +194,7 @@ def backfill_release(
     """Let maintenance expire the snapshots a backfill that will not be resumed still holds (--checkpoint),
     or remove a correction's branch and tags (--app, --branch): what is published stays published."""
     from bergstream.backfill.read.planner import table_ref
+    from bergstream.cli.correct import release_correction
     from bergstream.cli.endpoints import Endpoints
     from bergstream.runtime.pins import held_by, release, tag_of
 
@@ -352,7 +206,7 @@ def backfill_release(
         )
     if branch is not None:
         assert app is not None
-        _release_correction(app, branch, config_file, spark_conf, data_dir)
+        release_correction(app, branch, None, config_file, spark_conf, data_dir)
         return
     assert checkpoint is not None
     configure_logging()
@@ -447,22 +301,3 @@ def backfill_replay(
         schema_registry=registry_from_file(config_file) if config_file is not None else None,
     )  # fmt: skip
     echo_report(as_json, "backfill replay", asdict(report), [report.summary()])
-
-
-def _release_correction(
-    app: str, branch: str, config_file: Path | None, spark_conf: tuple[str, ...], data_dir: Path | None
-) -> None:
-    from bergstream.runtime.correct.checks import output_table
-    from bergstream.runtime.correct.release import release
-    from bergstream.runtime.correct.state import recorded
-    from bergstream.spark import spark_session
-
-    settings = _correction_settings(app, config_file, None, spark_conf, data_dir)
-    output = output_table(settings)
-    if recorded(output.properties, branch) is None and output.branch_snapshot(branch) is None:
-        raise click.ClickException(
-            f"{output.identifier} has no correction in branch {branch}: nothing to release"
-        )
-    with spark_session(settings.catalog, settings.spark, f"bergstream-release-{app}") as spark:
-        removed = release(spark, settings.catalog, output.identifier, branch)
-    click.echo(f"{output.identifier}: removed {', '.join(removed)}; what was published stays in main")

@@ -162,7 +162,7 @@ def _side(frame: DataFrame, key: list[str], values: list[str], name: str) -> Dat
     """One side's rows by key: how many, and all of them, comparable and in a fixed order."""
     from pyspark.sql import functions as F
 
-    comparable = [_comparable(frame.schema[c].dataType, F.col(c)).alias(c) for c in values]
+    comparable = [comparable(frame.schema[c].dataType, F.col(c)).alias(c) for c in values]
     rows = F.array_sort(F.collect_list(F.struct(*comparable))) if values else F.array()
     grouped = frame.groupBy(*key).agg(F.count(F.lit(1)).alias("rows"), rows.alias("all"))
     return grouped.select(*[F.col(c).alias(f"k_{c}") for c in key], F.struct("rows", "all").alias(name))
@@ -175,7 +175,7 @@ def _values(side: str, column: str) -> Column:
     return F.transform(f"{side}.all", lambda row: row[column])
 
 
-def _comparable(data_type: Any, column: Column) -> Column:
+def comparable(data_type: Any, column: Column) -> Column:
     """`column` with every map in it as its entries in key order: Spark compares and sorts no map."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, MapType, StructType
@@ -184,14 +184,14 @@ def _comparable(data_type: Any, column: Column) -> Column:
         return column
     if isinstance(data_type, MapType):
         entries = F.transform(F.map_entries(column), lambda entry: F.struct(
-            _comparable(data_type.keyType, entry["key"]).alias("key"),
-            _comparable(data_type.valueType, entry["value"]).alias("value"),
+            comparable(data_type.keyType, entry["key"]).alias("key"),
+            comparable(data_type.valueType, entry["value"]).alias("value"),
         ))  # fmt: skip
         return F.array_sort(entries)
     if isinstance(data_type, ArrayType):
-        return F.transform(column, lambda item: _comparable(data_type.elementType, item))
+        return F.transform(column, lambda item: comparable(data_type.elementType, item))
     assert isinstance(data_type, StructType)
-    fields = [_comparable(field.dataType, column[field.name]).alias(field.name) for field in data_type.fields]
+    fields = [comparable(field.dataType, column[field.name]).alias(field.name) for field in data_type.fields]
     return F.when(column.isNull(), F.lit(None)).otherwise(F.struct(*fields))
 
 

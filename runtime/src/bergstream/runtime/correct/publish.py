@@ -21,9 +21,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
+from bergstream.backfill.read.planner import from_micros
 from bergstream.runtime.correct.audit import duplicated_keys
 from bergstream.runtime.correct.branch import IcebergTable, java_list
 from bergstream.runtime.correct.state import BRANCH, PUBLISH_ID, UNPUBLISH_ID, Correction, property_name
+from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,7 +77,7 @@ class Conflict(BackfillError):
     """Main changed the window since the branch was made (or since the publish, for an unpublish)."""
 
 
-def _find(table: IcebergTable, key: str, value: str, until: int | None) -> int | None:
+def find_commit(table: IcebergTable, key: str, value: str, until: int | None) -> int | None:
     """The snapshot among main's since `until` whose summary says `key` is `value`."""
     current = table.table.currentSnapshot()
     for snapshot in table.ancestors(int(current.snapshotId()) if current is not None else None, until):
@@ -128,17 +130,19 @@ def _apply(
     summary: tuple[str, str],
     recorded: Correction,
     tag: str | None,
+    keep_later_rows: bool = False,
 ) -> None:
     """One transaction on main: the overwrite (validated since `since`), the tag on main's snapshot before
     it, the correction's record; `summary` (key, value) marks its snapshot. Tried again while other commits
     (the live query's) win the race, for up to COMMIT_PATIENCE seconds; a commit whose outcome is unknown is
-    looked for before it is tried again."""
+    looked for before it is tried again. An unpublish that `keep_later_rows` lets rows written into the window
+    since stay, validating only that no file it removes or adds back was removed since."""
     deadline = time.monotonic() + COMMIT_PATIENCE
     attempt = 0
     while True:
         attempt += 1
         table.refresh()
-        if _find(table, *summary, since) is not None:
+        if find_commit(table, *summary, since) is not None:
             return  # an attempt whose outcome was unknown landed
         try:
             # The overwrite is validated as it is staged, and again if the transaction is tried again.
@@ -152,7 +156,9 @@ def _apply(
             for file in added:
                 overwrite.addFile(file)
             overwrite.validateFromSnapshot(since).conflictDetectionFilter(table.window(correction))
-            overwrite.validateNoConflictingData().validateNoConflictingDeletes()
+            if not keep_later_rows:
+                overwrite.validateNoConflictingData()
+            overwrite.validateNoConflictingDeletes()
             overwrite.set(BRANCH, correction.branch).set(*summary)
             overwrite.commit()
             transaction.updateProperties().set(property_name(correction.branch), recorded.dumps()).commit()
@@ -162,12 +168,22 @@ def _apply(
             conflict = _java_message(error, ("ValidationException",))
             if conflict is not None:
                 table.refresh()
-                raise Conflict(
+                changed = (
                     f"{table.identifier}: main changed the window {correction.window} after "
                     f"{'the branch was made' if tag is not None else 'the publish'} (snapshot {since}): "
-                    f"{_conflicting(table, conflict, since)}. Nothing was changed. Correct again: "
-                    f"`backfill release` branch {correction.branch}, then backfill the window into a new "
-                    "branch made from main as it is"
+                    f"{_conflicting(table, conflict, since)}. Nothing was changed."
+                )
+                if tag is not None:
+                    raise Conflict(
+                        f"{changed} Correct again: `backfill run --app {correction.app} --branch "
+                        f"{correction.branch} --start-over` with its window backfills it into the branch "
+                        "made again from main as it is"
+                    ) from error
+                raise Conflict(
+                    f"{changed} `backfill verify --app {correction.app} --branch {correction.branch}` shows "
+                    f"the rows written into the window since; tag {recorded.tag} still holds main's rows "
+                    "from before the publish. `backfill unpublish ... --keep-later-rows` puts those back and "
+                    "keeps the rows written since"
                 ) from error
             raced = _java_message(error, ("CommitFailedException", "CommitStateUnknownException"))
             if raced is None or time.monotonic() > deadline:
@@ -187,16 +203,19 @@ def _java_message(error: BaseException, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def publish(spark: SparkSession, identifier: str, branch: str) -> Published:
-    """Replace main's rows of the correction's window with its branch's, in one commit."""
+def publish(spark: SparkSession, identifier: str, branch: str, live_checkpoint: str | None) -> Published:
+    """Replace main's rows of the correction's window with its branch's, in one commit, once the live query
+    (of `live_checkpoint`; None: no live query writes the output) has written every row the branch holds."""
     started = time.monotonic()
     table = IcebergTable(spark, identifier)
     correction = table.correction(branch)
     assert correction is not None, "checked before Spark started"
     if correction.published:
         assert correction.publish_id is not None
-        snapshot = _find(table, PUBLISH_ID, correction.publish_id, correction.base)
+        snapshot = find_commit(table, PUBLISH_ID, correction.publish_id, correction.base)
         return _report(table, correction, "publish", snapshot, started, already=True)
+    if live_checkpoint is not None:
+        _check_live_query(spark, identifier, correction, live_checkpoint)
     duplicated = duplicated_keys(spark, identifier, correction)
     if duplicated:
         raise BackfillError(
@@ -208,21 +227,50 @@ def publish(spark: SparkSession, identifier: str, branch: str) -> Published:
     # After an unpublish, main holds the base's files again as of the unpublish's commit.
     since = correction.base
     if correction.unpublish_id is not None:
-        since = _find(table, UNPUBLISH_ID, correction.unpublish_id, correction.base) or correction.base
+        since = find_commit(table, UNPUBLISH_ID, correction.unpublish_id, correction.base) or correction.base
     removed, added = _changes(table, table.branch_head(branch), correction.base)
     publish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     tag = f"{branch}-before-{publish_id}"
     recorded = correction.but(publish_id=publish_id, tag=tag, unpublish_id=None)
     _apply(table, correction, removed, added, since, (PUBLISH_ID, publish_id), recorded, tag)
     table.refresh()
-    snapshot = _find(table, PUBLISH_ID, publish_id, since)
+    snapshot = find_commit(table, PUBLISH_ID, publish_id, since)
     log.info("%s: branch %s published into main at snapshot %s, main before it tagged %s", identifier, branch,
              snapshot, tag)  # fmt: skip
     return _report(table, recorded, "publish", snapshot, started)
 
 
-def unpublish(spark: SparkSession, identifier: str, branch: str) -> Published:
-    """Put main's rows of the window back as they were before the correction's publish, in one commit."""
+def _check_live_query(spark: SparkSession, identifier: str, correction: Correction, checkpoint: str) -> None:
+    """The live query has written every row of the window the branch holds: its event-time watermark has
+    passed the backfill's, so that it appends none of them after the publish. A live query stopped or behind
+    is refused, saying how far it is."""
+    from bergstream.runtime.checkpoint import CheckpointFiles, committed_batches, committed_watermark
+
+    files = CheckpointFiles(spark, checkpoint)
+    if not committed_batches(files):
+        raise BackfillError(
+            f"{identifier}: no live query has committed a batch in its checkpoint {checkpoint}: one started "
+            "after the publish would append the window's rows again. Publish once it runs (the application's "
+            "checkpoint_location names it), or with --no-live-query when no live query writes this output"
+        )
+    if not correction.watermarked or correction.watermark is None:
+        return
+    millis = committed_watermark(files)
+    live = from_micros(millis * 1000) if millis is not None else None
+    if live is None or live < correction.watermark:
+        at = format_instant(live) if live is not None else "none yet"
+        behind = f", {format_duration(correction.watermark - live)} behind" if live is not None else ""
+        raise BackfillError(
+            f"{identifier}: the live query (checkpoint {checkpoint}) is at event-time watermark {at}, before "
+            f"the backfill's {format_instant(correction.watermark)}{behind}: it has yet to write rows of the "
+            f"window {correction.window}, and would append them after the publish. Nothing was changed; "
+            "publish once it has caught up (a stopped one started again)"
+        )
+
+
+def unpublish(spark: SparkSession, identifier: str, branch: str, keep_later_rows: bool = False) -> Published:
+    """Put main's rows of the window back as they were before the correction's publish, in one commit;
+    `keep_later_rows`: and keep the rows written into the window since (the live query's)."""
     started = time.monotonic()
     table = IcebergTable(spark, identifier)
     correction = table.correction(branch)
@@ -232,9 +280,9 @@ def unpublish(spark: SparkSession, identifier: str, branch: str) -> Published:
             f"{identifier}: branch {branch} was never published: there is nothing to unpublish"
         )
     if correction.unpublish_id is not None:
-        snapshot = _find(table, UNPUBLISH_ID, correction.unpublish_id, correction.base)
+        snapshot = find_commit(table, UNPUBLISH_ID, correction.unpublish_id, correction.base)
         return _report(table, correction, "unpublish", snapshot, started, already=True)
-    published = _find(table, PUBLISH_ID, correction.publish_id, correction.base)
+    published = find_commit(table, PUBLISH_ID, correction.publish_id, correction.base)
     if published is None:
         raise BackfillError(
             f"{identifier}: the publish {correction.publish_id} of branch {branch} is not in main's history "
@@ -245,9 +293,10 @@ def unpublish(spark: SparkSession, identifier: str, branch: str) -> Published:
     added, removed = java_list(snapshot.addedDataFiles(io)), java_list(snapshot.removedDataFiles(io))
     unpublish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     recorded = correction.but(unpublish_id=unpublish_id)
-    _apply(table, correction, added, removed, published, (UNPUBLISH_ID, unpublish_id), recorded, None)
+    _apply(table, correction, added, removed, published, (UNPUBLISH_ID, unpublish_id), recorded, None,
+           keep_later_rows)  # fmt: skip
     table.refresh()
-    done = _find(table, UNPUBLISH_ID, unpublish_id, published)
+    done = find_commit(table, UNPUBLISH_ID, unpublish_id, published)
     log.info("%s: the publish of branch %s undone at snapshot %s", identifier, branch, done)
     return _report(table, recorded, "unpublish", done, started)
 
