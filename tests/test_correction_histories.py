@@ -23,9 +23,10 @@ from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import IcebergTable
 from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
-from bergstream.runtime.correct.publish import publish
+from bergstream.runtime.correct.publish import publish, unpublish
 from bergstream.runtime.correct.release import release
 from bergstream.runtime.correct.state import Correction
+from bergstream.runtime.correct.verify import verify
 from bergstream.runtime.run import run_app
 from bergstream.runtime.run_report import RunReport
 from bergstream.runtime.settings import AppSettings, correction, load_app_settings
@@ -192,3 +193,54 @@ def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(operato
     with pytest.raises(BackfillError, match="holds batches of query"):
         operator.run("lost")
     assert operator.branch_rows("lost") == operator.expected
+
+
+def test_a_live_query_stopped_during_a_correction_holds_its_publish_until_it_has_caught_up(
+    operator: Operator,
+) -> None:
+    """The live query stopped (for a deploy) while the router archived on: a publish would let it append the
+    window's rows again once started, so it waits; rows written into the window after the publish are shown
+    by verify, and an unpublish then keeps the tag, or puts main's rows back beside them when asked."""
+    scenario, start = operator.scenario, operator.scenario.start
+    topic = scenario.topics["playback"]
+    later = [event for hours in (6, 7) for event in scenario.more(start + timedelta(hours=hours))["playback"]]
+    scenario.events["playback"].extend(later)
+    corrections.archive(
+        operator.stack, operator.spark, topic, "playback", operator.home / "router", len(later)
+    )
+    longer = {**OUTPUT, "settle": "330m"}
+    operator.run("behind", output=longer)
+    ended = operator.recorded("behind")
+    assert ended.watermark is not None
+    with pytest.raises(BackfillError, match=r"the live query .* is at event-time watermark .* behind"):
+        operator.publish("behind")
+    with pytest.raises(BackfillError, match="no live query has committed a batch"):
+        publish(operator.spark, operator.identifier, "behind", str(operator.home / "no_live_query"))
+    assert not operator.recorded("behind").published
+
+    # Started again, the live query reads what it missed; then the publish goes through.
+    run_app(operator.spark, operator.settings(mode="live"), available_now=True, show_progress=False)
+    before = operator.rows(operator.in_window)
+    operator.publish("behind")
+    assert operator.rows(operator.in_window) == operator.expected
+    assert verify(operator.spark, operator.identifier, "behind").ok
+
+    # A row written into the published window since (by hand here): verify shows it; an unpublish is refused
+    # and keeps the tag, or, asked to, puts main's rows back and keeps it.
+    published = operator.recorded("behind")
+    account = 99_000_000
+    at, until = ((start + timedelta(minutes=minutes)).isoformat() for minutes in (10, 40))
+    operator.spark.sql(
+        f"INSERT INTO {operator.identifier} SELECT {account}, TIMESTAMP '{at}', TIMESTAMP '{until}', 1L, 1L, "
+        f"60L, TIMESTAMP '{at}'"
+    )
+    checked = verify(operator.spark, operator.identifier, "behind")
+    assert (checked.written_since, checked.removed_since, checked.ok) == (1, 0, False)
+    with pytest.raises(BackfillError, match="--keep-later-rows") as refused:
+        unpublish(operator.spark, operator.identifier, "behind")
+    assert f"tag {published.tag} still holds" in str(refused.value)
+    assert published.tag in IcebergTable(operator.spark, operator.identifier).table.refs()
+    unpublish(operator.spark, operator.identifier, "behind", keep_later_rows=True)
+    late = operator.rows(f"{operator.in_window} AND account_id = {account}")
+    assert sum(late.values()) == 1
+    assert operator.rows(f"{operator.in_window} AND account_id != {account}") == before

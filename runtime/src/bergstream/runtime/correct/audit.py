@@ -162,8 +162,8 @@ def _side(frame: DataFrame, key: list[str], values: list[str], name: str) -> Dat
     """One side's rows by key: how many, and all of them, comparable and in a fixed order."""
     from pyspark.sql import functions as F
 
-    comparable = [comparable(frame.schema[c].dataType, F.col(c)).alias(c) for c in values]
-    rows = F.array_sort(F.collect_list(F.struct(*comparable))) if values else F.array()
+    columns = [comparable(frame.schema[c].dataType, F.col(c)).alias(c) for c in values]
+    rows = F.array_sort(F.collect_list(F.struct(*columns))) if values else F.array()
     grouped = frame.groupBy(*key).agg(F.count(F.lit(1)).alias("rows"), rows.alias("all"))
     return grouped.select(*[F.col(c).alias(f"k_{c}") for c in key], F.struct("rows", "all").alias(name))
 

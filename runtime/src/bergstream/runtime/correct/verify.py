@@ -64,7 +64,7 @@ def verify(spark: SparkSession, identifier: str, branch: str, sample: int = 5) -
         )
     window = correction.window_sql()
     now = _rows(spark.table(identifier).where(window))
-    then = _rows(spark.read.option("snapshot-id", str(published)).table(identifier).where(window))
+    then = _rows(spark.sql(f"SELECT * FROM {identifier} VERSION AS OF {published}").where(window))
     written, removed = now.exceptAll(then).cache(), then.exceptAll(now).cache()
     try:
         samples = {
