@@ -253,7 +253,7 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
                          checkpoint_location=str(tmp_path / "checkpoint"),
                          kafka={"kafka.bootstrap.servers": stack.bootstrap_servers})  # fmt: skip
     ran = subprocess.run([sys.executable, "-m", "bergstream", "backfill", "publish", "--app", "sessionizer",
-                          "--branch", "fix", "--config", str(path)],
+                          "--branch", "fix", "--config", str(path), "--no-live-query"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert ran.returncode != 0
     assert "main changed the window [2026-11-20T00:00:00Z, 2026-11-20T06:00:00Z)" in ran.stderr, ran.stderr[
