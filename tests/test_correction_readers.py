@@ -17,7 +17,7 @@ from bergstream.runtime.correct.state import Correction
 from tests.services import Services
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 pytestmark = pytest.mark.integration
 START = datetime(2026, 11, 20, tzinfo=UTC)
@@ -59,17 +59,19 @@ def _corrected(spark: SparkSession, name: str, main: list[tuple[int, int, int]],
 
 def _stream(spark: SparkSession, identifier: str, checkpoint: Path, **options: str) -> list[tuple[int, int]]:
     """What a streaming read of the table reads since its checkpoint's last run: (account, events)."""
-    sink = f"read_{checkpoint.name}"
+    read: list[tuple[int, int]] = []
+
+    def collect(frame: DataFrame, _: int) -> None:
+        read.extend((row.account_id, row.events) for row in frame.collect())
+
     reader = spark.readStream.format("iceberg")
     for name, value in options.items():
         reader = reader.option(name, value)
     query = (
-        reader.load(identifier).writeStream.format("memory").queryName(sink)
+        reader.load(identifier).writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     )  # fmt: skip
     query.awaitTermination()
-    read = [(row.account_id, row.events) for row in spark.table(sink).collect()]
-    spark.catalog.dropTempView(sink)
     return sorted(read)
 
 
