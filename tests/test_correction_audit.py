@@ -76,3 +76,31 @@ def test_the_audit_counts_a_key_held_twice_apart_compares_maps_and_the_publish_r
     assert duplicated_keys(spark, identifier, correction) == 0
     assert audit(spark, identifier, correction).counts == {"equal": 2, "changed": 1, "only_main": 1,
                                                            "only_branch": 1}  # fmt: skip
+
+    # A column added to main since the branch was made: the branch's rows lack it; the publish is refused.
+    spark.sql(f"ALTER TABLE {identifier} ADD COLUMN device string")
+    with pytest.raises(BackfillError, match=r"column\(s\) device were added to the output after branch fix"):
+        publish(spark, identifier, "fix", None)
+    table.refresh()
+    assert table.table.currentSnapshot().snapshotId() == before, "main changed"
+
+
+def test_a_window_of_a_time_column_without_zone_is_the_same_in_every_session_time_zone(
+    stack: Services, spark: SparkSession
+) -> None:
+    identifier = f"{stack.catalog.name}.apps.wall_clock"
+    spark.sql(f"CREATE TABLE {identifier} (account_id bigint, session_start timestamp_ntz) USING iceberg")
+    times = ("2026-11-19 23:30:00", "2026-11-20 00:30:00", "2026-11-20 06:00:00")
+    values = ", ".join(f"({account}, TIMESTAMP_NTZ '{at}')" for account, at in enumerate(times, 1))
+    spark.sql(f"INSERT INTO {identifier} VALUES {values}")
+    correction = Correction(app="sessionizer", branch="fix", time_column="session_start",
+                            key=("account_id", "session_start"), start=START, end=END, base=1,
+                            time_zoned=False)  # fmt: skip
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for session_zone in ("UTC", "America/New_York", "Asia/Tokyo"):
+            spark.conf.set("spark.sql.session.timeZone", session_zone)
+            found = spark.table(identifier).where(correction.window_sql()).collect()
+            assert [row.account_id for row in found] == [2], session_zone
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)

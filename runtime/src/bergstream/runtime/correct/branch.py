@@ -134,9 +134,11 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
         return correction
     base = table.table.currentSnapshot()
     assert base is not None, "checked before Spark started"
+    time_type = str(table.table.schema().findField(output.time_column).type())
     correction = Correction(
         app=settings.app, branch=correct.branch, time_column=output.time_column, key=tuple(output.key),
         start=correct.start, end=correct.end, base=int(base.snapshotId()), identity=identity_of(settings),
+        time_zoned=time_type == "timestamptz",
     )  # fmt: skip
     transaction = table.table.newTransaction()
     (

@@ -216,6 +216,7 @@ def publish(spark: SparkSession, identifier: str, branch: str, live_checkpoint: 
         return _report(table, correction, "publish", snapshot, started, already=True)
     if live_checkpoint is not None:
         _check_live_query(spark, identifier, correction, live_checkpoint)
+    _check_columns(table, correction)
     duplicated = duplicated_keys(spark, identifier, correction)
     if duplicated:
         raise BackfillError(
@@ -235,9 +236,44 @@ def publish(spark: SparkSession, identifier: str, branch: str, live_checkpoint: 
     _apply(table, correction, removed, added, since, (PUBLISH_ID, publish_id), recorded, tag)
     table.refresh()
     snapshot = find_commit(table, PUBLISH_ID, publish_id, since)
+    _tag_parent(table, tag, snapshot)
     log.info("%s: branch %s published into main at snapshot %s, main before it tagged %s", identifier, branch,
              snapshot, tag)  # fmt: skip
     return _report(table, recorded, "publish", snapshot, started)
+
+
+def _check_columns(table: IcebergTable, correction: Correction) -> None:
+    """Main's columns are the branch's: a column added to the output since the branch was made is missing
+    from the branch's files, and its published rows would read null there."""
+    base = table.table.snapshot(correction.base)
+    schemas = table.table.schemas()
+    if base is None or base.schemaId() is None or schemas.get(base.schemaId()) is None:
+        return
+    known = {int(field.fieldId()) for field in java_list(schemas.get(base.schemaId()).columns())}
+    added = [
+        str(field.name())
+        for field in java_list(table.table.schema().columns())
+        if int(field.fieldId()) not in known
+    ]
+    if added:
+        raise BackfillError(
+            f"{table.identifier}: column(s) {', '.join(added)} were added to the output after branch "
+            f"{correction.branch} was made: its rows lack them, and would read null in main. Nothing was "
+            f"changed; correct the window again (`backfill run --app {correction.app} --branch "
+            f"{correction.branch} --start-over` with its window)"
+        )
+
+
+def _tag_parent(table: IcebergTable, tag: str, publish: int | None) -> None:
+    """The tag on main's snapshot just before the publish: where Iceberg retried the commit on a newer main
+    (the live query's commit won the race), the tag made with it names an older one, and is moved."""
+    if publish is None:
+        return
+    parent = table.table.snapshot(publish).parentId()
+    ref = table.table.refs().get(tag)
+    if parent is not None and ref is not None and int(ref.snapshotId()) != int(parent):
+        table.table.manageSnapshots().replaceTag(tag, parent).commit()
+        table.refresh()
 
 
 def _check_live_query(spark: SparkSession, identifier: str, correction: Correction, checkpoint: str) -> None:

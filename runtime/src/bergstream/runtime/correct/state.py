@@ -53,6 +53,9 @@ class Correction:
     watermarked: bool = True
     # What the branch's rows depend on and the run that writes them; None in an earlier bergstream's record.
     identity: Identity | None = None
+    # The time column is a timestamp with a zone (timestamptz); without one (timestamp), its values are the
+    # window's instants as UTC wall-clock times, whatever the session's time zone.
+    time_zoned: bool = True
     # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
     publish_id: str | None = None
     tag: str | None = None
@@ -70,8 +73,13 @@ class Correction:
     def window_sql(self, column_prefix: str = "") -> str:
         """The SQL condition of a row in the window, by its time column (half-open)."""
         column = f"{column_prefix}`{self.time_column}`"
-        start, end = self.start.isoformat(), self.end.isoformat()
-        return f"({column} >= TIMESTAMP '{start}' AND {column} < TIMESTAMP '{end}')"
+        if self.time_zoned:
+            start, end = (f"TIMESTAMP '{instant.isoformat()}'" for instant in (self.start, self.end))
+        else:
+            start, end = (
+                f"TIMESTAMP_NTZ '{instant:%Y-%m-%d %H:%M:%S.%f}'" for instant in (self.start, self.end)
+            )
+        return f"({column} >= {start} AND {column} < {end})"
 
     def dumps(self) -> str:
         document: dict[str, Any] = asdict(self)
