@@ -259,7 +259,7 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
     assert "main changed the window [2026-11-20T00:00:00Z, 2026-11-20T06:00:00Z)" in ran.stderr, ran.stderr[
         -2000:
     ]
-    assert f"snapshot {late.snapshot_id} (append" in ran.stderr and "backfill release" in ran.stderr
+    assert f"snapshot {late.snapshot_id} (append" in ran.stderr and "--start-over" in ran.stderr
     table = stack.catalog.load().load_table(("apps", name))
     current = table.current_snapshot()
     assert current is not None and current.snapshot_id == late.snapshot_id, "main changed"
