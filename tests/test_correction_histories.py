@@ -82,8 +82,11 @@ class Operator:
         assert report.complete, report.problems
         return report
 
+    def recorded_or_none(self, branch: str) -> Correction | None:
+        return IcebergTable(self.spark, self.identifier).correction(branch)
+
     def recorded(self, branch: str) -> Correction:
-        found = IcebergTable(self.spark, self.identifier).correction(branch)
+        found = self.recorded_or_none(branch)
         assert found is not None
         return found
 
@@ -244,3 +247,29 @@ def test_a_live_query_stopped_during_a_correction_holds_its_publish_until_it_has
     late = operator.rows(f"{operator.in_window} AND account_id = {account}")
     assert sum(late.values()) == 1
     assert operator.rows(f"{operator.in_window} AND account_id != {account}") == before
+
+
+def test_a_correction_is_refused_while_the_router_of_one_partition_is_behind(operator: Operator) -> None:
+    """Events of partition 2 in Kafka and not yet archived: the window's rows need them. Partition 0, which
+    has had no event since its first hour, is archived to its end, and is not named."""
+    scenario, start = operator.scenario, operator.scenario.start
+    topic = scenario.topics["playback"]
+    late = corrections.send(operator.stack.bootstrap_servers, topic, "playback", 2,
+                            corrections.spread(start + timedelta(hours=6), timedelta(minutes=1), 20), 77,
+                            corrections.any_account)  # fmt: skip
+    settled = {**OUTPUT, "settle": "270m"}
+    with pytest.raises(BackfillConfigError, match="does not hold every event ingested before") as refused:
+        operator.run("partition", output=settled)
+    message = str(refused.value)
+    assert f"topic {topic} partition 2 of cluster local: the router is at offset 1500" in message, message
+    assert "partition 0" not in message and "partition 1 " not in message
+    assert IcebergTable(operator.spark, operator.identifier).correction("partition") is None, (
+        "a branch was made"
+    )
+    # Archived, the correction goes through.
+    scenario.events["playback"].extend(late)
+    corrections.archive(
+        operator.stack, operator.spark, topic, "playback", operator.home / "router", len(late)
+    )
+    operator.run("partition", output=settled)
+    assert operator.branch_rows("partition") == operator.expected

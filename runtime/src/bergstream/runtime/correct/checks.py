@@ -5,16 +5,14 @@ window, an archive that does not hold the events the window's rows need yet."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.backfill.read.planner import table_ref
 from bergstream.runtime.app import output_identifier
+from bergstream.runtime.correct.archived import check_archived_to
 from bergstream.runtime.correct.identity import differences, identity_of, new_run
 from bergstream.runtime.correct.state import Correction, property_name, recorded
 from bergstream.runtime.settings import AppSettings, backfill_checkpoint
-from bergstream.schemas.archive import INGESTION_TS_COLUMN
 from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:
@@ -130,8 +128,7 @@ def check_new_correction(settings: AppSettings, checkpoint: str | None = None) -
         )
     run = run_settings(settings, known if resumed else None, checkpoint)
     assert settings.backfill.end is not None
-    for source in settings.sources.values():
-        _check_archived_to(settings, source.table_or_topic, settings.backfill.end)
+    check_archived_to(settings, settings.backfill.end)
     return run
 
 
@@ -161,35 +158,6 @@ def run_settings(settings: AppSettings, resumed: Correction | None, checkpoint: 
             f"it over with these ({again}: its rows removed, its run released)"
         )
     return named
-
-
-def _check_archived_to(settings: AppSettings, table: str, end: datetime) -> None:
-    """The archive table holds an event ingested at `end` or later: the events up to `end` are archived."""
-    from pyiceberg.exceptions import NoSuchTableError
-    from pyiceberg.expressions import GreaterThanOrEqual
-
-    ref = table_ref(table, settings.catalog)
-    try:
-        loaded = settings.catalog.load().load_table((ref.namespace, ref.name))
-    except NoSuchTableError as error:
-        raise BackfillConfigError(
-            f"{settings.app}: no archive table {ref.identifier}: a backfill reads a topic's archive; check "
-            "the source's table, or route the topic first"
-        ) from error
-    column = INGESTION_TS_COLUMN
-    later: list[Any] = list(
-        loaded.scan(
-            row_filter=GreaterThanOrEqual(column, end.isoformat()), selected_fields=(column,)
-        ).plan_files()
-    )
-    if not later:
-        assert settings.backfill.correct is not None and settings.output.settle is not None
-        raise BackfillConfigError(
-            f"{settings.app}: archive table {ref.identifier} holds no event ingested after "
-            f"{format_instant(end)}: the window's rows are complete only with the events of "
-            f"output.settle ({settings.output.settle}) past its end; end the window earlier, or wait for the "
-            "router to archive them"
-        )
 
 
 def recorded_correction(
