@@ -11,7 +11,7 @@ tests/corrections.py.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import IcebergTable
 from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
-from bergstream.runtime.correct.publish import publish, unpublish
+from bergstream.runtime.correct.publish import Conflict, HistoryExpired, publish, unpublish
 from bergstream.runtime.correct.release import release
 from bergstream.runtime.correct.state import Correction
 from bergstream.runtime.correct.verify import verify
@@ -196,6 +196,51 @@ def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(operato
     with pytest.raises(BackfillError, match="holds batches of query"):
         operator.run("lost")
     assert operator.branch_rows("lost") == operator.expected
+
+
+def test_a_compaction_of_main_between_run_and_publish_is_refused_and_corrected_again(
+    operator: Operator,
+) -> None:
+    operator.run("compacted")
+    before = operator.rows("true")
+    operator.spark.sql(
+        f"CALL bergstream.system.rewrite_data_files(table => 'apps.{operator.output}', "
+        "options => map('min-input-files', '2'))"
+    )
+    with pytest.raises(Conflict, match="main changed the window") as refused:
+        operator.publish("compacted")
+    assert "--start-over" in str(refused.value)
+    assert operator.rows("true") == before and not operator.recorded("compacted").published
+    operator.run("compacted", start_over=True)
+    operator.publish("compacted")
+    assert operator.rows(operator.in_window) == operator.expected
+    assert operator.rows(f"NOT ({operator.in_window})") == operator.outside
+
+
+def test_a_publish_after_main_s_history_since_the_branch_expired_is_refused_in_plain_words(
+    operator: Operator,
+) -> None:
+    operator.run("expiring")
+    made = operator.recorded("expiring")
+    table = IcebergTable(operator.spark, operator.identifier)
+    # Once complete, the branch keeps its own snapshots since its base, not main's history before it.
+    own = len(table.ancestors(table.branch_head("expiring"), made.base)) + 1
+    assert table.table.refs().get("expiring").minSnapshotsToKeep() == own
+    report = audit(operator.spark, operator.identifier, made)
+    assert report.publish_by is not None and any("publish by" in line for line in report.lines())
+    # Two commits on main (rows a day later), then every snapshot of main but its newest expired.
+    later = (operator.scenario.start + timedelta(days=1)).isoformat()
+    for account in (98_000_000, 98_000_001):
+        operator.spark.sql(f"INSERT INTO {operator.identifier} SELECT {account}, TIMESTAMP '{later}', "
+                           f"TIMESTAMP '{later}', 1L, 1L, 60L, TIMESTAMP '{later}'")  # fmt: skip
+    operator.spark.sql(
+        f"CALL bergstream.system.expire_snapshots(table => 'apps.{operator.output}', "
+        f"older_than => TIMESTAMP '{datetime.now(UTC).isoformat()}', retain_last => 1)"
+    )
+    before = operator.rows("true")
+    with pytest.raises(HistoryExpired, match=r"main's history since the branch was made .* has expired"):
+        operator.publish("expiring")
+    assert operator.rows("true") == before
 
 
 def test_a_live_query_stopped_during_a_correction_holds_its_publish_until_it_has_caught_up(

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bergstream.runtime.correct.branch import IcebergTable
 from bergstream.runtime.correct.state import Correction
+from bergstream.timeparse import format_instant
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -36,6 +38,8 @@ class Audit:
     # main ("branch_over_main"): rows a publish would duplicate.
     duplicate_keys: dict[str, int]
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # When main's history since the branch was made may expire (ISO): a publish after that is refused.
+    publish_by: str | None = None
 
     @property
     def total(self) -> int:
@@ -72,6 +76,11 @@ class Audit:
         for kind in KINDS[1:]:
             for row in self.samples.get(kind, []):
                 lines.append(f"  e.g. {kind}: {row}")
+        if self.publish_by is not None:
+            lines.append(
+                f"  publish by {self.publish_by}: main's snapshots since the branch was made may expire then "
+                "(the table's snapshot retention), and a publish would be refused"
+            )
         return lines
 
 
@@ -127,11 +136,12 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
     finally:
         classified.unpersist()
     assert duplicates is not None
+    kept_until = IcebergTable(spark, identifier).history_kept_until(correction)
     return Audit(
         table=identifier, branch=correction.branch, window=correction.window, key=key, counts=counts,
         changed_columns=changed_columns,
         duplicate_keys={name: int(duplicates[name]) for name in ("main", "branch", "branch_over_main")},
-        samples=samples,
+        samples=samples, publish_by=format_instant(kept_until) if kept_until is not None else None,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillError
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("bergstream.correct")
-# Every snapshot of a correction's branch is kept while the branch lives: its publish applies their changes.
+# Every snapshot of a correction's branch is kept while its backfill runs: its publish applies their changes.
+# Once complete, the branch keeps those since its base alone, not main's older history before it.
 _KEEP_ALL = 2**31 - 1
+# Iceberg's default of history.expire.max-snapshot-age-ms: five days.
+DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000
 
 
 def java_list(iterable: Any) -> list[Any]:
@@ -69,6 +73,30 @@ class IcebergTable:
             parent = snapshot.parentId()
             snapshot = self.table.snapshot(parent) if parent is not None else None
         return found
+
+    def reaches(self, head: int | None, until: int) -> bool:
+        """Whether the history from `head` back to `until` is whole: no snapshot between them expired."""
+        snapshot = self.table.snapshot(head) if head is not None else None
+        while snapshot is not None:
+            if int(snapshot.snapshotId()) == until or snapshot.parentId() == until:
+                return True
+            parent = snapshot.parentId()
+            snapshot = self.table.snapshot(parent) if parent is not None else None
+        return False
+
+    def history_kept_until(self, correction: Correction) -> datetime | None:
+        """When main's snapshots since the branch's base become old enough for snapshot expiry under the
+        table's retention (main's own, else history.expire.max-snapshot-age-ms, else Iceberg's five days);
+        None when the base is gone already."""
+        base = self.table.snapshot(correction.base)
+        if base is None:
+            return None
+        ref = self.table.refs().get("main")
+        age = ref.maxSnapshotAgeMs() if ref is not None else None
+        if age is None:
+            configured = self.property("history.expire.max-snapshot-age-ms")
+            age = int(configured) if configured is not None else DEFAULT_MAX_SNAPSHOT_AGE_MS
+        return datetime.fromtimestamp((int(base.timestampMillis()) + int(age)) / 1000, UTC)
 
     def window(self, correction: Correction) -> Any:
         """The Iceberg expression of a row in the correction's window, by its time column."""
@@ -188,5 +216,9 @@ def mark_complete(
     watermark = from_micros(millis * 1000) if millis is not None else None
     done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
     if done != correction:
-        table.save(done)
+        own = len(table.ancestors(table.branch_head(correct.branch), correction.base)) + 1
+        transaction = table.table.newTransaction()
+        transaction.manageSnapshots().setMinSnapshotsToKeep(correct.branch, own).commit()
+        transaction.updateProperties().set(property_name(correct.branch), done.dumps()).commit()
+        transaction.commitTransaction()
     return done

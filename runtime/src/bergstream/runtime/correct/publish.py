@@ -77,6 +77,10 @@ class Conflict(BackfillError):
     """Main changed the window since the branch was made (or since the publish, for an unpublish)."""
 
 
+class HistoryExpired(BackfillError):
+    """Snapshots a publish or an unpublish checks against have expired."""
+
+
 def find_commit(table: IcebergTable, key: str, value: str, until: int | None) -> int | None:
     """The snapshot among main's since `until` whose summary says `key` is `value`."""
     current = table.table.currentSnapshot()
@@ -229,6 +233,7 @@ def publish(spark: SparkSession, identifier: str, branch: str, live_checkpoint: 
     since = correction.base
     if correction.unpublish_id is not None:
         since = find_commit(table, UNPUBLISH_ID, correction.unpublish_id, correction.base) or correction.base
+    _check_history(table, correction, since)
     removed, added = _changes(table, table.branch_head(branch), correction.base)
     publish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     tag = f"{branch}-before-{publish_id}"
@@ -261,6 +266,23 @@ def _check_columns(table: IcebergTable, correction: Correction) -> None:
             f"{correction.branch} was made: its rows lack them, and would read null in main. Nothing was "
             f"changed; correct the window again (`backfill run --app {correction.app} --branch "
             f"{correction.branch} --start-over` with its window)"
+        )
+
+
+def _check_history(table: IcebergTable, correction: Correction, since: int) -> None:
+    """Main's history since `since` and the branch's since its base are whole: a publish checks every commit
+    of main since the branch was made against the window, and applies every commit of the branch."""
+    current = table.table.currentSnapshot()
+    main_whole = table.reaches(int(current.snapshotId()), since)
+    branch_whole = table.reaches(table.branch_head(correction.branch), correction.base)
+    if not (main_whole and branch_whole):
+        expired = "main's history since the branch was made" if not main_whole else "the branch's history"
+        raise HistoryExpired(
+            f"{table.identifier}: {expired} ({correction.branch}, made from main's snapshot "
+            f"{correction.base}) has expired (snapshot expiry removed some of it): the publish can no longer "
+            "check what was written into the window since. Nothing was changed; correct the window again "
+            f"(`backfill run --app {correction.app} --branch {correction.branch} --start-over` with its "
+            "window), and publish it before main's snapshots of that age expire (`backfill audit` shows when)"
         )
 
 
@@ -320,6 +342,14 @@ def unpublish(spark: SparkSession, identifier: str, branch: str, keep_later_rows
         return _report(table, correction, "unpublish", snapshot, started, already=True)
     published = find_commit(table, PUBLISH_ID, correction.publish_id, correction.base)
     if published is None:
+        current = table.table.currentSnapshot()
+        if not table.reaches(int(current.snapshotId()), correction.base):
+            raise HistoryExpired(
+                f"{identifier}: the publish {correction.publish_id} of branch {branch} is no longer in "
+                "main's history: snapshot expiry removed it, and the commits it made can no longer be undone "
+                f"one by one. Nothing was changed; tag {correction.tag} still holds main as it was before "
+                "the publish (read it with VERSION AS OF)"
+            )
         raise BackfillError(
             f"{identifier}: the publish {correction.publish_id} of branch {branch} is not in main's history "
             "(rolled back?): there is nothing to unpublish"
