@@ -21,7 +21,7 @@ import yaml
 from bergstream.backfill.errors import BackfillConfigError, BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
-from bergstream.runtime.correct.branch import IcebergTable
+from bergstream.runtime.correct.branch import IcebergTable, make_branch
 from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
 from bergstream.runtime.correct.publish import Conflict, HistoryExpired, publish, unpublish
 from bergstream.runtime.correct.release import release
@@ -71,13 +71,19 @@ class Operator:
         }))  # fmt: skip
         return load_app_settings("sessionizer", path, defaults={}, overrides=flags)
 
+    def checked(
+        self, branch: str, start_over: bool = False, output: dict[str, Any] | None = None, **backfill: Any
+    ) -> AppSettings:
+        """`backfill run --branch`'s checks before Spark: the run's settings, or BackfillConfigError."""
+        start, end = (instant.isoformat() for instant in self.window)
+        plain = self.settings(output, mode="backfill", backfill={"start": start, "end": end, **backfill})
+        return check_new_correction(correction(plain, branch, start_over=start_over))
+
     def run(
         self, branch: str, start_over: bool = False, output: dict[str, Any] | None = None, **backfill: Any
     ) -> RunReport:
-        """`backfill run --branch`: checked before Spark, then run; refused with BackfillConfigError."""
-        start, end = (instant.isoformat() for instant in self.window)
-        plain = self.settings(output, mode="backfill", backfill={"start": start, "end": end, **backfill})
-        settings = check_new_correction(correction(plain, branch, start_over=start_over))
+        """`backfill run --branch`: checked before Spark, then run."""
+        settings = self.checked(branch, start_over, output, **backfill)
         report = run_app(self.spark, settings, show_progress=False)
         assert report.complete, report.problems
         return report
@@ -185,6 +191,20 @@ def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
     with pytest.raises(BackfillConfigError, match="before the window's end"):
         operator.publish("short")
     assert operator.rows(operator.in_window) == before
+
+
+def test_a_run_killed_while_it_cleared_its_branch_clears_it_once_when_run_again(operator: Operator) -> None:
+    """The branch made and recorded, then killed before its clearing committed, or after it and before the
+    record said so: the same command again clears it (once) and writes the window's rows once."""
+    for landed in (False, True):
+        branch = f"clearing_{int(landed)}"
+        made = make_branch(IcebergTable(operator.spark, operator.identifier), operator.checked(branch))
+        if landed:
+            operator.spark.sql(f"DELETE FROM {operator.identifier}.branch_{branch} WHERE {made.window_sql()}")
+        assert not operator.recorded(branch).cleared
+        operator.run(branch)
+        assert operator.recorded(branch).cleared
+        assert operator.branch_rows(branch) == operator.expected, branch
 
 
 def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(operator: Operator) -> None:
