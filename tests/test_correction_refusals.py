@@ -16,6 +16,7 @@ from bergstream.backfill.errors import BackfillConfigError
 from bergstream.runtime.correct.identity import identity_of
 from bergstream.runtime.correct.state import Correction, property_name, recorded
 from bergstream.runtime.settings import backfill_checkpoint, correction, load_app_settings
+from tests.commands import refused_before_spark
 from tests.services import Services
 from tests.test_backfill_settings import DEFAULTS
 from tests.test_backfill_settings import write as settings_file
@@ -116,7 +117,7 @@ def test_a_correction_s_record_reads_back_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
-    stack: Services, tmp_path: Path
+    stack: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name = f"refusals_{tmp_path.name}"[:60]
     output_with_branch(stack, name, [START])
@@ -128,12 +129,8 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
         path = settings_file(
             tmp_path, **{"output_table": f"apps.{name}", "output": OUTPUT, **common, **settings}
         )
-        command = [sys.executable, "-m", "bergstream", "backfill", *arguments, "--app", "sessionizer",
-                   "--config", str(path)]  # fmt: skip
-        ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-        assert ran.returncode != 0, ran.stdout
-        assert "SparkContext" not in ran.stderr and "jdk.incubator" not in ran.stderr, "Spark started"
-        return ran.stderr
+        command = ["backfill", *arguments, "--app", "sessionizer", "--config", str(path)]
+        return refused_before_spark(monkeypatch, *command).message
 
     window = ["--start", START.isoformat(), "--end", END.isoformat()]
     assert "output.time_column" in refused("run", *window, "--branch", "fix", output={})
@@ -180,7 +177,7 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
 
 @pytest.mark.integration
 def test_a_correction_run_again_with_other_settings_is_refused_naming_each_before_spark_starts(
-    stack: Services, tmp_path: Path
+    stack: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its branch holds rows computed with the recorded settings: appended to by a run with others, it would
     hold a row twice, or rows of two computations."""
@@ -198,15 +195,13 @@ def test_a_correction_run_again_with_other_settings_is_refused_naming_each_befor
 
     def refused(*arguments: str, **settings: Any) -> str:
         changed = settings_file(tmp_path, **{**common, **settings})
-        command = [sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer", "--config",
-                   str(changed), "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix",
-                   *arguments]  # fmt: skip
-        ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-        assert ran.returncode != 0, ran.stdout
-        assert "SparkContext" not in ran.stderr and "jdk.incubator" not in ran.stderr, "Spark started"
-        assert "holds rows computed with other settings than these" in ran.stderr, ran.stderr
-        assert "--start-over" in ran.stderr
-        return ran.stderr
+        message = refused_before_spark(
+            monkeypatch, "backfill", "run", "--app", "sessionizer", "--config", str(changed),
+            "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix", *arguments,
+        ).message  # fmt: skip
+        assert "holds rows computed with other settings than these" in message, message
+        assert "--start-over" in message
+        return message
 
     settle = refused(output={**OUTPUT, "settle": "3h"})
     assert "the read window's end (the window's end plus output.settle): 2026-11-20T08:00:00Z recorded, " \
@@ -222,12 +217,11 @@ def test_a_correction_run_again_with_other_settings_is_refused_naming_each_befor
     )
     assert "--checkpoint" in refused("--checkpoint", str(tmp_path / "elsewhere"))
     # The same settings get past these checks to the archive's (which does not exist here): a resume.
-    same = subprocess.run(
-        [sys.executable, "-m", "bergstream", "backfill", "run", "--app", "sessionizer", "--config", str(path),
-         "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    same = refused_before_spark(
+        monkeypatch, "backfill", "run", "--app", "sessionizer", "--config", str(path),
+        "--start", START.isoformat(), "--end", END.isoformat(), "--branch", "fix",
     )  # fmt: skip
-    assert same.returncode != 0 and "no archive table" in same.stderr, same.stderr
+    assert "no archive table" in same.message, same.message
 
 
 @pytest.mark.integration
