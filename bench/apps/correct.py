@@ -44,6 +44,7 @@ from bench.stack import bench_parser
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
+from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import IcebergTable, clear_branch, make_branch
 from bergstream.runtime.correct.identity import new_run
@@ -284,6 +285,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def wait_for_watermark(spark: Any, checkpoint: str, identifier: str, timeout: float = 120.0) -> None:
+    """Until the live query of `checkpoint` has committed a batch whose watermark passes the branch's."""
+    recorded = IcebergTable(spark, identifier).correction(BRANCH)
+    assert recorded is not None and recorded.watermark is not None
+    needed = recorded.watermark.timestamp() * 1000
+    deadline = time.monotonic() + timeout
+    while (committed_watermark(CheckpointFiles(spark, checkpoint)) or 0) < needed:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the live query of {checkpoint} has not passed the watermark {recorded.watermark}"
+            )
+        time.sleep(0.5)
+
+
 def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, args: Any) -> dict[str, Any]:
     """A live sessionizer on the output table, fed new events, and the publish in the middle of its run."""
     # Sessions of a few seconds, so that the live query writes rows, and commits, every batch.
@@ -308,6 +323,8 @@ def live_publish(spark: Any, archive: Any, plain: AppSettings, identifier: str, 
         query = start_query(spark, live).query
         feeder.start()
         try:
+            # A publish waits for the live query's watermark to pass the backfill's: its first batches'.
+            wait_for_watermark(spark, live.checkpoint_location, identifier)
             # Published and unpublished in turn, a few seconds apart, while the live query commits.
             deadline = time.monotonic() + args.live_seconds
             action = publish
