@@ -77,6 +77,14 @@ def test_the_audit_counts_a_key_held_twice_apart_compares_maps_and_the_publish_r
     assert audit(spark, identifier, correction).counts == {"equal": 2, "changed": 1, "only_main": 1,
                                                            "only_branch": 1}  # fmt: skip
 
+    # Counted when its run completed, a branch changed since is counted again by the publish.
+    table.save(correction.but(repeated_keys=0, checked_head=table.branch_head("fix")))
+    spark.sql(f"INSERT INTO {identifier}.branch_fix VALUES {_row(3, 2, 3, ab)}")
+    with pytest.raises(BackfillError, match="holds 1 keys of the window more often than main"):
+        publish(spark, identifier, "fix", None)
+    spark.sql(f"DELETE FROM {identifier}.branch_fix WHERE account_id = 3")
+    spark.sql(f"INSERT INTO {identifier}.branch_fix VALUES {_row(3, 2, 3, ab)}")
+
     # A column added to main since the branch was made: the branch's rows lack it; the publish is refused.
     spark.sql(f"ALTER TABLE {identifier} ADD COLUMN device string")
     with pytest.raises(BackfillError, match=r"column\(s\) device were added to the output after branch fix"):

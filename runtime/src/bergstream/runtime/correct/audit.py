@@ -145,6 +145,14 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
     )  # fmt: skip
 
 
+def repeated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
+    """The keys of the window the branch holds more than once."""
+    from pyspark.sql import functions as F
+
+    rows = spark.table(f"{identifier}.branch_{correction.branch}").where(correction.window_sql())
+    return rows.groupBy(*correction.key).count().where(F.col("count") > 1).count()
+
+
 def duplicated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
     """The keys of the window that the branch holds more than once and more often than main: rows a publish
     would duplicate. Main is read only for the keys the branch repeats (none, on the straight path)."""

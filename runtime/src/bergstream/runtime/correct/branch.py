@@ -206,7 +206,9 @@ def mark_complete(
     """The backfill into the correction's branch covered its read window: recorded with the application's
     event-time watermark that its query's last committed micro-batch ran with, read from its checkpoint (a
     run killed after its last batch and run again reads nothing, and finds it all the same). A publish
-    checks it against the window (checks.py)."""
+    checks it against the window (checks.py). The keys the branch repeats are counted once, here."""
+    from bergstream.runtime.correct.audit import repeated_keys
+
     correct = settings.backfill.correct
     assert correct is not None
     table = IcebergTable(spark, identifier)
@@ -215,8 +217,11 @@ def mark_complete(
     millis = committed_watermark(CheckpointFiles(spark, settings.checkpoint_location))
     watermark = from_micros(millis * 1000) if millis is not None else None
     done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
+    head = table.branch_head(correct.branch)
+    if correction.checked_head != head or correction.repeated_keys is None:
+        done = done.but(repeated_keys=repeated_keys(spark, identifier, correction), checked_head=head)
     if done != correction:
-        own = len(table.ancestors(table.branch_head(correct.branch), correction.base)) + 1
+        own = len(table.ancestors(head, correction.base)) + 1
         transaction = table.table.newTransaction()
         transaction.manageSnapshots().setMinSnapshotsToKeep(correct.branch, own).commit()
         transaction.updateProperties().set(property_name(correct.branch), done.dumps()).commit()

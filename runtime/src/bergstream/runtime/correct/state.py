@@ -56,6 +56,10 @@ class Correction:
     # The time column is a timestamp with a zone (timestamptz); without one (timestamp), its values are the
     # window's instants as UTC wall-clock times, whatever the session's time zone.
     time_zoned: bool = True
+    # The keys of the window the branch held more than once when its run completed, and the branch's head
+    # then: a publish looks at main for them only, and checks the branch again only if it changed since.
+    repeated_keys: int | None = None
+    checked_head: int | None = None
     # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
     publish_id: str | None = None
     tag: str | None = None
