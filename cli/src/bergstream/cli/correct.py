@@ -3,7 +3,10 @@ on a correction that `backfill run --branch` wrote, each checked before Spark st
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,6 +22,11 @@ from bergstream.cli.options import (
     with_options,
 )
 from bergstream.runtime.settings import AppSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from bergstream.runtime.correct.state import Correction
 
 CORRECTION = [
     click.option(
@@ -59,6 +67,29 @@ def correction_settings(
     return load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
 
 
+@contextmanager
+def on_correction(
+    command: str,
+    app: str,
+    config_file: Path | None,
+    branch: str,
+    output_table: str | None,
+    spark_conf: tuple[str, ...],
+    data_dir: Path | None,
+    publishing: bool = False,
+) -> Iterator[tuple[SparkSession, AppSettings, str, Correction]]:
+    """`app`'s correction in `branch`, checked before Spark starts (its rows of the window complete to its
+    end when `publishing`), then a Spark session for `command`: the session, the settings, the output
+    table's identifier and the correction."""
+    from bergstream.runtime.correct.checks import recorded_correction
+    from bergstream.spark import spark_session
+
+    settings = correction_settings(app, config_file, output_table, spark_conf, data_dir)
+    output, correction = recorded_correction(settings, branch, publishing=publishing)
+    with spark_session(settings.catalog, settings.spark, f"bergstream-{command}-{app}") as spark:
+        yield spark, settings, output.identifier, correction
+
+
 @click.command("audit")
 @with_options(CORRECTION)
 @click.option(
@@ -86,13 +117,10 @@ def backfill_audit(
     """Compare a correction's rows of its window with main's, by the output's key: equal, changed, only in
     main, only in the branch; the match is the equal keys over all."""
     from bergstream.runtime.correct.audit import audit
-    from bergstream.runtime.correct.checks import recorded_correction
-    from bergstream.spark import spark_session
 
-    settings = correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, correction = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-audit-{app}") as spark:
-        report = audit(spark, output.identifier, correction, sample)
+    names = (app, config_file, branch, output_table, spark_conf, data_dir)
+    with on_correction("audit", *names) as (spark, _, identifier, correction):
+        report = audit(spark, identifier, correction, sample)
     failure = None
     if min_match is not None and report.match < min_match:
         failure = (
@@ -128,15 +156,11 @@ def backfill_publish(
 ) -> None:
     """Replace main's rows of a correction's window with its branch's, in one commit on main that keeps what
     the live query appends meanwhile; main's snapshot before it is tagged. Run again, it publishes once."""
-    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.runtime.correct.publish import publish
-    from bergstream.spark import spark_session
 
-    settings = correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch, publishing=True)
-    live = None if no_live_query else settings.checkpoint_location
-    with spark_session(settings.catalog, settings.spark, f"bergstream-publish-{app}") as spark:
-        report = publish(spark, output.identifier, branch, live)
+    names = (app, config_file, branch, output_table, spark_conf, data_dir)
+    with on_correction("publish", *names, publishing=True) as (spark, settings, identifier, _):
+        report = publish(spark, identifier, branch, None if no_live_query else settings.checkpoint_location)
     echo_report(as_json, "backfill publish", report.to_json(), report.lines())
 
 
@@ -160,14 +184,11 @@ def backfill_unpublish(
     keep_later_rows: bool,
 ) -> None:
     """Put main's rows of a published correction's window back as they were, in one commit on main."""
-    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.runtime.correct.publish import unpublish
-    from bergstream.spark import spark_session
 
-    settings = correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-unpublish-{app}") as spark:
-        report = unpublish(spark, output.identifier, branch, keep_later_rows)
+    names = (app, config_file, branch, output_table, spark_conf, data_dir)
+    with on_correction("unpublish", *names) as (spark, _, identifier, _):
+        report = unpublish(spark, identifier, branch, keep_later_rows)
     echo_report(as_json, "backfill unpublish", report.to_json(), report.lines())
 
 
@@ -187,14 +208,11 @@ def backfill_verify(
 ) -> None:
     """Show the rows written into a published correction's window since its publish, and those removed; exit
     non-zero when there are any."""
-    from bergstream.runtime.correct.checks import recorded_correction
     from bergstream.runtime.correct.verify import verify
-    from bergstream.spark import spark_session
 
-    settings = correction_settings(app, config_file, output_table, spark_conf, data_dir)
-    output, _ = recorded_correction(settings, branch)
-    with spark_session(settings.catalog, settings.spark, f"bergstream-verify-{app}") as spark:
-        report = verify(spark, output.identifier, branch, sample)
+    names = (app, config_file, branch, output_table, spark_conf, data_dir)
+    with on_correction("verify", *names) as (spark, _, identifier, _):
+        report = verify(spark, identifier, branch, sample)
     failure = None
     if not report.ok:
         failure = (

@@ -18,11 +18,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.backfill.read.handover import recorded_handover
-from bergstream.backfill.read.planner import CLUSTER_COLUMN, TableRef, table_ref
+from bergstream.backfill.read.planner import CLUSTER_COLUMN, table_ref
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.schemas.archive import INGESTION_TS_COLUMN, METADATA
-from bergstream.schemas.batch_range import Origin
+from bergstream.schemas.batch_range import BatchRange, Origin
 from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ def check_archived_to(settings: AppSettings, end: datetime) -> None:
                 f"{settings.app}: no archive table {ref.identifier}: a backfill reads a topic's archive; "
                 "check the source's table, or route the topic first"
             ) from error
-        partitions = _recorded_partitions(settings, ref, table)
+        partitions = _recorded_partitions(table)
         if not partitions:
             raise BackfillConfigError(
                 f"{settings.app}: archive table {ref.identifier} records no router position: a correction "
@@ -78,23 +77,25 @@ def check_archived_to(settings: AppSettings, end: datetime) -> None:
             )
 
 
-def _recorded_partitions(settings: AppSettings, ref: TableRef, table: Table) -> list[Partition]:
+def _recorded_partitions(table: Table) -> list[Partition]:
     """The partitions of every topic and cluster whose router commits are in the table's history, each
     with the position the newest of them records."""
     from pyiceberg.table.snapshots import ancestors_of
 
-    origins = set()
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+    newest: dict[tuple[str, str], dict[int, int]] = {}
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):  # newest first
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         origin = Origin.recorded(summary)
-        if origin is not None:
-            origins.add((origin.topic, origin.cluster))
-    found = []
-    for topic, cluster in sorted(origins):
-        handover = recorded_handover(settings.catalog, ref, topic, cluster)
-        if handover is not None:
-            found += [Partition(topic, cluster, p, o) for p, o in sorted(handover.offsets.items())]
-    return found
+        if origin is None or (origin.topic, origin.cluster) in newest:
+            continue
+        recorded = BatchRange.recorded(summary, origin.topic, origin.cluster)
+        if recorded is not None:
+            newest[(origin.topic, origin.cluster)] = recorded.end
+    return [
+        Partition(topic, cluster, partition, position)
+        for (topic, cluster), positions in sorted(newest.items())
+        for partition, position in sorted(positions.items())
+    ]
 
 
 def _not_archived(table: Table, partitions: list[Partition], end: datetime) -> list[Partition]:
@@ -134,7 +135,7 @@ def _behind_in_kafka(
     reachable = "kafka.bootstrap.servers" in options
     behind = [
         f"{p.describe()}: no row ingested at or after it, and its Kafka is not reachable from here to tell "
-        "whether it had none (the application's kafka settings name no cluster " + p.cluster + ")"
+        f"whether it had none (the application's kafka settings name no cluster {p.cluster})"
         for p in partitions
         if not reachable or p.cluster != source.cluster
     ]

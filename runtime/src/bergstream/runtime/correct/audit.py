@@ -147,10 +147,7 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
 
 def repeated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
     """The keys of the window the branch holds more than once."""
-    from pyspark.sql import functions as F
-
-    rows = spark.table(f"{identifier}.branch_{correction.branch}").where(correction.window_sql())
-    return rows.groupBy(*correction.key).count().where(F.col("count") > 1).count()
+    return _branch_repeats(spark, identifier, correction).count()
 
 
 def duplicated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
@@ -158,22 +155,27 @@ def duplicated_keys(spark: SparkSession, identifier: str, correction: Correction
     would duplicate. Main is read only for the keys the branch repeats (none, on the straight path)."""
     from pyspark.sql import functions as F
 
-    key = list(correction.key)
-    window = correction.window_sql()
-    repeated = (
-        spark.table(f"{identifier}.branch_{correction.branch}").where(window)
-        .groupBy(*key).agg(F.count(F.lit(1)).alias("b")).where(F.col("b") > 1)
-    )  # fmt: skip
-    found = repeated.collect()
-    if not found:
+    repeated = _branch_repeats(spark, identifier, correction)
+    if not repeated.take(1):
         return 0
-    main = spark.table(identifier).where(window).groupBy(*key).agg(F.count(F.lit(1)).alias("m"))
+    key = list(correction.key)
+    main = (
+        spark.table(identifier).where(correction.window_sql()).groupBy(*key).agg(F.count(F.lit(1)).alias("m"))
+    )
     condition = None
     for column in key:
         equal = repeated[column].eqNullSafe(main[column])
         condition = equal if condition is None else condition & equal
     joined = repeated.join(main, on=condition, how="left")
     return joined.where(F.col("b") > F.coalesce(F.col("m"), F.lit(0))).count()
+
+
+def _branch_repeats(spark: SparkSession, identifier: str, correction: Correction) -> DataFrame:
+    """The branch's keys of the window held by more than one row, and how many (`b`)."""
+    from pyspark.sql import functions as F
+
+    rows = spark.table(f"{identifier}.branch_{correction.branch}").where(correction.window_sql())
+    return rows.groupBy(*correction.key).agg(F.count(F.lit(1)).alias("b")).where(F.col("b") > 1)
 
 
 def _side(frame: DataFrame, key: list[str], values: list[str], name: str) -> DataFrame:

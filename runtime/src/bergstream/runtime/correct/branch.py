@@ -75,14 +75,12 @@ class IcebergTable:
         return found
 
     def reaches(self, head: int | None, until: int) -> bool:
-        """Whether the history from `head` back to `until` is whole: no snapshot between them expired."""
-        snapshot = self.table.snapshot(head) if head is not None else None
-        while snapshot is not None:
-            if int(snapshot.snapshotId()) == until or snapshot.parentId() == until:
-                return True
-            parent = snapshot.parentId()
-            snapshot = self.table.snapshot(parent) if parent is not None else None
-        return False
+        """Whether the history from `head` back to `until` is whole: no snapshot between them expired
+        (Iceberg's walk of the parents, in the JVM)."""
+        if head is None:
+            return False
+        util = getattr(self.spark._jvm, "org.apache.iceberg.util.SnapshotUtil")
+        return head == until or bool(util.isParentAncestorOf(self.table, head, until))
 
     def history_kept_until(self, correction: Correction) -> datetime | None:
         """When main's snapshots since the branch's base become old enough for snapshot expiry under the

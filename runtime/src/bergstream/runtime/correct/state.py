@@ -20,8 +20,6 @@ BATCH_ID = "bergstream.correction.batch-id"
 PUBLISH_ID = "bergstream.correction.publish-id"
 UNPUBLISH_ID = "bergstream.correction.unpublish-id"
 BRANCH = "bergstream.correction.branch"
-# On each of the branch's batch commits: the application's event-time watermark the batch ran with.
-WATERMARK = "bergstream.correction.watermark"
 
 
 def property_name(branch: str) -> str:

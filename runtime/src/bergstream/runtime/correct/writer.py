@@ -4,8 +4,8 @@ Spark's streaming writer of an Iceberg table looks for a batch already committed
 so the batch is appended through foreachBatch, its query's id and batch's id in the snapshot's summary, and
 a batch the branch holds already (a batch run again after a kill) is not written twice. Only the rows of the
 correction's window are written: the warm-up's rows and those the read's end leaves incomplete are not.
-Each commit records the application's event-time watermark its batch ran with. A branch that holds batches
-of another query (a checkpoint lost or replaced) is refused: rows of two queries never meet in it.
+A branch that holds batches of another query (a checkpoint lost or replaced) is refused: rows of two
+queries never meet in it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from bergstream.backfill.errors import BackfillError
-from bergstream.runtime.checkpoint import CheckpointFiles, logged_watermark
+from bergstream.runtime.checkpoint import CheckpointFiles
 from bergstream.runtime.correct.branch import IcebergTable
-from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, WATERMARK, Correction
+from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, Correction
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,12 +74,10 @@ class BranchWriter:
             frame.write.format("noop").mode("overwrite").save()
             return
         rows = frame.where(self.correction.window_sql())
-        watermark = logged_watermark(self.files, batch_id)
         (
             rows.writeTo(f"{self.identifier}.branch_{self.correction.branch}")
             .option(f"snapshot-property.{QUERY_ID}", self.query_id)
             .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
-            .option(f"snapshot-property.{WATERMARK}", str(watermark or 0))
             .append()
         )
         self._last = batch_id
