@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bergstream.loadgen.events import EventModel
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
+from bergstream.runtime.correct.edges import EDGES
 from bergstream.runtime.correct.state import QUERY_ID, recorded
 from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import eventually
@@ -72,6 +73,20 @@ def send(
         event = dict(next(events).event)
         event["event_ts"] = at
         made(event, at, rng)
+        producer.produce(topic, schema.encode(event, "json"), partition=partition,
+                         timestamp=int(event["event_ts"].timestamp() * 1000))  # fmt: skip
+        sent.append({**event, "_at": f"{topic}/{partition}"})
+    assert producer.flush(60) == 0
+    return sent
+
+
+def resend(bootstrap: str, topic: str, kind: str, partition: int, events: list[Event]) -> list[Event]:
+    """Events sent before, into another topic's partition: what was sent."""
+    schema = load_event_schema(kind)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    sent = []
+    for sent_before in events:
+        event = {name: value for name, value in sent_before.items() if name != "_at"}
         producer.produce(topic, schema.encode(event, "json"), partition=partition,
                          timestamp=int(event["event_ts"].timestamp() * 1000))  # fmt: skip
         sent.append({**event, "_at": f"{topic}/{partition}"})
@@ -222,9 +237,77 @@ def late_plays(stack: Services, spark: SparkSession, home: Path, name: str = "la
         ends=dict(Counter(event["_at"] for event in plays)), events={"playback": plays},
         time_column="session_start", key=("account_id", "session_start"),
         values=("session_end", "events", "plays", "longest_view_sec"),
-        output={"warm_up": "1h", "settle": "3h"},
+        output={"end_column": "session_end", "warm_up": "1h", "settle": "3h"},
         options={"gap": "30 minutes", "watermark_delay": "1 hour"}, rows=sessions, more=more,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Sessions that cross a window's start and end, and a live topic that lacks one event of each."""
+
+    scenario: Scenario  # its topic: every event, archived
+    live_topic: str  # every event but the dropped ones
+    window: tuple[datetime, datetime]
+    dropped: list[Event]
+
+
+def edge_plays(stack: Services, spark: SparkSession, home: Path) -> Edges:
+    """Plays of random accounts over six hours in two partitions, and on partition 0, accounts whose sessions
+    cross the window [t0 + 2h, t0 + 3h): without the events marked (dropped by the live topic), each of them
+    is two sessions, split across the window's edge:
+    - 1: S-20m, S-5m*, S+12m: one session from before S into the window;
+    - 2: E-10m, E+5m*, E+25m: one session from the window past E;
+    - 3: S-45m, S-20m*, S+5m: as 1, starting earlier;
+    - 4: S-80m, S-55m, S-30m*, S-5m, S+15m: from before S - 1h, past a warm-up of an hour.
+    """
+    start, bootstrap = eight_hours_ago(), stack.bootstrap_servers
+    window = (start + timedelta(hours=2), start + timedelta(hours=3))
+    begin, end = window
+    minutes = lambda at, count: at + timedelta(minutes=count)  # noqa: E731
+    designed = {
+        1: [(minutes(begin, -20), False), (minutes(begin, -5), True), (minutes(begin, 12), False)],
+        2: [(minutes(end, -10), False), (minutes(end, 5), True), (minutes(end, 25), False)],
+        3: [(minutes(begin, -45), False), (minutes(begin, -20), True), (minutes(begin, 5), False)],
+        4: [(minutes(begin, -80), False), (minutes(begin, -55), False), (minutes(begin, -30), True),
+            (minutes(begin, -5), False), (minutes(begin, 15), False)],
+    }  # fmt: skip
+    marks = sorted((at, account, drop) for account, events in designed.items() for at, drop in events)
+    every, live = f"edge_plays_{os.getpid()}", f"edge_plays_live_{os.getpid()}"
+    for topic in (every, live):
+        make_topic(stack, topic, 2)
+    # Partition 0: the designed accounts' events among others, in time order; the live topic gets the same
+    # events but the dropped ones. Partition 1: others only, the same in both.
+    background = spread(start, timedelta(hours=6), 400)
+    designed_at: dict[datetime, list[int]] = defaultdict(list)
+    for at, account, _ in marks:
+        designed_at[at].append(account)
+
+    def designed_first(event: Event, at: datetime, rng: random.Random) -> None:
+        accounts = designed_at.get(at)
+        if accounts:
+            event["account_id"] = accounts.pop(0)
+        else:
+            any_account(event, at, rng)
+
+    times = sorted([*background, *(at for at, _, _ in marks)])
+    first = send(bootstrap, every, "playback", 0, times, 7, designed_first)
+    drops = {(at, account) for at, account, drop in marks if drop}
+    dropped = [event for event in first if (event["event_ts"], event["account_id"]) in drops]
+    kept = [event for event in first if (event["event_ts"], event["account_id"]) not in drops]
+    sent = {every: first, live: resend(bootstrap, live, "playback", 0, kept)}
+    for topic in (every, live):
+        sent[topic] += send(bootstrap, topic, "playback", 1, background, 31, any_account)
+    archive(stack, spark, every, "playback", home / "router", len(sent[every]))
+    scenario = Scenario(
+        app="sessionizer", start=start, topics={"playback": every},
+        ends=dict(Counter(event["_at"] for event in sent[every])), events={"playback": sent[every]},
+        time_column="session_start", key=("account_id", "session_start"),
+        values=("session_end", "events", "plays", "longest_view_sec"),
+        output={"end_column": "session_end", "warm_up": "1h", "settle": "3h"},
+        options={"gap": "30 minutes", "watermark_delay": "1 hour"}, rows=sessions, more=lambda _: {},
+    )  # fmt: skip
+    return Edges(scenario, live, window, dropped)
 
 
 def late_impressions(stack: Services, spark: SparkSession, home: Path) -> Scenario:
@@ -277,7 +360,7 @@ def late_impressions(stack: Services, spark: SparkSession, home: Path) -> Scenar
         ends=ends, events={"impression": impressions, "playback": plays},
         time_column="period_start", key=("period_start", "show_id"),
         values=("period_end", "impressions", "plays", "take_rate"),
-        output={"warm_up": "30m", "settle": "3h"},
+        output={"end_column": "period_end", "warm_up": "30m", "settle": "3h"},
         options={"attribution_window": "30 minutes", "watermark_delay": "1 hour", "period": "1 hour"},
         rows=take_rates, more=more,
     )  # fmt: skip
@@ -329,7 +412,6 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
     config.write_text(yaml.safe_dump(settings))
     app = ["--app", scenario.app, "--config", str(config)]
     in_window = scenario.in_window(*window)
-    outside = f"NOT ({in_window})"
 
     def rows(table: str, where: str, version: str | int | None = None) -> Counter[Row]:
         return table_rows(spark, scenario, table, where, version)
@@ -391,6 +473,9 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         assert correction is not None and correction.complete
         # The application's watermark passed the window's end: its rows of the window were all written.
         assert correction.watermark is not None and correction.watermark >= correction.end, correction
+        # Outside the window widened to the rows that cross its edges (edges.py), main's rows as they were.
+        outside = f"NOT ({scenario.in_window(*correction.replaced)})"
+        beside = f"({scenario.in_window(*correction.replaced)}) AND NOT ({in_window})"
         assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
         # Its commits since main's snapshot: the clearing of main's window first, then the batches'.
         table.refresh()
@@ -402,6 +487,11 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
                 table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
             )
         *batches, clearing = since
+        # The newest, when rows cross the window's edges: main's rows beside it removed, the backfill's added.
+        leading = []
+        while batches and QUERY_ID not in batches[0]:
+            leading.append(batches.pop(0))
+        assert len(leading) <= 2 and all(EDGES in found for found in leading[: len(leading) - 1]), since
         assert snapshot is not None and batches and QUERY_ID not in clearing
         assert all(QUERY_ID in batch for batch in batches), since
 
@@ -462,6 +552,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
     tag = publish["tag"]
     # Main: the window's rows are the true ones; outside it, exactly what the live query wrote, once.
     assert rows(identifier, in_window) == expected
+    assert rows(identifier, beside) == rows(f"{identifier}.branch_fix", beside)
     tagged = spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{tag}'").first()
     assert tagged is not None
     since = spark.read.format("iceberg").option("start-snapshot-id", str(tagged.snapshot_id)).load(identifier)

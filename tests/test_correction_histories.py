@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 OUTPUT = {
-    "time_column": "session_start", "key": ["account_id", "session_start"], "warm_up": "1h", "settle": "3h"
+    "time_column": "session_start", "end_column": "session_end", "key": ["account_id", "session_start"],
+    "warm_up": "1h", "settle": "3h",
 }  # fmt: skip
 
 
@@ -47,11 +48,21 @@ class Operator:
     """The correction commands over the sessionizer's output of a late partition's topic, as an operator
     gives them; main made by the live application reading the topic once."""
 
-    def __init__(self, stack: Services, spark: SparkSession, home: Path, scenario: Scenario) -> None:
+    def __init__(
+        self,
+        stack: Services,
+        spark: SparkSession,
+        home: Path,
+        scenario: Scenario,
+        window: tuple[datetime, datetime] | None = None,
+        live_topic: str | None = None,
+    ) -> None:
+        """The live application reads `live_topic` (by default the archived topic) into main."""
         self.stack, self.spark, self.home, self.scenario = stack, spark, home, scenario
+        self.live_topic = live_topic
         self.output = f"histories_{next(iter(scenario.topics.values()))}"
         self.identifier = f"{stack.catalog.name}.apps.{self.output}"
-        self.window = (scenario.start, scenario.start + timedelta(hours=1))
+        self.window = window or (scenario.start, scenario.start + timedelta(hours=1))
         self.in_window = scenario.in_window(*self.window)
         live = self.settings(mode="live")
         run_app(spark, live, available_now=True, show_progress=False)
@@ -62,7 +73,8 @@ class Operator:
         path = self.home / "sessionizer.yaml"
         path.write_text(yaml.safe_dump({
             "app": "sessionizer", "entry": "bergstream.apps.sessionizer:sessionizer",
-            "sources": {"playback": {"topic": topic, "table": topic, "schema": "playback"}},
+            "sources": {"playback": {"topic": self.live_topic or topic, "table": topic,
+                                     "schema": "playback"}},
             "kafka": {"kafka.bootstrap.servers": self.stack.bootstrap_servers, "startingOffsets": "earliest"},
             "catalog": self.stack.catalog.model_dump(mode="json", exclude_none=True),
             "checkpoint_location": str(self.home / "live"), "max_offsets_per_trigger": 300,

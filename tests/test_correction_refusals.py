@@ -27,13 +27,14 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).parent.parent
 OUTPUT = {
     "time_column": "session_start",
+    "end_column": "session_end",
     "key": ["account_id", "session_start"],
     "warm_up": "1h",
     "settle": "2h",
 }
 START, END = datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 20, 6, tzinfo=UTC)
 SCHEMA = pa.schema([("account_id", pa.int64()), ("session_start", pa.timestamp("us", tz="UTC")),
-                    ("events", pa.int64())])  # fmt: skip
+                    ("session_end", pa.timestamp("us", tz="UTC")), ("events", pa.int64())])  # fmt: skip
 
 
 def output_with_branch(
@@ -44,7 +45,12 @@ def output_with_branch(
     catalog = stack.catalog.load()
     catalog.create_namespace_if_not_exists("apps")
     table = catalog.create_table(("apps", name), schema=SCHEMA)
-    rows = {"account_id": list(range(len(starts))), "session_start": starts, "events": [3] * len(starts)}
+    rows = {
+        "account_id": list(range(len(starts))),
+        "session_start": starts,
+        "session_end": [start + timedelta(minutes=30) for start in starts],
+        "events": [3] * len(starts),
+    }
     table.append(pa.table(rows, schema=SCHEMA))
     base = table.current_snapshot()
     assert base is not None
@@ -82,6 +88,7 @@ def test_a_correction_without_the_output_s_settings_is_refused_naming_each(tmp_p
         correction(plain, "fix")
     message = str(refused.value)
     assert "output.key" in message and "output.warm_up" in message and "output.settle" in message
+    assert "output.end_column" in message
     assert "output.time_column" not in message
     with pytest.raises(BackfillConfigError, match=r"output\.key"):
         backfill(settings_file(tmp_path, output={**OUTPUT, "key": []}))
@@ -147,8 +154,12 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
     assert "did not record the settings its rows were computed with" in unnamed
     assert "a correction replaces every region's rows" in refused("run", *window, "--branch", "fix",
                                                                   "--region", "eu")  # fmt: skip
-    assert "is not a column" in refused("run", *window, "--branch", "other",
-                                        output={**OUTPUT, "time_column": "session_end"})  # fmt: skip
+    assert "output.time_column 'session_stop' is not a column" in refused(
+        "run", *window, "--branch", "other", output={**OUTPUT, "time_column": "session_stop"})  # fmt: skip
+    assert "output.end_column 'session_stop' is not a column" in refused(
+        "run", *window, "--branch", "other", output={**OUTPUT, "end_column": "session_stop"})  # fmt: skip
+    assert "output.end_column 'events' of" in refused(
+        "run", *window, "--branch", "other", output={**OUTPUT, "end_column": "events"})  # fmt: skip
     assert "is a long, not a timestamp" in refused("run", *window, "--branch", "other",
                                                    output={**OUTPUT, "time_column": "events"})  # fmt: skip
     assert "output.key names window_id" in refused("run", *window, "--branch", "other",
@@ -238,8 +249,13 @@ def test_a_publish_is_refused_when_main_wrote_into_the_window_after_the_branch_w
         watermark=END + timedelta(hours=1),
     )
     # A row of the window written into main after the branch was made.
-    table.append(pa.table({"account_id": [5], "session_start": [START + timedelta(hours=1)], "events": [1]},
-                          schema=SCHEMA))  # fmt: skip
+    late_row = {
+        "account_id": [5],
+        "session_start": [START + timedelta(hours=1)],
+        "session_end": [START + timedelta(hours=1, minutes=30)],
+        "events": [1],
+    }
+    table.append(pa.table(late_row, schema=SCHEMA))
     late = table.current_snapshot()
     assert late is not None
     path = settings_file(tmp_path, output_table=f"apps.{name}", output=OUTPUT,

@@ -66,8 +66,9 @@ def with_output(app: AppSettings, output_table: str, checkpoint: Path) -> AppSet
     document = app.model_dump()
     document.update(
         output_table=output_table, checkpoint_location=str(checkpoint),
-        output={"time_column": "session_start", "key": ["account_id", "session_start"],
-                "warm_up": f"{int(WARM_UP.total_seconds())}s", "settle": f"{int(SETTLE.total_seconds())}s"},
+        output={"time_column": "session_start", "end_column": "session_end",
+                "key": ["account_id", "session_start"], "warm_up": f"{int(WARM_UP.total_seconds())}s",
+                "settle": f"{int(SETTLE.total_seconds())}s"},
     )  # fmt: skip
     return AppSettings.model_validate(document)
 

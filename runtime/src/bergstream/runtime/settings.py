@@ -146,6 +146,9 @@ class OutputSettings(BaseModel):
 
     # A timestamp column of the output: a publish replaces the rows whose value falls in its window.
     time_column: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # A timestamp column of the output where a row's span ends (a session's end, an hour's end): a row
+    # covers [time_column, end_column). A row that spans the window's start or end is replaced whole.
+    end_column: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     # The columns that identify a row: the audit compares the branch's rows with main's by them.
     key: list[str] | None = None
     # Read before the window's start, its output not published: a session open at the start, a join's
@@ -179,6 +182,7 @@ class OutputSettings(BaseModel):
         """The settings a correction needs that are not given, each with what it is."""
         needed = {
             "time_column": "the output's timestamp column that places a row in time (session_start)",
+            "end_column": "the output's timestamp column where a row's span ends (session_end)",
             "key": "the columns that identify a row ([account_id, session_start])",
             "warm_up": "how long before the window the backfill reads (the longest span of a row: 4h)",
             "settle": "how long past the window it reads for its rows to be complete (a row's longest span "

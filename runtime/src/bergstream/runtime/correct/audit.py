@@ -40,6 +40,11 @@ class Audit:
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # When main's history since the branch was made may expire (ISO): a publish after that is refused.
     publish_by: str | None = None
+    # The rows beside the window in the spans that cross its edges, compared apart: the widened window, how
+    # many groups of rows, their counts and samples. None when no row crosses an edge.
+    edges: dict[str, Any] | None = None
+    # Why the spans that cross the window's edges cannot be replaced whole: the publish is refused.
+    edge_refusal: str | None = None
 
     @property
     def total(self) -> int:
@@ -76,6 +81,18 @@ class Audit:
         for kind in KINDS[1:]:
             for row in self.samples.get(kind, []):
                 lines.append(f"  e.g. {kind}: {row}")
+        if self.edges is not None:
+            counts = self.edges["counts"]
+            lines.append(
+                f"  beside the window, {self.edges['groups']:,} groups' rows cross its edges: replaced whole "
+                f"within {self.edges['window']}: {counts['equal']:,} keys equal, {counts['changed']:,} "
+                f"changed, {counts['only_main']:,} only in main, {counts['only_branch']:,} only in the branch"
+            )
+            for kind in KINDS[1:]:
+                for row in self.edges["samples"].get(kind, []):
+                    lines.append(f"  e.g. beside the window, {kind}: {row}")
+        if self.edge_refusal is not None:
+            lines.append(f"  a publish is refused: {self.edge_refusal}")
         if self.publish_by is not None:
             lines.append(
                 f"  publish by {self.publish_by}: main's snapshots since the branch was made may expire then "
@@ -85,13 +102,37 @@ class Audit:
 
 
 def audit(spark: SparkSession, identifier: str, correction: Correction, sample: int = 5) -> Audit:
-    """Compare the window's rows of `correction`'s branch with main's, in one Spark job per figure."""
+    """Compare the window's rows of `correction`'s branch with main's, in one Spark job per figure; and apart,
+    the rows beside the window that its spans across the edges widen it to."""
+    window = correction.window_sql()
+    main, branch = spark.table(identifier), spark.table(f"{identifier}.branch_{correction.branch}")
+    counts, changed_columns, duplicates, samples = _compared(main.where(window), branch.where(window),
+                                                             list(correction.key), sample)  # fmt: skip
+    edges = None
+    if correction.edge_groups and correction.edge_refusal is None:
+        beside = f"{correction.replaced_sql()} AND NOT {window}"
+        edge_counts, _, _, edge_samples = _compared(main.where(beside), branch.where(beside),
+                                                    list(correction.key), sample)  # fmt: skip
+        edges = {
+            "window": correction.replaced_window, "groups": correction.edge_groups, "counts": edge_counts,
+            "samples": edge_samples,
+        }  # fmt: skip
+    kept_until = IcebergTable(spark, identifier).history_kept_until(correction)
+    return Audit(
+        table=identifier, branch=correction.branch, window=correction.window, key=list(correction.key),
+        counts=counts, changed_columns=changed_columns, duplicate_keys=duplicates, samples=samples,
+        publish_by=format_instant(kept_until) if kept_until is not None else None, edges=edges,
+        edge_refusal=correction.edge_refusal,
+    )  # fmt: skip
+
+
+def _compared(
+    main: DataFrame, branch: DataFrame, key: list[str], sample: int
+) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, list[dict[str, Any]]]]:
+    """Main's rows against the branch's by key: the keys of each kind, the changed ones per column, the keys
+    held more than once, and samples of each kind but equal."""
     from pyspark.sql import functions as F
 
-    window = correction.window_sql()
-    main = spark.table(identifier).where(window)
-    branch = spark.table(f"{identifier}.branch_{correction.branch}").where(window)
-    key = list(correction.key)
     values = [column for column in main.columns if column not in key]
     joined = _joined(_side(main, key, values, "m"), _side(branch, key, values, "b"), key)
     # A key held as many times on each side: the columns whose values differ; else the count of its rows.
@@ -136,13 +177,8 @@ def audit(spark: SparkSession, identifier: str, correction: Correction, sample: 
     finally:
         classified.unpersist()
     assert duplicates is not None
-    kept_until = IcebergTable(spark, identifier).history_kept_until(correction)
-    return Audit(
-        table=identifier, branch=correction.branch, window=correction.window, key=key, counts=counts,
-        changed_columns=changed_columns,
-        duplicate_keys={name: int(duplicates[name]) for name in ("main", "branch", "branch_over_main")},
-        samples=samples, publish_by=format_instant(kept_until) if kept_until is not None else None,
-    )  # fmt: skip
+    repeated = {name: int(duplicates[name]) for name in ("main", "branch", "branch_over_main")}
+    return counts, changed_columns, repeated, samples
 
 
 def repeated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:

@@ -97,13 +97,15 @@ class IcebergTable:
         return datetime.fromtimestamp((int(base.timestampMillis()) + int(age)) / 1000, UTC)
 
     def window(self, correction: Correction) -> Any:
-        """The Iceberg expression of a row in the correction's window, by its time column."""
+        """The Iceberg expression of a row in the correction's window widened to the spans that cross its
+        edges (what its publish replaces), by its time column."""
         from bergstream.backfill.read.planner import to_micros
 
+        start, end = correction.replaced
         both = getattr(self.expressions, "and")
         return both(
-            self.expressions.greaterThanOrEqual(correction.time_column, to_micros(correction.start)),
-            self.expressions.lessThan(correction.time_column, to_micros(correction.end)),
+            self.expressions.greaterThanOrEqual(correction.time_column, to_micros(start)),
+            self.expressions.lessThan(correction.time_column, to_micros(end)),
         )
 
 
@@ -152,6 +154,8 @@ def _holds_a_query(spark: SparkSession, checkpoint: str) -> bool:
 def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
     """The correction's record; its branch made from main's current snapshot, in one commit with the record,
     when it has none yet."""
+    from bergstream.runtime.correct.edges import drop_staging
+
     correct = settings.backfill.correct
     output = settings.output
     assert correct is not None and output.time_column is not None and output.key is not None
@@ -164,7 +168,7 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
     correction = Correction(
         app=settings.app, branch=correct.branch, time_column=output.time_column, key=tuple(output.key),
         start=correct.start, end=correct.end, base=int(base.snapshotId()), identity=identity_of(settings),
-        time_zoned=time_type == "timestamptz",
+        time_zoned=time_type == "timestamptz", end_column=output.end_column,
     )  # fmt: skip
     transaction = table.table.newTransaction()
     (
@@ -175,6 +179,7 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
     )
     transaction.updateProperties().set(property_name(correct.branch), correction.dumps()).commit()
     transaction.commitTransaction()
+    drop_staging(table.spark, table.identifier, correct.branch)  # an earlier run's, left by a kill
     log.info("%s: branch %s made from main's snapshot %d to correct %s", table.identifier, correct.branch,
              correction.base, correction.window)  # fmt: skip
     return correction
@@ -206,6 +211,7 @@ def mark_complete(
     run killed after its last batch and run again reads nothing, and finds it all the same). A publish
     checks it against the window (checks.py). The keys the branch repeats are counted once, here."""
     from bergstream.runtime.correct.audit import repeated_keys
+    from bergstream.runtime.correct.edges import drop_staging, widen
 
     correct = settings.backfill.correct
     assert correct is not None
@@ -215,6 +221,9 @@ def mark_complete(
     millis = committed_watermark(CheckpointFiles(spark, settings.checkpoint_location))
     watermark = from_micros(millis * 1000) if millis is not None else None
     done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
+    if not correction.complete and correction.end_column is not None:
+        identity = correction.identity or identity_of(settings)
+        done = widen(spark, table, done, (identity.read_start, identity.read_end))
     head = table.branch_head(correct.branch)
     if correction.checked_head != head or correction.repeated_keys is None:
         done = done.but(repeated_keys=repeated_keys(spark, identifier, correction), checked_head=head)
@@ -224,4 +233,5 @@ def mark_complete(
         transaction.manageSnapshots().setMinSnapshotsToKeep(correct.branch, own).commit()
         transaction.updateProperties().set(property_name(correct.branch), done.dumps()).commit()
         transaction.commitTransaction()
+    drop_staging(spark, identifier, correct.branch)
     return done

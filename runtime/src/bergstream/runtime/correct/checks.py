@@ -61,21 +61,27 @@ def output_table(settings: AppSettings) -> OutputTable:
 
 
 def check_output_columns(settings: AppSettings, output: OutputTable) -> None:
-    """The output's time column is a timestamp and its key's columns exist."""
+    """The output's time and end columns are timestamps of one type and its key's columns exist."""
     fields = {field.name: field for field in output.table.schema().fields}
-    time_column = settings.output.time_column
-    assert time_column is not None and settings.output.key is not None, "validated by AppSettings"
-    found = fields.get(time_column)
-    if found is None:
-        raise BackfillConfigError(
-            f"{settings.app}: output.time_column {time_column!r} is not a column of {output.identifier} "
-            f"(its columns: {', '.join(fields)})"
-        )
-    if str(found.field_type) not in ("timestamp", "timestamptz"):
-        raise BackfillConfigError(
-            f"{settings.app}: output.time_column {time_column!r} of {output.identifier} is a "
-            f"{found.field_type}, not a timestamp"
-        )
+    time_column, end_column = settings.output.time_column, settings.output.end_column
+    assert time_column is not None and end_column is not None and settings.output.key is not None, (
+        "validated by AppSettings"
+    )
+    for name, column in (("time_column", time_column), ("end_column", end_column)):
+        found = fields.get(column)
+        if found is None:
+            raise BackfillConfigError(
+                f"{settings.app}: output.{name} {column!r} is not a column of {output.identifier} "
+                f"(its columns: {', '.join(fields)})"
+            )
+        if str(found.field_type) != str(fields[time_column].field_type) or str(found.field_type) not in (
+            "timestamp", "timestamptz"
+        ):  # fmt: skip
+            raise BackfillConfigError(
+                f"{settings.app}: output.{name} {column!r} of {output.identifier} is a "
+                f"{found.field_type}, not a timestamp of the time column's type "
+                f"({fields[time_column].field_type})"
+            )
     missing = [column for column in settings.output.key if column not in fields]
     if missing:
         raise BackfillConfigError(
@@ -197,5 +203,13 @@ def recorded_correction(
             f"written, and a publish would remove main's. Set output.settle (now {settle}) to at least the "
             f"application's watermark delay plus a row's longest span, then `backfill release --app "
             f"{known.app} --branch {branch}` and run the correction again"
+        )
+    if publishing and known.edge_refusal is not None:
+        raise BackfillConfigError(
+            f"{settings.app}: branch {branch} of {output.identifier} cannot replace whole the rows that "
+            f"cross its window {known.window}'s edges (widened to {known.replaced_window}): "
+            f"{known.edge_refusal}, "
+            f"with `backfill run --app {known.app} --branch {branch} --start-over` and its window. Nothing "
+            "was changed"
         )
     return output, known

@@ -173,7 +173,7 @@ def _apply(
             if conflict is not None:
                 table.refresh()
                 changed = (
-                    f"{table.identifier}: main changed the window {correction.window} after "
+                    f"{table.identifier}: main changed the window {correction.replaced_window} after "
                     f"{'the branch was made' if tag is not None else 'the publish'} (snapshot {since}): "
                     f"{_conflicting(table, conflict, since)}. Nothing was changed."
                 )
@@ -390,7 +390,7 @@ def _report(
         removed, added = number("deleted-records"), number("added-records")
         files_removed, files_added = number("deleted-data-files"), number("added-data-files")
     return Published(
-        table=table.identifier, branch=correction.branch, window=correction.window, action=action,
+        table=table.identifier, branch=correction.branch, window=correction.replaced_window, action=action,
         snapshot=snapshot_id or -1, tag=correction.tag, files_removed=files_removed, files_added=files_added,
         rows_removed=removed, rows_added=added, seconds=time.monotonic() - started, already=already,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from bergstream.backfill.read.planner import table_ref
 from bergstream.runtime import pins
 from bergstream.runtime.checkpoint import CheckpointFiles
 from bergstream.runtime.correct.branch import IcebergTable, java_list
+from bergstream.runtime.correct.edges import drop_staging, staging_identifier
 from bergstream.runtime.correct.state import property_name
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ def release(spark: SparkSession, catalog: CatalogConfig, identifier: str, branch
         removed.append(f"the record {property_name(branch)}")
     transaction.commitTransaction()
     table.refresh()
+    if drop_staging(spark, identifier, branch):
+        removed.append(f"the rows beside the window in {staging_identifier(identifier, branch)}")
     identity = correction.identity if correction is not None else None
     if identity is not None:
         sources = [table_ref(source, catalog).identifier for _, source in identity.sources]

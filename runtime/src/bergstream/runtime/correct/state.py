@@ -20,6 +20,7 @@ BATCH_ID = "bergstream.correction.batch-id"
 PUBLISH_ID = "bergstream.correction.publish-id"
 UNPUBLISH_ID = "bergstream.correction.unpublish-id"
 BRANCH = "bergstream.correction.branch"
+_INSTANTS = ("start", "end", "watermark", "edge_start", "edge_end")
 
 
 def property_name(branch: str) -> str:
@@ -58,6 +59,15 @@ class Correction:
     # then: a publish looks at main for them only, and checks the branch again only if it changed since.
     repeated_keys: int | None = None
     checked_head: int | None = None
+    # Where a row's span ends: a row covers [time_column, end_column). None in an earlier bergstream's record.
+    end_column: str | None = None
+    # The window widened, per group of rows (the key less the time column), to whole spans of the rows that
+    # cross its start or end, on either side (edges.py): what a publish replaces. Recorded with `complete`;
+    # `edge_refusal` says why a publish cannot replace whole spans (a span beyond the rows read).
+    edge_start: datetime | None = None
+    edge_end: datetime | None = None
+    edge_groups: int = 0
+    edge_refusal: str | None = None
     # The last publish: its id (in its snapshot's summary on main) and the tag on main's snapshot before it.
     publish_id: str | None = None
     tag: str | None = None
@@ -72,21 +82,44 @@ class Correction:
     def window(self) -> str:
         return f"[{format_instant(self.start)}, {format_instant(self.end)})"
 
+    @property
+    def replaced(self) -> tuple[datetime, datetime]:
+        """The times of the rows a publish replaces: the window, widened to the spans that cross its edges."""
+        return (self.edge_start or self.start, self.edge_end or self.end)
+
+    @property
+    def replaced_window(self) -> str:
+        start, end = self.replaced
+        return f"[{format_instant(start)}, {format_instant(end)})"
+
     def window_sql(self, column_prefix: str = "") -> str:
         """The SQL condition of a row in the window, by its time column (half-open)."""
+        return self.range_sql(self.start, self.end, column_prefix)
+
+    def replaced_sql(self, column_prefix: str = "") -> str:
+        """The SQL condition of a row in the widened window (some of whose rows a publish replaces)."""
+        return self.range_sql(*self.replaced, column_prefix)
+
+    def range_sql(self, start: datetime, end: datetime, column_prefix: str = "") -> str:
         column = f"{column_prefix}`{self.time_column}`"
+        return f"({column} >= {self.literal(start)} AND {column} < {self.literal(end)})"
+
+    def literal(self, instant: datetime) -> str:
+        """An instant as a SQL literal of the time column's type."""
         if self.time_zoned:
-            start, end = (f"TIMESTAMP '{instant.isoformat()}'" for instant in (self.start, self.end))
-        else:
-            start, end = (
-                f"TIMESTAMP_NTZ '{instant:%Y-%m-%d %H:%M:%S.%f}'" for instant in (self.start, self.end)
-            )
-        return f"({column} >= {start} AND {column} < {end})"
+            return f"TIMESTAMP '{instant.isoformat()}'"
+        return f"TIMESTAMP_NTZ '{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}'"
+
+    def micros_sql(self, column: str) -> str:
+        """A column of the time column's type as microseconds since the epoch (UTC wall-clock for no zone)."""
+        if self.time_zoned:
+            return f"unix_micros({column})"
+        return f"timestampdiff(MICROSECOND, TIMESTAMP_NTZ '1970-01-01 00:00:00', {column})"
 
     def dumps(self) -> str:
         document: dict[str, Any] = asdict(self)
         document["key"] = list(self.key)
-        for name in ("start", "end", "watermark"):
+        for name in _INSTANTS:
             value = getattr(self, name)
             document[name] = value.isoformat() if value is not None else None
         document["identity"] = self.identity.to_json() if self.identity is not None else None
@@ -96,7 +129,7 @@ class Correction:
     def loads(cls, text: str) -> Correction:
         document = json.loads(text)
         document["key"] = tuple(document["key"])
-        for name in ("start", "end", "watermark"):
+        for name in _INSTANTS:
             if document.get(name) is not None:
                 document[name] = datetime.fromisoformat(document[name]).astimezone(UTC)
         if document.get("identity") is not None:

@@ -62,7 +62,7 @@ def verify(spark: SparkSession, identifier: str, branch: str, sample: int = 5) -
             f"{identifier}: the publish {correction.publish_id} of branch {branch} is not in main's history "
             "(rolled back, or its snapshot expired): there is nothing to verify against"
         )
-    window = correction.window_sql()
+    window = correction.replaced_sql()
     now = _rows(spark.table(identifier).where(window))
     then = _rows(spark.sql(f"SELECT * FROM {identifier} VERSION AS OF {published}").where(window))
     written, removed = now.exceptAll(then).cache(), then.exceptAll(now).cache()
@@ -72,7 +72,7 @@ def verify(spark: SparkSession, identifier: str, branch: str, sample: int = 5) -
             "removed since": [row.asDict(recursive=True) for row in removed.limit(sample).collect()],
         }
         return Verified(
-            table=identifier, branch=branch, window=correction.window, published=published,
+            table=identifier, branch=branch, window=correction.replaced_window, published=published,
             written_since=written.count(), removed_since=removed.count(),
             samples={kind: rows for kind, rows in samples.items() if rows},
         )  # fmt: skip

@@ -3,7 +3,9 @@
 Spark's streaming writer of an Iceberg table looks for a batch already committed on main, not on a branch;
 so the batch is appended through foreachBatch, its query's id and batch's id in the snapshot's summary, and
 a batch the branch holds already (a batch run again after a kill) is not written twice. Only the rows of the
-correction's window are written: the warm-up's rows and those the read's end leaves incomplete are not.
+correction's window are written to the branch; those outside it (the warm-up's, the settle's) go to the
+correction's table of rows beside the window, the same way once, for the spans that cross its edges
+(edges.py).
 A branch that holds batches of another query (a checkpoint lost or replaced) is refused: rows of two
 queries never meet in it.
 """
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 from bergstream.backfill.errors import BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles
 from bergstream.runtime.correct.branch import IcebergTable
+from bergstream.runtime.correct.edges import staging_identifier
 from bergstream.runtime.correct.state import BATCH_ID, QUERY_ID, Correction
 
 if TYPE_CHECKING:
@@ -35,6 +38,7 @@ class BranchWriter:
         self.files = CheckpointFiles(spark, checkpoint)
         self._query_id: str | None = None
         self._last: int | None = None
+        self._staged: int | None = None
 
     @property
     def query_id(self) -> str:
@@ -73,7 +77,17 @@ class BranchWriter:
             )
             frame.write.format("noop").mode("overwrite").save()
             return
-        rows = frame.where(self.correction.window_sql())
+        if self.correction.end_column is None:
+            self._append(frame.where(self.correction.window_sql()), batch_id)
+            return
+        frame.persist()
+        try:
+            self._stage(frame.where(f"NOT {self.correction.window_sql()}"), batch_id)
+            self._append(frame.where(self.correction.window_sql()), batch_id)
+        finally:
+            frame.unpersist()
+
+    def _append(self, rows: DataFrame, batch_id: int) -> None:
         (
             rows.writeTo(f"{self.identifier}.branch_{self.correction.branch}")
             .option(f"snapshot-property.{QUERY_ID}", self.query_id)
@@ -81,3 +95,23 @@ class BranchWriter:
             .append()
         )
         self._last = batch_id
+
+    def _stage(self, rows: DataFrame, batch_id: int) -> None:
+        """The batch's rows outside the window kept, once: a batch the table holds already is not."""
+        staging = staging_identifier(self.identifier, self.correction.branch)
+        if self._staged is None:
+            if not self.spark.catalog.tableExists(staging):
+                rows.limit(0).writeTo(staging).using("iceberg").create()
+            snapshot = IcebergTable(self.spark, staging).table.currentSnapshot()
+            summary = snapshot.summary() if snapshot is not None else None
+            found = summary.get(BATCH_ID) if summary is not None else None
+            self._staged = int(found) if found is not None else -1
+        if batch_id <= self._staged or not rows.take(1):
+            return
+        (
+            rows.writeTo(staging)
+            .option(f"snapshot-property.{QUERY_ID}", self.query_id)
+            .option(f"snapshot-property.{BATCH_ID}", str(batch_id))
+            .append()
+        )
+        self._staged = batch_id

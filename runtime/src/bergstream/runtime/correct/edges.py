@@ -1,0 +1,220 @@
+"""The rows that span a correction's window's edges, replaced whole.
+
+A row covers [time_column, end_column): a session from its first event to its last plus the gap, an hour of
+impressions. Placed by its time alone, a row that crosses the window's start or end is kept by one side and
+not the other: a corrected session that starts before the end absorbs main's session that starts after it
+(kept, its events counted twice), and main's fragment that starts after the start is removed while the
+corrected session that starts before it is not written (its events in no row).
+
+So the backfill keeps the rows it computes outside the window too (in a table of the correction's own,
+`<output>__edges_<branch>`), and at the run's end each group of rows (the key less the time column: an
+account, a title) whose rows cross an edge on either side has its window widened to the nearest points no
+row of either side spans: the closure of [start, end) under every row of the group that overlaps it, main's
+as the branch was made and the backfill's. In the branch, main's rows of the group in its widened window are
+replaced by the backfill's, and the publish replaces them in main with the window's (its conflict check
+covers the widened window). A widened window that reaches before the rows read (the read window's start) or
+past the application's watermark at the run's end (rows ending after it were never written) cannot be
+replaced whole: the correction records why, and its publish is refused, naming the window to read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from bergstream.backfill.read.planner import from_micros, to_micros
+from bergstream.runtime.correct.state import Correction
+from bergstream.timeparse import format_duration, format_instant
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from bergstream.runtime.correct.branch import IcebergTable
+
+log = logging.getLogger("bergstream.correct")
+# The snapshot summary key of the branch's commit of the backfill's rows that complete the spans.
+EDGES = "bergstream.correction.edges"
+Span = tuple[int, int]  # [start, end) in microseconds
+
+
+def staging_identifier(identifier: str, branch: str) -> str:
+    """The table of the rows the backfill computes outside the window: beside the output table."""
+    catalog, namespace, name = identifier.split(".")
+    return f"{catalog}.{namespace}.`{name}__edges_{branch}`"
+
+
+def closure(rows: Iterable[Span], start: int, end: int) -> Span:
+    """[start, end) widened until no row of `rows` overlaps it without lying within it."""
+    spans = sorted(rows)
+    low, high = start, end
+    widened = True
+    while widened:
+        widened = False
+        for first, last in spans:
+            if first < high and last > low and (first < low or last > high):
+                low, high = min(low, first), max(high, last)
+                widened = True
+    return low, high
+
+
+def group_columns(correction: Correction) -> list[str]:
+    """What a row's span is followed within: the key less the time column (one group when nothing is left)."""
+    return [column for column in correction.key if column != correction.time_column]
+
+
+def widen(
+    spark: SparkSession, table: IcebergTable, correction: Correction, read: tuple[datetime, datetime]
+) -> Correction:
+    """The correction with its widened window recorded and the branch's rows of it replaced by the
+    backfill's; or with the reason they cannot be (`edge_refusal`), the branch left as the window's rows."""
+    assert correction.end_column is not None
+    groups = group_columns(correction)
+    rows = _crossing_rows(spark, table, correction, read, groups)
+    by_group: dict[tuple[Any, ...], list[Span]] = defaultdict(list)
+    for row in rows:
+        by_group[tuple(row[column] for column in groups)].append((int(row["t"]), int(row["e"])))
+    start, end = to_micros(correction.start), to_micros(correction.end)
+    spans = {group: closure(own, start, end) for group, own in by_group.items()}
+    spans = {group: span for group, span in spans.items() if span != (start, end)}
+    if not spans:
+        return correction
+    low = min(span[0] for span in spans.values())
+    high = max(span[1] for span in spans.values())
+    widened = correction.but(edge_start=from_micros(low), edge_end=from_micros(high), edge_groups=len(spans))
+    refusal = _refusal(widened, groups, spans, read)
+    if refusal is not None:
+        log.warning("%s: %s", table.identifier, refusal)
+        return widened.but(edge_refusal=refusal)
+    _replace(spark, table, widened, groups, spans)
+    log.info(
+        "%s: %d groups of rows (by %s) span the window's edges: branch %s replaces them whole, within %s",
+        table.identifier, len(spans), ", ".join(groups) or "the whole table", correction.branch,
+        widened.replaced_window,
+    )  # fmt: skip
+    return widened
+
+
+def _refusal(
+    correction: Correction,
+    groups: list[str],
+    spans: dict[tuple[Any, ...], Span],
+    read: tuple[datetime, datetime],
+) -> str | None:
+    """Why the widened window cannot be replaced whole with the rows the backfill read, or None."""
+    low, high = correction.replaced
+    through = min(read[1], correction.watermark) if correction.watermark is not None else read[1]
+
+    def named(span: Span) -> str:
+        group = next(group for group, found in spans.items() if found == span)
+        values = ", ".join(f"{column}={value}" for column, value in zip(groups, group, strict=True))
+        first, last = (format_instant(from_micros(instant)) for instant in span)
+        return f"{values or 'the rows'} span [{first}, {last})"
+
+    if low < read[0]:
+        earliest = min(spans.values())
+        return (
+            f"the rows that cross the window's edges span back to {format_instant(low)}, before the rows "
+            f"read from {format_instant(read[0])} ({named(earliest)}): lengthen output.warm_up to more than "
+            f"{format_duration(correction.start - low)} (or start the window earlier) and correct again"
+        )
+    if high > through:
+        latest = max(spans.values(), key=lambda span: span[1])
+        return (
+            f"the rows that cross the window's edges span to {format_instant(high)}, past the application's "
+            f"watermark at the run's end {format_instant(through)}: rows ending after it were not written "
+            f"({named(latest)}): lengthen output.settle by more than {format_duration(high - through)} (or "
+            "end the window earlier) and correct again"
+        )
+    return None
+
+
+def _crossing_rows(
+    spark: SparkSession,
+    table: IcebergTable,
+    correction: Correction,
+    read: tuple[datetime, datetime],
+    groups: list[str],
+) -> list[Any]:
+    """Every row, of main as the branch was made and of the backfill, of each group that has a row crossing
+    the window's start or end: its group, start and end (microseconds)."""
+    from pyspark.sql import functions as F
+
+    def spans_of(frame: DataFrame) -> DataFrame:
+        first = F.expr(correction.micros_sql(f"`{correction.time_column}`"))
+        last = F.expr(correction.micros_sql(f"`{correction.end_column}`"))
+        return frame.select(*groups, first.alias("t"), F.coalesce(last, first).alias("e"))
+
+    main = spans_of(
+        spark.sql(f"SELECT * FROM {table.identifier} VERSION AS OF {correction.base}").where(
+            f"`{correction.end_column}` > {correction.literal(read[0])} "
+            f"AND `{correction.time_column}` < {correction.literal(read[1])}"
+        )
+    )
+    computed = spans_of(
+        spark.table(f"{table.identifier}.branch_{correction.branch}").where(correction.window_sql())
+    )
+    staging = staging_identifier(table.identifier, correction.branch)
+    if spark.catalog.tableExists(staging):
+        computed = computed.unionByName(spans_of(spark.table(staging)))
+    both = main.unionByName(computed)
+    start, end = to_micros(correction.start), to_micros(correction.end)
+    crossing = (
+        both.where(((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end)))
+        .select(*[F.col(column).alias(f"g_{column}") for column in groups])
+        .distinct()
+    )
+    if not groups:
+        return both.collect() if crossing.take(1) else []
+    condition = None
+    for column in groups:
+        equal = both[column].eqNullSafe(crossing[f"g_{column}"])
+        condition = equal if condition is None else condition & equal
+    return both.join(crossing, on=condition).select(*groups, "t", "e").collect()
+
+
+def _replace(
+    spark: SparkSession,
+    table: IcebergTable,
+    correction: Correction,
+    groups: list[str],
+    spans: dict[tuple[Any, ...], Span],
+) -> None:
+    """In the branch, main's rows of each group's widened window, outside the window, replaced by the
+    backfill's: removed (with the backfill's, from a run of this step killed before it was recorded), then
+    the backfill's appended. Run again, it comes to the same rows."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    branch = f"{table.identifier}.branch_{correction.branch}"
+    types = {field.name: field.dataType for field in spark.table(branch).schema.fields}
+    schema = StructType(
+        [StructField(column, types[column]) for column in groups]
+        + [StructField("lo", LongType(), False), StructField("hi", LongType(), False)]
+    )
+    view = f"bergstream_edges_{correction.branch}"
+    spark.createDataFrame([(*group, low, high) for group, (low, high) in spans.items()], schema) \
+        .createOrReplaceTempView(view)  # fmt: skip
+    time = correction.micros_sql(f"t.`{correction.time_column}`")
+    matched = " AND ".join(
+        [f"t.`{column}` <=> s.`{column}`" for column in groups]
+        + [f"{time} >= s.lo", f"{time} < s.hi", f"NOT {correction.window_sql('t.')}",
+           correction.replaced_sql("t.")]
+    )  # fmt: skip
+    spark.sql(f"MERGE INTO {branch} AS t USING {view} AS s ON {matched} WHEN MATCHED THEN DELETE")
+    staging = staging_identifier(table.identifier, correction.branch)
+    if spark.catalog.tableExists(staging):
+        kept = spark.sql(f"SELECT t.* FROM {staging} AS t JOIN {view} AS s ON {matched}")
+        kept.writeTo(branch).option(f"snapshot-property.{EDGES}", str(len(spans))).append()
+    spark.catalog.dropTempView(view)
+    table.refresh()
+
+
+def drop_staging(spark: SparkSession, identifier: str, branch: str) -> bool:
+    """The table of the backfill's rows outside the window dropped, its files too: whether there was one."""
+    staging = staging_identifier(identifier, branch)
+    if not spark.catalog.tableExists(staging):
+        return False
+    spark.sql(f"DROP TABLE {staging} PURGE")
+    return True
