@@ -15,6 +15,7 @@ import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.runtime.correct.audit import audit
+from bergstream.runtime.correct.branch import DEFAULT_MAX_SNAPSHOT_AGE_MS, HOLD_MS, IcebergTable
 from bergstream.runtime.correct.edges import staging_identifier
 from bergstream.timeparse import format_duration
 from tests import corrections
@@ -99,3 +100,10 @@ def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one
     low, high = corrected.replaced
     far = {(key, row) for key, row in live if row[0] <= low or key[1] >= high}
     assert far <= published
+
+    # Released, the last correction of the table: main's snapshot retention is the table's again.
+    held = IcebergTable(spark, operator.identifier)
+    assert held.main_snapshot_age()[1] == HOLD_MS
+    removed = operator.release("edges")
+    assert any("the hold on main's snapshots" in item for item in removed), removed
+    assert IcebergTable(spark, operator.identifier).main_snapshot_age()[1] == DEFAULT_MAX_SNAPSHOT_AGE_MS

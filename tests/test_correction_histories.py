@@ -21,7 +21,7 @@ import yaml
 from bergstream.backfill.errors import BackfillConfigError, BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
-from bergstream.runtime.correct.branch import IcebergTable, make_branch
+from bergstream.runtime.correct.branch import HOLD_MS, IcebergTable, make_branch
 from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
 from bergstream.runtime.correct.publish import Conflict, HistoryExpired, publish, unpublish
 from bergstream.runtime.correct.release import release
@@ -268,17 +268,27 @@ def test_a_publish_after_main_s_history_since_the_branch_expired_is_refused_in_p
     # Once complete, the branch keeps its own snapshots since its base, not main's history before it.
     own = len(table.ancestors(table.branch_head("expiring"), made.base)) + 1
     assert table.table.refs().get("expiring").minSnapshotsToKeep() == own
+    # The open correction holds main's snapshots a week: the audit's deadline is a week after the branch.
+    assert table.main_snapshot_age()[1] >= HOLD_MS
     report = audit(operator.spark, operator.identifier, made)
     assert report.publish_by is not None and any("publish by" in line for line in report.lines())
-    # Two commits on main (rows a day later), then every snapshot of main but its newest expired.
+    assert datetime.fromisoformat(report.publish_by) > datetime.now(UTC) + timedelta(days=6)
+    # Two commits on main (rows a day later), then every snapshot of main but its newest expired: main's
+    # history since the branch was made is kept all the same.
     later = (operator.scenario.start + timedelta(days=1)).isoformat()
     for account in (98_000_000, 98_000_001):
         operator.spark.sql(f"INSERT INTO {operator.identifier} SELECT {account}, TIMESTAMP '{later}', "
                            f"TIMESTAMP '{later}', 1L, 1L, 60L, TIMESTAMP '{later}'")  # fmt: skip
-    operator.spark.sql(
+    expire = (
         f"CALL bergstream.system.expire_snapshots(table => 'apps.{operator.output}', "
         f"older_than => TIMESTAMP '{datetime.now(UTC).isoformat()}', retain_last => 1)"
     )
+    operator.spark.sql(expire)
+    table.refresh()
+    assert table.reaches(int(table.table.currentSnapshot().snapshotId()), made.base)
+    # Main's retention lowered by hand, then expired: the publish is refused in plain words.
+    table.table.manageSnapshots().setMaxSnapshotAgeMs("main", 1).commit()
+    operator.spark.sql(expire)
     before = operator.rows("true")
     with pytest.raises(HistoryExpired, match=r"main's history since the branch was made .* has expired"):
         operator.publish("expiring")

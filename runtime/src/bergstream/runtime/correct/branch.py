@@ -23,6 +23,13 @@ log = logging.getLogger("bergstream.correct")
 _KEEP_ALL = 2**31 - 1
 # Iceberg's default of history.expire.max-snapshot-age-ms: five days.
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000
+# While a correction is open, main keeps its snapshots at least this long (its ref's max snapshot age, which
+# snapshot expiry follows whatever its arguments): a publish and an unpublish validate main's history since
+# the branch was made. Main's own setting before is kept in HELD, and put back by the last release.
+HOLD_MS = 7 * 24 * 3600 * 1000
+HELD = "bergstream.held.main-max-snapshot-age-ms"
+# A publish's tag is kept whatever the table's history.expire.max-ref-age-ms: an unpublish reads its files.
+KEEP_FOREVER_MS = 2**63 - 1
 
 
 def java_list(iterable: Any) -> list[Any]:
@@ -82,6 +89,16 @@ class IcebergTable:
         util = getattr(self.spark._jvm, "org.apache.iceberg.util.SnapshotUtil")
         return head == until or bool(util.isParentAncestorOf(self.table, head, until))
 
+    def main_snapshot_age(self) -> tuple[int | None, int]:
+        """Main's own max snapshot age (None: not set), and the one snapshot expiry follows: its own, else
+        history.expire.max-snapshot-age-ms, else Iceberg's five days."""
+        ref = self.table.refs().get("main")
+        own = ref.maxSnapshotAgeMs() if ref is not None else None
+        if own is not None:
+            return int(own), int(own)
+        configured = self.property("history.expire.max-snapshot-age-ms")
+        return None, int(configured) if configured is not None else DEFAULT_MAX_SNAPSHOT_AGE_MS
+
     def history_kept_until(self, correction: Correction) -> datetime | None:
         """When main's snapshots since the branch's base become old enough for snapshot expiry under the
         table's retention (main's own, else history.expire.max-snapshot-age-ms, else Iceberg's five days);
@@ -89,12 +106,8 @@ class IcebergTable:
         base = self.table.snapshot(correction.base)
         if base is None:
             return None
-        ref = self.table.refs().get("main")
-        age = ref.maxSnapshotAgeMs() if ref is not None else None
-        if age is None:
-            configured = self.property("history.expire.max-snapshot-age-ms")
-            age = int(configured) if configured is not None else DEFAULT_MAX_SNAPSHOT_AGE_MS
-        return datetime.fromtimestamp((int(base.timestampMillis()) + int(age)) / 1000, UTC)
+        _, age = self.main_snapshot_age()
+        return datetime.fromtimestamp((int(base.timestampMillis()) + age) / 1000, UTC)
 
     def window(self, correction: Correction) -> Any:
         """The Iceberg expression of a row in the correction's window widened to the spans that cross its
@@ -170,14 +183,17 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
         start=correct.start, end=correct.end, base=int(base.snapshotId()), identity=identity_of(settings),
         time_zoned=time_type == "timestamptz", end_column=output.end_column,
     )  # fmt: skip
+    own, age = table.main_snapshot_age()
     transaction = table.table.newTransaction()
-    (
-        transaction.manageSnapshots()
-        .createBranch(correct.branch, correction.base)
-        .setMinSnapshotsToKeep(correct.branch, _KEEP_ALL)
-        .commit()
-    )
-    transaction.updateProperties().set(property_name(correct.branch), correction.dumps()).commit()
+    manage = transaction.manageSnapshots().createBranch(correct.branch, correction.base)
+    manage.setMinSnapshotsToKeep(correct.branch, _KEEP_ALL)
+    if age < HOLD_MS:
+        manage.setMaxSnapshotAgeMs("main", HOLD_MS)
+    manage.commit()
+    properties = transaction.updateProperties().set(property_name(correct.branch), correction.dumps())
+    if age < HOLD_MS and table.property(HELD) is None:
+        properties.set(HELD, str(own) if own is not None else "unset")
+    properties.commit()
     transaction.commitTransaction()
     drop_staging(table.spark, table.identifier, correct.branch)  # an earlier run's, left by a kill
     log.info("%s: branch %s made from main's snapshot %d to correct %s", table.identifier, correct.branch,

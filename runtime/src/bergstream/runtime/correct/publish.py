@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from bergstream.backfill.errors import BackfillError
 from bergstream.backfill.read.planner import from_micros
 from bergstream.runtime.correct.audit import duplicated_keys
-from bergstream.runtime.correct.branch import IcebergTable, java_list
+from bergstream.runtime.correct.branch import KEEP_FOREVER_MS, IcebergTable, java_list
 from bergstream.runtime.correct.state import BRANCH, PUBLISH_ID, UNPUBLISH_ID, Correction, property_name
 from bergstream.timeparse import format_duration, format_instant
 
@@ -153,7 +153,9 @@ def _apply(
             transaction = table.table.newTransaction()
             if tag is not None:
                 current = table.table.currentSnapshot()
-                transaction.manageSnapshots().createTag(tag, current.snapshotId()).commit()
+                # Kept whatever the table's history.expire.max-ref-age-ms: an unpublish reads its files.
+                manage = transaction.manageSnapshots().createTag(tag, current.snapshotId())
+                manage.setMaxRefAgeMs(tag, KEEP_FOREVER_MS).commit()
             overwrite = transaction.newOverwrite()
             for file in removed:
                 overwrite.deleteFile(file)

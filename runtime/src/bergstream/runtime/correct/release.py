@@ -9,14 +9,16 @@ checkpoint left by a kill after it belongs to no record (a new run names a check
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from bergstream.backfill.read.planner import table_ref
 from bergstream.runtime import pins
 from bergstream.runtime.checkpoint import CheckpointFiles
-from bergstream.runtime.correct.branch import IcebergTable, java_list
+from bergstream.runtime.correct.branch import DEFAULT_MAX_SNAPSHOT_AGE_MS, HELD, IcebergTable, java_list
 from bergstream.runtime.correct.edges import drop_staging, staging_identifier
 from bergstream.runtime.correct.state import property_name
+from bergstream.timeparse import format_duration
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,10 +44,19 @@ def release(spark: SparkSession, catalog: CatalogConfig, identifier: str, branch
     for tag in tags:
         manage.removeTag(tag)
         removed.append(f"tag {tag}")
+    restore = _held_age(table, branch)
+    if restore is not None:
+        manage.setMaxSnapshotAgeMs("main", restore)
+        kept = format_duration(timedelta(milliseconds=restore))
+        removed.append(f"the hold on main's snapshots (kept {kept} again)")
     manage.commit()
+    properties = transaction.updateProperties()
     if correction is not None:
-        transaction.updateProperties().remove(property_name(branch)).commit()
+        properties.remove(property_name(branch))
         removed.append(f"the record {property_name(branch)}")
+    if restore is not None:
+        properties.remove(HELD)
+    properties.commit()
     transaction.commitTransaction()
     table.refresh()
     if drop_staging(spark, identifier, branch):
@@ -60,3 +71,16 @@ def release(spark: SparkSession, catalog: CatalogConfig, identifier: str, branch
             removed.append(f"the checkpoint {identity.checkpoint}")
     log.info("%s: released %s", identifier, ", ".join(removed) or "nothing")
     return removed
+
+
+def _held_age(table: IcebergTable, branch: str) -> int | None:
+    """Main's max snapshot age to put back when `branch`'s is the last open correction of a table whose
+    corrections hold main's snapshots (branch.py); else None."""
+    held = table.property(HELD)
+    keys = [str(name) for name in java_list(table.table.properties().keySet())]
+    open_ = [name for name in keys if name.startswith(property_name("")) and name != property_name(branch)]
+    if held is None or open_:
+        return None
+    if held != "unset":
+        return int(held)
+    return int(table.property("history.expire.max-snapshot-age-ms") or DEFAULT_MAX_SNAPSHOT_AGE_MS)
