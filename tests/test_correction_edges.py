@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
+from bergstream.runtime.correct import audit as audit_module
+from bergstream.runtime.correct import edges as edges_module
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import DEFAULT_MAX_SNAPSHOT_AGE_MS, HOLD_MS, IcebergTable
 from bergstream.runtime.correct.edges import staging_identifier
@@ -34,8 +36,20 @@ def edges(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPat
     return corrections.edge_plays(stack, spark, tmp_path_factory.mktemp("edges"))
 
 
+class Killed(Exception):
+    """A kill of the run at that step: nothing after it is done."""
+
+
+def killed(*_: Any) -> None:
+    raise Killed
+
+
 def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one_row(
-    stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, edges: Edges
+    stack: Services,
+    spark: SparkSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    edges: Edges,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     home = tmp_path_factory.mktemp("edges_operator")
     operator = Operator(stack, spark, home, edges.scenario, window=edges.window, live_topic=edges.live_topic)
@@ -61,8 +75,17 @@ def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one
         operator.publish("edges")
     assert operator.rows("true") == live
 
-    # Started over with 90 minutes of warm-up: the window widened, per account, to whole sessions.
-    operator.run("edges", start_over=True, output={**OUTPUT, "warm_up": "90m"})
+    # Started over with 90 minutes of warm-up: the window widened, per account, to whole sessions. Killed
+    # once after main's rows beside the window left the branch, before the backfill's came; once after they
+    # came, before the record said so: each time the same command again comes to the same rows.
+    longer = {**OUTPUT, "warm_up": "90m"}
+    for step, module in (("_append_spans", edges_module), ("repeated_keys", audit_module)):
+        with monkeypatch.context() as patched:
+            patched.setattr(module, step, killed)
+            with pytest.raises(Killed):
+                operator.run("edges", start_over=step == "_append_spans", output=longer)
+        assert not operator.recorded("edges").complete
+    operator.run("edges", output=longer)
     corrected = operator.recorded("edges")
     assert corrected.edge_refusal is None and corrected.edge_groups >= 4, corrected
     assert corrected.edge_start == start - 80 * minutes, corrected

@@ -57,7 +57,7 @@ def output_with_branch(
     table.manage_snapshots().create_branch(base.snapshot_id, "fix").commit()
     known = Correction(app="sessionizer", branch="fix", time_column="session_start",
                        key=("account_id", "session_start"), start=START, end=END, base=base.snapshot_id,
-                       **progress)  # fmt: skip
+                       end_column="session_end", **progress)  # fmt: skip
     with table.transaction() as transaction:
         transaction.set_properties({property_name("fix"): known.dumps()})
     return table, known
@@ -120,6 +120,12 @@ def test_a_correction_s_record_reads_back_as_written(tmp_path: Path) -> None:
     assert written.window_sql() == (
         "(`t` >= TIMESTAMP '2026-11-20T00:00:00+00:00' AND `t` < TIMESTAMP '2026-11-20T06:00:00+00:00')"
     )
+    # Widened to the spans that cross its edges: what a publish replaces.
+    widened = written.but(end_column="e", edge_start=START - timedelta(minutes=40),
+                          edge_end=END + timedelta(hours=1), edge_groups=3)  # fmt: skip
+    assert recorded({property_name("fix"): widened.dumps()}, "fix") == widened
+    assert widened.replaced_window == "[2026-11-19T23:20:00Z, 2026-11-20T07:00:00Z)"
+    assert written.replaced == (START, END)
 
 
 @pytest.mark.integration

@@ -157,6 +157,9 @@ def run_settings(settings: AppSettings, resumed: Correction | None, checkpoint: 
         update={"correct": correct.model_copy(update={"run": resumed.identity.run})})})  # fmt: skip
     named = named.model_copy(update={"checkpoint_location": checkpoint or resumed.identity.checkpoint})
     changed = differences(resumed.identity, identity_of(named), checkpoint_given=checkpoint is not None)
+    if resumed.end_column != settings.output.end_column:
+        changed.append(f"output.end_column: {resumed.end_column or 'none'} recorded, "
+                       f"{settings.output.end_column} now")  # fmt: skip
     if changed:
         raise BackfillConfigError(
             f"{settings.app}: branch {correct.branch} holds rows computed with other settings than these: "
@@ -203,6 +206,13 @@ def recorded_correction(
             f"written, and a publish would remove main's. Set output.settle (now {settle}) to at least the "
             f"application's watermark delay plus a row's longest span, then `backfill release --app "
             f"{known.app} --branch {branch}` and run the correction again"
+        )
+    if publishing and known.end_column is None:
+        raise BackfillConfigError(
+            f"{settings.app}: branch {branch} of {output.identifier} was written by an earlier bergstream "
+            "that did not follow the rows that cross its window's edges: a publish could count their events "
+            "twice or in no row. Nothing was changed; start it over (`backfill run --app "
+            f"{known.app} --branch {branch} --start-over` with its window {known.window})"
         )
     if publishing and known.edge_refusal is not None:
         raise BackfillConfigError(

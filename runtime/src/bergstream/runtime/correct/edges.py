@@ -202,13 +202,23 @@ def _replace(
         + [f"{time} >= s.lo", f"{time} < s.hi", f"NOT {correction.window_sql('t.')}",
            correction.replaced_sql("t.")]
     )  # fmt: skip
-    spark.sql(f"MERGE INTO {branch} AS t USING {view} AS s ON {matched} WHEN MATCHED THEN DELETE")
+    try:
+        spark.sql(f"MERGE INTO {branch} AS t USING {view} AS s ON {matched} WHEN MATCHED THEN DELETE")
+        _append_spans(spark, table, correction, view, matched, len(spans))
+    finally:
+        spark.catalog.dropTempView(view)
+    table.refresh()
+
+
+def _append_spans(
+    spark: SparkSession, table: IcebergTable, correction: Correction, view: str, matched: str, groups: int
+) -> None:
+    """The backfill's rows beside the window within the groups' widened windows, appended to the branch."""
     staging = staging_identifier(table.identifier, correction.branch)
     if spark.catalog.tableExists(staging):
         kept = spark.sql(f"SELECT t.* FROM {staging} AS t JOIN {view} AS s ON {matched}")
-        kept.writeTo(branch).option(f"snapshot-property.{EDGES}", str(len(spans))).append()
-    spark.catalog.dropTempView(view)
-    table.refresh()
+        branch = f"{table.identifier}.branch_{correction.branch}"
+        kept.writeTo(branch).option(f"snapshot-property.{EDGES}", str(groups)).append()
 
 
 def drop_staging(spark: SparkSession, identifier: str, branch: str) -> bool:
