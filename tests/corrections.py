@@ -28,12 +28,14 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyiceberg.exceptions import NoSuchTableError
 
 from bergstream.loadgen.events import EventModel
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.runtime.correct.edges import EDGES
 from bergstream.runtime.correct.state import QUERY_ID, recorded
+from bergstream.runtime.correct.writer import COPIED
 from bergstream.schemas.event_schema import load_event_schema
 from tests.routers import eventually
 from tests.services import Services
@@ -49,6 +51,14 @@ ACCOUNTS = 20_000
 SHOWS = 40
 Row = tuple[tuple[Any, ...], tuple[Any, ...]]
 Event = dict[str, Any]
+
+
+class Killed(Exception):
+    """A kill of a run at the step a test puts it in: nothing after it is done."""
+
+
+def killed(*_: Any) -> None:
+    raise Killed
 
 
 def send(
@@ -440,25 +450,23 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         partitioning = [(str(field.transform), field.source_id) for field in table.spec().fields]
         assert partitioning == [("hour", source)]
 
-        def branch_batches() -> int:
-            table.refresh()
-            head = table.metadata.refs.get("fix")
-            count = 0
-            snapshot = table.snapshot_by_id(head.snapshot_id) if head is not None else None
-            while snapshot is not None:
-                count += QUERY_ID in (snapshot.summary.additional_properties if snapshot.summary else {})
-                parent = snapshot.parent_snapshot_id
-                snapshot = table.snapshot_by_id(parent) if parent is not None else None
-            return count
+        def run_batches() -> int:
+            """The batches the run has written into its table beside the output."""
+            try:
+                written = catalog.load_table(("apps", f"{output}__correction_fix"))
+            except NoSuchTableError:
+                return 0
+            return sum(QUERY_ID in (snapshot.summary.additional_properties if snapshot.summary else {})
+                       for snapshot in written.snapshots())  # fmt: skip
 
         killed_log = tmp_path / "killed.log"
         with killed_log.open("wb") as out:
-            killed = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)  # fmt: skip
-        eventually(lambda: branch_batches() >= 1 or killed.poll() is not None, "a batch in the branch")
-        assert killed.poll() is None, killed_log.read_text()[-3000:]
-        os.killpg(killed.pid, signal.SIGKILL)
-        killed.wait()
+            first = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        eventually(lambda: run_batches() >= 1 or first.poll() is not None, "a batch of the run written")
+        assert first.poll() is None, killed_log.read_text()[-3000:]
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
         resumed = subprocess.run([*command, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                                  check=False)  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -477,7 +485,8 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         outside = f"NOT ({scenario.in_window(*correction.replaced)})"
         beside = f"({scenario.in_window(*correction.replaced)}) AND NOT ({in_window})"
         assert rows(f"{identifier}.branch_fix", outside) == rows(identifier, outside, version=correction.base)
-        # Its commits since main's snapshot: the clearing of main's window first, then the batches'.
+        # Its commits since main's snapshot: the clearing of main's window first, then the run's rows of the
+        # window in one, then, where rows cross the window's edges, main's beside it removed, the run's added.
         table.refresh()
         since: list[dict[str, str]] = []  # newest first
         snapshot = table.snapshot_by_id(table.metadata.refs["fix"].snapshot_id)
@@ -486,14 +495,11 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
             snapshot = (
                 table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
             )
-        *batches, clearing = since
-        # The newest, when rows cross the window's edges: main's rows beside it removed, the backfill's added.
-        leading = []
-        while batches and QUERY_ID not in batches[0]:
-            leading.append(batches.pop(0))
-        assert len(leading) <= 2 and all(EDGES in found for found in leading[: len(leading) - 1]), since
-        assert snapshot is not None and batches and QUERY_ID not in clearing
-        assert all(QUERY_ID in batch for batch in batches), since
+        *edges, copied, clearing = since
+        assert snapshot is not None and COPIED not in clearing and COPIED in copied, since
+        assert len(edges) <= 2 and all(EDGES in found for found in edges[: len(edges) - 1]), since
+        with pytest.raises(NoSuchTableError):
+            catalog.load_table(("apps", f"{output}__correction_fix"))
 
         # The audit, against counts made here from main's rows and the true ones.
         audited = bergstream("backfill", "audit", *app, "--branch", "fix", "--json")

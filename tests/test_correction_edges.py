@@ -21,7 +21,7 @@ from bergstream.runtime.correct.branch import DEFAULT_MAX_SNAPSHOT_AGE_MS, HOLD_
 from bergstream.runtime.correct.edges import staging_identifier
 from bergstream.timeparse import format_duration
 from tests import corrections
-from tests.corrections import Edges, sessions
+from tests.corrections import Edges, Killed, killed, sessions
 from tests.services import Services
 from tests.test_correction_histories import OUTPUT, Operator
 
@@ -34,14 +34,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def edges(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Edges:
     return corrections.edge_plays(stack, spark, tmp_path_factory.mktemp("edges"))
-
-
-class Killed(Exception):
-    """A kill of the run at that step: nothing after it is done."""
-
-
-def killed(*_: Any) -> None:
-    raise Killed
 
 
 def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one_row(

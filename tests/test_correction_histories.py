@@ -20,6 +20,7 @@ import yaml
 
 from bergstream.backfill.errors import BackfillConfigError, BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
+from bergstream.runtime.correct import writer
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import HOLD_MS, IcebergTable, make_branch
 from bergstream.runtime.correct.checks import check_new_correction, recorded_correction
@@ -31,7 +32,7 @@ from bergstream.runtime.run import run_app
 from bergstream.runtime.run_report import RunReport
 from bergstream.runtime.settings import AppSettings, correction, load_app_settings
 from tests import corrections
-from tests.corrections import Row, Scenario, table_rows
+from tests.corrections import Killed, Row, Scenario, killed, table_rows
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -192,10 +193,20 @@ def test_a_correction_released_and_made_again_under_the_same_name_reads_its_wind
     operator.assert_kept_beyond("again")
 
 
-def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(operator: Operator) -> None:
+def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Run again, it reads nothing: the watermark comes from its checkpoint, and a settle too short for the
     window's rows to be complete is refused at the publish all the same."""
     short = {**OUTPUT, "settle": "30m"}
+    # Killed after the query's last batch, before the run's rows reached the branch and the record.
+    with monkeypatch.context() as patched:
+        patched.setattr(writer, "copy_window", killed)
+        with pytest.raises(Killed):
+            operator.run("short", output=short)
+    assert not operator.recorded("short").complete
+    with pytest.raises(BackfillConfigError, match="has not covered its window yet"):
+        operator.publish("short")
     operator.run("short", output=short)
     ended = operator.recorded("short")
     assert ended.identity is not None and ended.watermarked and ended.watermark is not None
@@ -203,12 +214,6 @@ def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
     millis = committed_watermark(files)
     assert millis is not None and ended.watermark.timestamp() * 1000 == millis
     assert ended.watermark < ended.end, "a settle of 30 minutes ends before a watermark of an hour passes"
-    # As a kill between the query's last batch and its record leaves it.
-    IcebergTable(operator.spark, operator.identifier).save(ended.but(complete=False, watermark=None))
-    with pytest.raises(BackfillConfigError, match="has not covered its window yet"):
-        operator.publish("short")
-    operator.run("short", output=short)
-    assert operator.recorded("short") == ended
     before = operator.rows(operator.in_window)
     with pytest.raises(BackfillConfigError, match="before the window's end"):
         operator.publish("short")
@@ -229,15 +234,21 @@ def test_a_run_killed_while_it_cleared_its_branch_clears_it_once_when_run_again(
         assert operator.branch_rows(branch) == operator.expected, branch
 
 
-def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(operator: Operator) -> None:
-    operator.run("lost")
-    ended = operator.recorded("lost")
-    assert ended.identity is not None
-    assert CheckpointFiles(operator.spark, ended.identity.checkpoint).remove()
-    IcebergTable(operator.spark, operator.identifier).save(ended.but(complete=False, watermark=None))
+def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after its last batch, its checkpoint removed by hand: run again, its query is another, and
+    would compute every row again; refused, nothing written."""
+    with monkeypatch.context() as patched:
+        patched.setattr(writer, "copy_window", killed)
+        with pytest.raises(Killed):
+            operator.run("lost")
+    made = operator.recorded("lost")
+    assert made.identity is not None
+    assert CheckpointFiles(operator.spark, made.identity.checkpoint).remove()
     with pytest.raises(BackfillError, match="holds batches of query"):
         operator.run("lost")
-    assert operator.branch_rows("lost") == operator.expected
+    assert not operator.branch_rows("lost")
 
 
 def test_a_compaction_of_main_between_run_and_publish_is_refused_and_corrected_again(

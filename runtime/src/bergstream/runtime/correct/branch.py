@@ -228,6 +228,7 @@ def mark_complete(
     checks it against the window (checks.py). The keys the branch repeats are counted once, here."""
     from bergstream.runtime.correct.audit import repeated_keys
     from bergstream.runtime.correct.edges import drop_staging, widen
+    from bergstream.runtime.correct.writer import copy_window
 
     correct = settings.backfill.correct
     assert correct is not None
@@ -237,6 +238,8 @@ def mark_complete(
     millis = committed_watermark(CheckpointFiles(spark, settings.checkpoint_location))
     watermark = from_micros(millis * 1000) if millis is not None else None
     done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
+    if not correction.complete:
+        copy_window(spark, table, correction)
     if not correction.complete and correction.end_column is not None:
         identity = correction.identity or identity_of(settings)
         done = widen(spark, table, done, (identity.read_start, identity.read_end))

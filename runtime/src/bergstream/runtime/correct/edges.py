@@ -6,15 +6,15 @@ not the other: a corrected session that starts before the end absorbs main's ses
 (kept, its events counted twice), and main's fragment that starts after the start is removed while the
 corrected session that starts before it is not written (its events in no row).
 
-So the backfill keeps the rows it computes outside the window too (in a table of the correction's own,
-`<output>__edges_<branch>`), and at the run's end each group of rows (the key less the time column: an
-account, a title) whose rows cross an edge on either side has its window widened to the nearest points no
-row of either side spans: the closure of [start, end) under every row of the group that overlaps it, main's
-as the branch was made and the backfill's. In the branch, main's rows of the group in its widened window are
-replaced by the backfill's, and the publish replaces them in main with the window's (its conflict check
-covers the widened window). A widened window that reaches before the rows read (the read window's start) or
-past the application's watermark at the run's end (rows ending after it were never written) cannot be
-replaced whole: the correction records why, and its publish is refused, naming the window to read.
+So the backfill keeps the rows it computes outside the window too (in its run's table beside the output,
+writer.py), and at the run's end each group of rows (the key less the time column: an account, a title)
+whose rows cross an edge on either side has its window widened to the nearest points no row of either side
+spans: the closure of [start, end) under every row of the group that overlaps it, main's as the branch was
+made and the backfill's. In the branch, main's rows of the group in its widened window are replaced by the
+backfill's, and the publish replaces them in main with the window's (its conflict check covers the widened
+window). A widened window that reaches before the rows read (the read window's start) or past the
+application's watermark at the run's end (rows ending after it were never written) cannot be replaced
+whole: the correction records why, and its publish is refused, naming the window to read.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ Span = tuple[int, int]  # [start, end) in microseconds
 
 
 def staging_identifier(identifier: str, branch: str) -> str:
-    """The table of the rows the backfill computes outside the window: beside the output table."""
+    """The table of every row a correction's run computes (writer.py): beside the output table."""
     catalog, namespace, name = identifier.split(".")
-    return f"{catalog}.{namespace}.`{name}__edges_{branch}`"
+    return f"{catalog}.{namespace}.`{name}__correction_{branch}`"
 
 
 def closure(rows: Iterable[Span], start: int, end: int) -> Span:
@@ -153,12 +153,10 @@ def _crossing_rows(
             f"AND `{correction.time_column}` < {correction.literal(read[1])}"
         )
     )
-    computed = spans_of(
-        spark.table(f"{table.identifier}.branch_{correction.branch}").where(correction.window_sql())
-    )
     staging = staging_identifier(table.identifier, correction.branch)
-    if spark.catalog.tableExists(staging):
-        computed = computed.unionByName(spans_of(spark.table(staging)))
+    if not spark.catalog.tableExists(staging):
+        return []  # the run computed no row
+    computed = spans_of(spark.table(staging))
     both = main.unionByName(computed)
     start, end = to_micros(correction.start), to_micros(correction.end)
     crossing = (
@@ -216,13 +214,14 @@ def _append_spans(
     """The backfill's rows beside the window within the groups' widened windows, appended to the branch."""
     staging = staging_identifier(table.identifier, correction.branch)
     if spark.catalog.tableExists(staging):
+        # The run's rows beside the window only: `matched` leaves those of the window out.
         kept = spark.sql(f"SELECT t.* FROM {staging} AS t JOIN {view} AS s ON {matched}")
         branch = f"{table.identifier}.branch_{correction.branch}"
         kept.writeTo(branch).option(f"snapshot-property.{EDGES}", str(groups)).append()
 
 
 def drop_staging(spark: SparkSession, identifier: str, branch: str) -> bool:
-    """The table of the backfill's rows outside the window dropped, its files too: whether there was one."""
+    """The table of the run's rows dropped, its files too: whether there was one."""
     staging = staging_identifier(identifier, branch)
     if not spark.catalog.tableExists(staging):
         return False

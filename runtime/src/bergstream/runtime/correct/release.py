@@ -60,7 +60,7 @@ def release(spark: SparkSession, catalog: CatalogConfig, identifier: str, branch
     transaction.commitTransaction()
     table.refresh()
     if drop_staging(spark, identifier, branch):
-        removed.append(f"the rows beside the window in {staging_identifier(identifier, branch)}")
+        removed.append(f"the run's rows in {staging_identifier(identifier, branch)}")
     identity = correction.identity if correction is not None else None
     if identity is not None:
         sources = [table_ref(source, catalog).identifier for _, source in identity.sources]
