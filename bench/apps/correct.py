@@ -46,7 +46,7 @@ from bergstream.query import progress_events
 from bergstream.runtime.app import output_identifier, start_query
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
 from bergstream.runtime.correct.audit import audit
-from bergstream.runtime.correct.branch import IcebergTable, clear_branch, make_branch
+from bergstream.runtime.correct.branch import LAST_STEPS, IcebergTable, clear_branch, make_branch
 from bergstream.runtime.correct.identity import new_run
 from bergstream.runtime.correct.publish import publish, unpublish
 from bergstream.runtime.correct.release import release
@@ -171,7 +171,11 @@ def main() -> None:
             table = IcebergTable(spark, output_identifier(output))
             made_s, made = timed(lambda: make_branch(table, chosen))
             cleared_s, _ = timed(lambda: clear_branch(table, made))
-            return profile.backfill(spark, chosen, make_s=made_s, clear_s=cleared_s)
+            seconds = profile.backfill(spark, chosen, make_s=made_s, clear_s=cleared_s)
+            # The run's end, within rest_s: its rows copied into the branch, the edges, the keys counted,
+            # the record, the run's table dropped.
+            profile.runs[-1].update({f"end_{name}_s": value for name, value in LAST_STEPS.items()})
+            return seconds
 
         def discard(output: AppSettings, branch: str) -> None:
             """A branch measured and not kept: released, its snapshots expired, so that the output table

@@ -4,6 +4,7 @@ removed, in a transaction that records the correction in the table's properties 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ log = logging.getLogger("bergstream.correct")
 # Every snapshot of a correction's branch is kept while its backfill runs: its publish applies their changes.
 # Once complete, the branch keeps those since its base alone, not main's older history before it.
 _KEEP_ALL = 2**31 - 1
+# The seconds of each step of the last run's end (mark_complete), for its log and the benchmark.
+LAST_STEPS: dict[str, float] = {}
 # Iceberg's default of history.expire.max-snapshot-age-ms: five days.
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000
 # While a correction is open, main keeps its snapshots at least this long (its ref's max snapshot age, which
@@ -238,19 +241,35 @@ def mark_complete(
     millis = committed_watermark(CheckpointFiles(spark, settings.checkpoint_location))
     watermark = from_micros(millis * 1000) if millis is not None else None
     done = correction.but(complete=True, watermark=watermark, watermarked=watermarked)
+    steps = LAST_STEPS
+    steps.clear()
+    started = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal started
+        steps[name] = time.monotonic() - started
+        started = time.monotonic()
+
     if not correction.complete:
         copy_window(spark, table, correction)
+        step("copy")
     if not correction.complete and correction.end_column is not None:
         identity = correction.identity or identity_of(settings)
         done = widen(spark, table, done, (identity.read_start, identity.read_end))
+        step("edges")
     head = table.branch_head(correct.branch)
     if correction.checked_head != head or correction.repeated_keys is None:
         done = done.but(repeated_keys=repeated_keys(spark, identifier, correction), checked_head=head)
+        step("keys")
     if done != correction:
         own = len(table.ancestors(head, correction.base)) + 1
         transaction = table.table.newTransaction()
         transaction.manageSnapshots().setMinSnapshotsToKeep(correct.branch, own).commit()
         transaction.updateProperties().set(property_name(correct.branch), done.dumps()).commit()
         transaction.commitTransaction()
+        step("record")
     drop_staging(spark, identifier, correct.branch)
+    step("drop")
+    log.info("%s: correction in branch %s complete: %s", identifier, correct.branch,
+             ", ".join(f"{name} {seconds:.2f} s" for name, seconds in steps.items()))  # fmt: skip
     return done

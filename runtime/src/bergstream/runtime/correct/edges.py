@@ -147,30 +147,39 @@ def _crossing_rows(
         last = F.expr(correction.micros_sql(f"`{correction.end_column}`"))
         return frame.select(*groups, first.alias("t"), F.coalesce(last, first).alias("e"))
 
+    # A row within the window never widens it: only those that start before it or end after it are read
+    # (Iceberg skips the files whose bounds lie within it).
+    time, last = f"`{correction.time_column}`", f"`{correction.end_column}`"
+    beyond = (
+        f"({time} < {correction.literal(correction.start)} OR {last} > {correction.literal(correction.end)})"
+    )
     main = spans_of(
         spark.sql(f"SELECT * FROM {table.identifier} VERSION AS OF {correction.base}").where(
-            f"`{correction.end_column}` > {correction.literal(read[0])} "
-            f"AND `{correction.time_column}` < {correction.literal(read[1])}"
+            f"{last} > {correction.literal(read[0])} AND {time} < {correction.literal(read[1])} AND {beyond}"
         )
     )
     staging = staging_identifier(table.identifier, correction.branch)
     if not spark.catalog.tableExists(staging):
         return []  # the run computed no row
-    computed = spans_of(spark.table(staging))
-    both = main.unionByName(computed)
-    start, end = to_micros(correction.start), to_micros(correction.end)
-    crossing = (
-        both.where(((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end)))
-        .select(*[F.col(column).alias(f"g_{column}") for column in groups])
-        .distinct()
-    )
-    if not groups:
-        return both.collect() if crossing.take(1) else []
-    condition = None
-    for column in groups:
-        equal = both[column].eqNullSafe(crossing[f"g_{column}"])
-        condition = equal if condition is None else condition & equal
-    return both.join(crossing, on=condition).select(*groups, "t", "e").collect()
+    both = main.unionByName(spans_of(spark.table(staging).where(beyond))).cache()
+    try:
+        start, end = to_micros(correction.start), to_micros(correction.end)
+        crossing = (
+            both.where(
+                ((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end))
+            )
+            .select(*[F.col(column).alias(f"g_{column}") for column in groups])
+            .distinct()
+        )
+        if not groups:
+            return both.collect() if crossing.take(1) else []
+        condition = None
+        for column in groups:
+            equal = both[column].eqNullSafe(F.broadcast(crossing)[f"g_{column}"])
+            condition = equal if condition is None else condition & equal
+        return both.join(F.broadcast(crossing), on=condition).select(*groups, "t", "e").collect()
+    finally:
+        both.unpersist()
 
 
 def _replace(
