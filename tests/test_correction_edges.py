@@ -82,7 +82,6 @@ def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one
     assert corrected.edge_refusal is None and corrected.edge_groups >= 4, corrected
     assert corrected.edge_start == start - 80 * minutes, corrected
     assert corrected.edge_end is not None and corrected.edge_end >= end + 55 * minutes, corrected
-    assert not spark.catalog.tableExists(staging_identifier(operator.identifier, "edges"))
     report = audit(spark, operator.identifier, corrected)
     assert report.edges is not None and report.edges["groups"] == corrected.edge_groups
     # Beside the window: accounts 1, 3 and 4's sessions from before the start are longer now, 2's after
@@ -121,4 +120,5 @@ def test_sessions_across_the_window_s_edges_are_replaced_whole_each_event_in_one
     assert held.main_snapshot_age()[1] == HOLD_MS
     removed = operator.release("edges")
     assert any("the hold on main's snapshots" in item for item in removed), removed
+    assert not spark.catalog.tableExists(staging_identifier(operator.identifier, "edges"))
     assert IcebergTable(spark, operator.identifier).main_snapshot_age()[1] == DEFAULT_MAX_SNAPSHOT_AGE_MS

@@ -230,7 +230,7 @@ def mark_complete(
     run killed after its last batch and run again reads nothing, and finds it all the same). A publish
     checks it against the window (checks.py). The keys the branch repeats are counted once, here."""
     from bergstream.runtime.correct.audit import repeated_keys
-    from bergstream.runtime.correct.edges import drop_staging, widen
+    from bergstream.runtime.correct.edges import widen
     from bergstream.runtime.correct.writer import copy_window
 
     correct = settings.backfill.correct
@@ -268,8 +268,6 @@ def mark_complete(
         transaction.updateProperties().set(property_name(correct.branch), done.dumps()).commit()
         transaction.commitTransaction()
         step("record")
-    drop_staging(spark, identifier, correct.branch)
-    step("drop")
     log.info("%s: correction in branch %s complete: %s", identifier, correct.branch,
              ", ".join(f"{name} {seconds:.2f} s" for name, seconds in steps.items()))  # fmt: skip
     return done

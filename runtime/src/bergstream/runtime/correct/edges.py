@@ -161,25 +161,20 @@ def _crossing_rows(
     staging = staging_identifier(table.identifier, correction.branch)
     if not spark.catalog.tableExists(staging):
         return []  # the run computed no row
-    both = main.unionByName(spans_of(spark.table(staging).where(beyond))).cache()
-    try:
-        start, end = to_micros(correction.start), to_micros(correction.end)
-        crossing = (
-            both.where(
-                ((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end))
-            )
-            .select(*[F.col(column).alias(f"g_{column}") for column in groups])
-            .distinct()
-        )
-        if not groups:
-            return both.collect() if crossing.take(1) else []
-        condition = None
-        for column in groups:
-            equal = both[column].eqNullSafe(F.broadcast(crossing)[f"g_{column}"])
-            condition = equal if condition is None else condition & equal
-        return both.join(F.broadcast(crossing), on=condition).select(*groups, "t", "e").collect()
-    finally:
-        both.unpersist()
+    both = main.unionByName(spans_of(spark.table(staging).where(beyond)))
+    start, end = to_micros(correction.start), to_micros(correction.end)
+    crosses = ((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end))
+    # One job: each group's rows beyond the window, kept where one of them crosses an edge.
+    per_group = (
+        both.groupBy(*groups)
+        .agg(F.max(crosses).alias("crosses"), F.collect_list(F.struct("t", "e")).alias("spans"))
+        .where("crosses")
+    )
+    return [
+        {**{column: row[column] for column in groups}, "t": span["t"], "e": span["e"]}
+        for row in per_group.collect()
+        for span in row["spans"]
+    ]
 
 
 def _replace(

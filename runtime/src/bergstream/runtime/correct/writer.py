@@ -7,8 +7,8 @@ a batch written already (a batch run again after a kill) is not written twice. T
 own table beside the output (`<output>__correction_<branch>`, unpartitioned: one file a task, whatever
 hours its rows fall in), every row the run computes: those of the window, and beside it the warm-up's and
 the settle's, that the spans across the window's edges need (edges.py). As the run completes, its rows of
-the window are appended to the branch in one commit, marked with the run; the table is dropped once the
-correction records it complete. A run's table that holds batches of another query (a checkpoint lost or
+the window are appended to the branch in one commit, marked with the run; the table is dropped by the
+correction's release. A run's table that holds batches of another query (a checkpoint lost or
 replaced) is refused: rows of two queries never meet in it.
 """
 
