@@ -57,7 +57,7 @@ class Killed(Exception):
     """A kill of a run at the step a test puts it in: nothing after it is done."""
 
 
-def killed(*_: Any) -> None:
+def killed(*_: Any, **__: Any) -> None:
     raise Killed
 
 

@@ -181,9 +181,20 @@ def _compared(
     return counts, changed_columns, repeated, samples
 
 
-def repeated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:
-    """The keys of the window the branch holds more than once."""
-    return _branch_repeats(spark, identifier, correction).count()
+def repeated_keys(spark: SparkSession, identifier: str, correction: Correction, staged: bool = False) -> int:
+    """The keys of the window the branch holds more than once; `staged`: that the run's rows of the window
+    hold more than once (what its copy puts in the branch: writer.py)."""
+    if not staged:
+        return _branch_repeats(spark, identifier, correction).count()
+    from pyspark.sql import functions as F
+
+    from bergstream.runtime.correct.edges import staging_identifier
+
+    staging = staging_identifier(identifier, correction.branch)
+    if not spark.catalog.tableExists(staging):
+        return 0
+    rows = spark.table(staging).where(correction.window_sql())
+    return rows.groupBy(*correction.key).agg(F.count(F.lit(1)).alias("b")).where(F.col("b") > 1).count()
 
 
 def duplicated_keys(spark: SparkSession, identifier: str, correction: Correction) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +231,7 @@ def mark_complete(
     run killed after its last batch and run again reads nothing, and finds it all the same). A publish
     checks it against the window (checks.py). The keys the branch repeats are counted once, here."""
     from bergstream.runtime.correct.audit import repeated_keys
-    from bergstream.runtime.correct.edges import widen
+    from bergstream.runtime.correct.edges import edge_spans, widen
     from bergstream.runtime.correct.writer import copy_window
 
     correct = settings.backfill.correct
@@ -250,15 +251,28 @@ def mark_complete(
         steps[name] = time.monotonic() - started
         started = time.monotonic()
 
-    if not correction.complete:
-        copy_window(spark, table, correction)
-        step("copy")
-    if not correction.complete and correction.end_column is not None:
-        identity = correction.identity or identity_of(settings)
-        done = widen(spark, table, done, (identity.read_start, identity.read_end))
-        step("edges")
     head = table.branch_head(correct.branch)
-    if correction.checked_head != head or correction.repeated_keys is None:
+    if not correction.complete:
+        # Three jobs side by side (each mostly waits on its commits and small reads): the run's rows of the
+        # window copied into the branch, the spans across the window's edges found, the keys it repeats
+        # counted (from the run's rows of the window: what the copy puts in the branch).
+        identity = correction.identity or identity_of(settings)
+        read = (identity.read_start, identity.read_end)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            copied = pool.submit(copy_window, spark, IcebergTable(spark, identifier), correction)
+            found = pool.submit(edge_spans, spark, identifier, done, read) if done.end_column else None
+            counted = pool.submit(repeated_keys, spark, identifier, correction, staged=True)
+            copied.result()
+            step("copy")
+            if found is not None:
+                table.refresh()
+                done = widen(spark, table, done, read, found.result())
+                step("edges")
+            repeated = counted.result()
+        head = table.branch_head(correct.branch)
+        done = done.but(repeated_keys=repeated, checked_head=head)
+        step("keys")
+    elif correction.checked_head != head or correction.repeated_keys is None:
         done = done.but(repeated_keys=repeated_keys(spark, identifier, correction), checked_head=head)
         step("keys")
     if done != correction:

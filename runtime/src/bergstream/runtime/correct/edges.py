@@ -65,20 +65,32 @@ def group_columns(correction: Correction) -> list[str]:
     return [column for column in correction.key if column != correction.time_column]
 
 
-def widen(
-    spark: SparkSession, table: IcebergTable, correction: Correction, read: tuple[datetime, datetime]
-) -> Correction:
-    """The correction with its widened window recorded and the branch's rows of it replaced by the
-    backfill's; or with the reason they cannot be (`edge_refusal`), the branch left as the window's rows."""
+def edge_spans(
+    spark: SparkSession, identifier: str, correction: Correction, read: tuple[datetime, datetime]
+) -> dict[tuple[Any, ...], Span]:
+    """Each group whose rows cross the window's edges, and its widened window: read only, in one Spark job
+    (it runs beside the copy of the run's rows into the branch)."""
     assert correction.end_column is not None
     groups = group_columns(correction)
-    rows = _crossing_rows(spark, table, correction, read, groups)
     by_group: dict[tuple[Any, ...], list[Span]] = defaultdict(list)
-    for row in rows:
+    for row in _crossing_rows(spark, identifier, correction, read, groups):
         by_group[tuple(row[column] for column in groups)].append((int(row["t"]), int(row["e"])))
     start, end = to_micros(correction.start), to_micros(correction.end)
     spans = {group: closure(own, start, end) for group, own in by_group.items()}
-    spans = {group: span for group, span in spans.items() if span != (start, end)}
+    return {group: span for group, span in spans.items() if span != (start, end)}
+
+
+def widen(
+    spark: SparkSession,
+    table: IcebergTable,
+    correction: Correction,
+    read: tuple[datetime, datetime],
+    spans: dict[tuple[Any, ...], Span],
+) -> Correction:
+    """The correction with its widened window (`spans`, edge_spans') recorded and the branch's rows of it
+    replaced by the backfill's; or with the reason they cannot be (`edge_refusal`), the branch left as the
+    window's rows."""
+    groups = group_columns(correction)
     if not spans:
         return correction
     low = min(span[0] for span in spans.values())
@@ -133,7 +145,7 @@ def _refusal(
 
 def _crossing_rows(
     spark: SparkSession,
-    table: IcebergTable,
+    identifier: str,
     correction: Correction,
     read: tuple[datetime, datetime],
     groups: list[str],
@@ -154,11 +166,11 @@ def _crossing_rows(
         f"({time} < {correction.literal(correction.start)} OR {last} > {correction.literal(correction.end)})"
     )
     main = spans_of(
-        spark.sql(f"SELECT * FROM {table.identifier} VERSION AS OF {correction.base}").where(
+        spark.sql(f"SELECT * FROM {identifier} VERSION AS OF {correction.base}").where(
             f"{last} > {correction.literal(read[0])} AND {time} < {correction.literal(read[1])} AND {beyond}"
         )
     )
-    staging = staging_identifier(table.identifier, correction.branch)
+    staging = staging_identifier(identifier, correction.branch)
     if not spark.catalog.tableExists(staging):
         return []  # the run computed no row
     both = main.unionByName(spans_of(spark.table(staging).where(beyond)))
