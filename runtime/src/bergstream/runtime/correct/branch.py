@@ -25,6 +25,8 @@ log = logging.getLogger("bergstream.correct")
 _KEEP_ALL = 2**31 - 1
 # The seconds of each step of the last run's end (mark_complete), for its log and the benchmark.
 LAST_STEPS: dict[str, float] = {}
+# Attempts at making a branch while other commits (the live query's) land on main.
+COMMIT_ATTEMPTS = 5
 # Iceberg's default of history.expire.max-snapshot-age-ms: five days.
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000
 # While a correction is open, main keeps its snapshots at least this long (its ref's max snapshot age, which
@@ -179,6 +181,31 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
     correction = table.correction(correct.branch)
     if correction is not None:
         return correction
+    drop_staging(table.spark, table.identifier, correct.branch)  # an earlier run's of that name
+    attempt = 1
+    while True:
+        # Beside a live query committing to main: a commit that lost the race is made again from main's new
+        # snapshot (Iceberg's own retry keeps the refs it read first, and fails the same way).
+        table.refresh()
+        try:
+            made = _made_branch(table, settings)
+            break
+        except Exception as error:
+            if "CommitFailedException" not in str(error) or attempt == COMMIT_ATTEMPTS:
+                raise
+            attempt += 1
+            log.info("%s: main moved on while branch %s was made; again", table.identifier, correct.branch)
+    correction = made
+    log.info("%s: branch %s made from main's snapshot %d to correct %s", table.identifier, correct.branch,
+             correction.base, correction.window)  # fmt: skip
+    return correction
+
+
+def _made_branch(table: IcebergTable, settings: AppSettings) -> Correction:
+    """The branch made from main's current snapshot with its record, and main's snapshots held, in one
+    commit."""
+    correct, output = settings.backfill.correct, settings.output
+    assert correct is not None and output.time_column is not None and output.key is not None
     base = table.table.currentSnapshot()
     assert base is not None, "checked before Spark started"
     time_type = str(table.table.schema().findField(output.time_column).type())
@@ -199,9 +226,6 @@ def make_branch(table: IcebergTable, settings: AppSettings) -> Correction:
         properties.set(HELD, str(own) if own is not None else "unset")
     properties.commit()
     transaction.commitTransaction()
-    drop_staging(table.spark, table.identifier, correct.branch)  # an earlier run's, left by a kill
-    log.info("%s: branch %s made from main's snapshot %d to correct %s", table.identifier, correct.branch,
-             correction.base, correction.window)  # fmt: skip
     return correction
 
 
