@@ -20,6 +20,7 @@ import yaml
 
 from bergstream.backfill.errors import BackfillConfigError, BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
+from bergstream.runtime.correct import release as release_module
 from bergstream.runtime.correct import writer
 from bergstream.runtime.correct.audit import audit
 from bergstream.runtime.correct.branch import HOLD_MS, IcebergTable, make_branch
@@ -191,6 +192,34 @@ def test_a_correction_released_and_made_again_under_the_same_name_reads_its_wind
     operator.publish("again")
     assert operator.rows(operator.in_window) == operator.expected
     operator.assert_kept_beyond("again")
+
+
+def test_a_release_killed_after_its_commit_leaves_nothing_the_same_name_picks_up_again(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed after its last batch (its run's table full), then a release (as `--start-over` runs one)
+    killed once its branch, tags and record are gone, before the run's table, checkpoint and pins: the same
+    name again is a new run that reads the whole window, its rows once."""
+    with monkeypatch.context() as patched:
+        patched.setattr(writer, "copy_window", killed)
+        with pytest.raises(Killed):
+            operator.run("halfway")
+    first = operator.recorded("halfway")
+    assert first.identity is not None
+    with monkeypatch.context() as patched:
+        patched.setattr(release_module, "drop_staging", killed)
+        with pytest.raises(Killed):
+            operator.release("halfway")
+    assert operator.recorded_or_none("halfway") is None
+    assert Path(first.identity.checkpoint).exists(), "left by the kill"
+    operator.run("halfway")
+    again = operator.recorded("halfway")
+    assert again.identity is not None and again.identity.run != first.identity.run
+    assert operator.branch_rows("halfway") == operator.expected
+    assert audit(operator.spark, operator.identifier, again).duplicated == 0
+    assert (
+        not Path(first.identity.checkpoint).exists() or again.identity.checkpoint != first.identity.checkpoint
+    )
 
 
 def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
