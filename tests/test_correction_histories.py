@@ -102,6 +102,17 @@ class Operator:
         assert report.complete, report.problems
         return report
 
+    def run_killed_after_last_batch(
+        self, branch: str, monkeypatch: pytest.MonkeyPatch, output: dict[str, Any] | None = None
+    ) -> None:
+        """`backfill run --branch` killed after the query's last batch, before the run's rows reach the
+        branch and the record says complete: its run's table holds every batch."""
+        with monkeypatch.context() as patched:
+            patched.setattr(writer, "copy_window", killed)
+            with pytest.raises(Killed):
+                self.run(branch, output=output)
+        assert not self.recorded(branch).complete
+
     def recorded_or_none(self, branch: str) -> Correction | None:
         return IcebergTable(self.spark, self.identifier).correction(branch)
 
@@ -200,10 +211,7 @@ def test_a_release_killed_after_its_commit_leaves_nothing_the_same_name_picks_up
     """A run killed after its last batch (its run's table full), then a release (as `--start-over` runs one)
     killed once its branch, tags and record are gone, before the run's table, checkpoint and pins: the same
     name again is a new run that reads the whole window, its rows once."""
-    with monkeypatch.context() as patched:
-        patched.setattr(writer, "copy_window", killed)
-        with pytest.raises(Killed):
-            operator.run("halfway")
+    operator.run_killed_after_last_batch("halfway", monkeypatch)
     first = operator.recorded("halfway")
     assert first.identity is not None
     with monkeypatch.context() as patched:
@@ -229,11 +237,7 @@ def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
     window's rows to be complete is refused at the publish all the same."""
     short = {**OUTPUT, "settle": "30m"}
     # Killed after the query's last batch, before the run's rows reached the branch and the record.
-    with monkeypatch.context() as patched:
-        patched.setattr(writer, "copy_window", killed)
-        with pytest.raises(Killed):
-            operator.run("short", output=short)
-    assert not operator.recorded("short").complete
+    operator.run_killed_after_last_batch("short", monkeypatch, output=short)
     with pytest.raises(BackfillConfigError, match="has not covered its window yet"):
         operator.publish("short")
     operator.run("short", output=short)
@@ -268,10 +272,7 @@ def test_a_branch_whose_checkpoint_was_lost_is_refused_not_written_twice(
 ) -> None:
     """Killed after its last batch, its checkpoint removed by hand: run again, its query is another, and
     would compute every row again; refused, nothing written."""
-    with monkeypatch.context() as patched:
-        patched.setattr(writer, "copy_window", killed)
-        with pytest.raises(Killed):
-            operator.run("lost")
+    operator.run_killed_after_last_batch("lost", monkeypatch)
     made = operator.recorded("lost")
     assert made.identity is not None
     assert CheckpointFiles(operator.spark, made.identity.checkpoint).remove()

@@ -40,8 +40,9 @@ class Audit:
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # When main's history since the branch was made may expire (ISO): a publish after that is refused.
     publish_by: str | None = None
-    # The rows beside the window in the spans that cross its edges, compared apart: the widened window, how
-    # many groups of rows, their counts and samples. None when no row crosses an edge.
+    # The keys beside the window within its widened window, compared apart: the widened window, how many
+    # groups' rows cross its edges, the counts (other groups' keys there count as equal) and samples. None
+    # when no row crosses an edge.
     edges: dict[str, Any] | None = None
     # Why the spans that cross the window's edges cannot be replaced whole: the publish is refused.
     edge_refusal: str | None = None

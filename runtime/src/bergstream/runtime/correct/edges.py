@@ -20,7 +20,6 @@ whole: the correction records why, and its publish is refused, naming the window
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -71,10 +70,7 @@ def edge_spans(
     """Each group whose rows cross the window's edges, and its widened window: read only, in one Spark job
     (it runs beside the copy of the run's rows into the branch)."""
     assert correction.end_column is not None
-    groups = group_columns(correction)
-    by_group: dict[tuple[Any, ...], list[Span]] = defaultdict(list)
-    for row in _crossing_rows(spark, identifier, correction, read, groups):
-        by_group[tuple(row[column] for column in groups)].append((int(row["t"]), int(row["e"])))
+    by_group = _crossing_rows(spark, identifier, correction, read, group_columns(correction))
     start, end = to_micros(correction.start), to_micros(correction.end)
     spans = {group: closure(own, start, end) for group, own in by_group.items()}
     return {group: span for group, span in spans.items() if span != (start, end)}
@@ -149,9 +145,9 @@ def _crossing_rows(
     correction: Correction,
     read: tuple[datetime, datetime],
     groups: list[str],
-) -> list[Any]:
-    """Every row, of main as the branch was made and of the backfill, of each group that has a row crossing
-    the window's start or end: its group, start and end (microseconds)."""
+) -> dict[tuple[Any, ...], list[Span]]:
+    """Each group that has a row crossing the window's start or end, and the spans (microseconds) of its
+    rows beyond the window, main's as the branch was made and the backfill's."""
     from pyspark.sql import functions as F
 
     def spans_of(frame: DataFrame) -> DataFrame:
@@ -172,7 +168,7 @@ def _crossing_rows(
     )
     staging = staging_identifier(identifier, correction.branch)
     if not spark.catalog.tableExists(staging):
-        return []  # the run computed no row
+        return {}  # the run computed no row
     both = main.unionByName(spans_of(spark.table(staging).where(beyond)))
     start, end = to_micros(correction.start), to_micros(correction.end)
     crosses = ((F.col("t") < start) & (F.col("e") > start)) | ((F.col("t") < end) & (F.col("e") > end))
@@ -182,11 +178,10 @@ def _crossing_rows(
         .agg(F.max(crosses).alias("crosses"), F.collect_list(F.struct("t", "e")).alias("spans"))
         .where("crosses")
     )
-    return [
-        {**{column: row[column] for column in groups}, "t": span["t"], "e": span["e"]}
+    return {
+        tuple(row[column] for column in groups): [(int(span["t"]), int(span["e"])) for span in row["spans"]]
         for row in per_group.collect()
-        for span in row["spans"]
-    ]
+    }
 
 
 def _replace(
