@@ -13,6 +13,7 @@ import pytest
 
 from bergstream.local.go_install import PROMTOOL_3
 from bergstream.spark import build_spark_session
+from tests import jvm_start
 from tests.services import Services, services
 from tests.skips import SkipReport
 from tests.tools import build_in_background, built_with_go, needed_by
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # What a run writes under the temporary folder (the broker's logs, the catalogs' warehouses, Spark's scratch
 # space), with room to spare: below it, the broker and Spark fail midway with errors that hide why.
 NEEDED_FREE_GIB = 5
+# A run of fewer integration tests than this starts few Spark drivers: the class archive, made in half a
+# minute where there is none, would cost it more than it saves.
+ARCHIVE_FROM = 20
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,8 +43,31 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist, the Spark drivers' settings are made by the process that starts the workers, before it
+    starts them (they take the environment they start with), for a whole run."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        start_drivers_quicker(session.config, make_archive=True)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     build_in_background(needed_by(session.items))
+    config = session.config
+    if not (hasattr(config, "workerinput") or config.pluginmanager.has_plugin("dsession")):
+        integration = sum(1 for item in session.items if item.get_closest_marker("integration"))
+        start_drivers_quicker(config, make_archive=integration >= ARCHIVE_FROM)
+
+
+def start_drivers_quicker(config: pytest.Config, make_archive: bool) -> None:
+    """The Spark drivers the run starts, started for less CPU (tests/jvm_start.py)."""
+    if config.option.collectonly:
+        return
+    options, described = jvm_start.driver_options(make_archive)
+    os.environ[jvm_start.OPTIONS] = options
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(described)
 
 
 @pytest.fixture(scope="session", autouse=True)
