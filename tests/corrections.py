@@ -320,11 +320,14 @@ def edge_plays(stack: Services, spark: SparkSession, home: Path) -> Edges:
     return Edges(scenario, live, window, dropped)
 
 
-def late_impressions(stack: Services, spark: SparkSession, home: Path) -> Scenario:
-    """Impressions as the plays above; half of them lead to a play of their account and title within 20
-    minutes, in a topic of two partitions that runs in step."""
+def late_impressions(
+    stack: Services, spark: SparkSession, home: Path, name: str = "late_impressions"
+) -> Scenario:
+    """Impressions as the plays above, into the topic `name`; half of them lead to a play of their account
+    and title within 20 minutes, in a topic of two partitions that runs in step. The routers' checkpoints
+    under `home` (impressions, plays)."""
     start, bootstrap = eight_hours_ago(), stack.bootstrap_servers
-    impressions_topic, plays_topic = f"late_impressions_{os.getpid()}", f"led_plays_{os.getpid()}"
+    impressions_topic, plays_topic = f"{name}_{os.getpid()}", f"plays_of_{name}_{os.getpid()}"
     make_topic(stack, impressions_topic, 3)
     make_topic(stack, plays_topic, 2)
 

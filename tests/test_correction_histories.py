@@ -59,31 +59,40 @@ class Operator:
         window: tuple[datetime, datetime] | None = None,
         live_topic: str | None = None,
     ) -> None:
-        """The live application reads `live_topic` (by default the archived topic) into main."""
+        """The live application reads `live_topic` (by default the archived topic) for the scenario's first
+        source, its archived topics for the others, into main."""
         self.stack, self.spark, self.home, self.scenario = stack, spark, home, scenario
         self.live_topic = live_topic
         self.output = f"histories_{next(iter(scenario.topics.values()))}"
         self.identifier = f"{stack.catalog.name}.apps.{self.output}"
         self.window = window or (scenario.start, scenario.start + timedelta(hours=1))
         self.in_window = scenario.in_window(*self.window)
+        self.output_settings = {
+            "time_column": scenario.time_column,
+            "key": list(scenario.key),
+            **scenario.output,
+        }
         live = self.settings(mode="live")
         run_app(spark, live, available_now=True, show_progress=False)
         self.live_snapshot = IcebergTable(spark, self.identifier).table.currentSnapshot().snapshotId()
 
     def settings(self, output: dict[str, Any] | None = None, **flags: Any) -> AppSettings:
-        topic = next(iter(self.scenario.topics.values()))
-        path = self.home / "sessionizer.yaml"
+        app, first = self.scenario.app, next(iter(self.scenario.topics))
+        sources = {
+            kind: {"topic": self.live_topic if kind == first and self.live_topic else topic, "table": topic,
+                   "schema": kind}
+            for kind, topic in self.scenario.topics.items()
+        }  # fmt: skip
+        path = self.home / f"{app}.yaml"
         path.write_text(yaml.safe_dump({
-            "app": "sessionizer", "entry": "bergstream.apps.sessionizer:sessionizer",
-            "sources": {"playback": {"topic": self.live_topic or topic, "table": topic,
-                                     "schema": "playback"}},
+            "app": app, "entry": f"bergstream.apps.{app}:{app}", "sources": sources,
             "kafka": {"kafka.bootstrap.servers": self.stack.bootstrap_servers, "startingOffsets": "earliest"},
             "catalog": self.stack.catalog.model_dump(mode="json", exclude_none=True),
-            "checkpoint_location": str(self.home / "live"), "max_offsets_per_trigger": 300,
+            "checkpoint_location": str(self.home / "live"), "max_offsets_per_trigger": 300 * len(sources),
             "output_table": f"apps.{self.output}", "backfill": {"max_misalignment": "30m"},
-            "output": output or OUTPUT, "options": self.scenario.options,
+            "output": output or self.output_settings, "options": self.scenario.options,
         }))  # fmt: skip
-        return load_app_settings("sessionizer", path, defaults={}, overrides=flags)
+        return load_app_settings(app, path, defaults={}, overrides=flags)
 
     def checked(
         self, branch: str, start_over: bool = False, output: dict[str, Any] | None = None, **backfill: Any

@@ -53,6 +53,21 @@ def ensure_topic(
             raise BergstreamError(
                 f"cannot create topic {topic} on {bootstrap_servers}: {failure(error.args[0])}"
             ) from error
+    # The controller has the topic; a broker's metadata may not list it yet, and a client that asks it right
+    # away is told there is no such topic. Returned once the brokers list it with a leader for each partition.
+    deadline = time.monotonic() + 30
+    while not _listed(admin, topic):
+        if time.monotonic() > deadline:
+            raise BergstreamError(f"topic {topic} created on {bootstrap_servers}, but not listed after 30s")
+        time.sleep(0.1)
+
+
+def _listed(admin: AdminClient, topic: str) -> bool:
+    found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+    return (
+        found is not None and found.error is None and bool(found.partitions)
+        and all(partition.leader >= 0 for partition in found.partitions.values())
+    )  # fmt: skip
 
 
 def topic_partitions(client_config: Mapping[str, Any], topic: str) -> int | None:
