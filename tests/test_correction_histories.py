@@ -20,6 +20,8 @@ import yaml
 
 from bergstream.backfill.errors import BackfillConfigError, BackfillError
 from bergstream.runtime.checkpoint import CheckpointFiles, committed_watermark
+from bergstream.runtime.correct import branch as branch_module
+from bergstream.runtime.correct import publish as publish_module
 from bergstream.runtime.correct import release as release_module
 from bergstream.runtime.correct import writer
 from bergstream.runtime.correct.audit import audit
@@ -260,6 +262,32 @@ def test_a_run_killed_after_its_last_batch_records_its_watermark_when_run_again(
     with pytest.raises(BackfillConfigError, match="before the window's end"):
         operator.publish("short")
     assert operator.rows(operator.in_window) == before
+
+
+def test_a_run_killed_before_its_branch_and_a_publish_killed_after_its_commit_leave_each_row_once(
+    operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed before the branch was made: nothing recorded, the same command again makes it. A publish
+    killed after its commit (which carries the record and the tag): the same command again says it is
+    published, and main's window holds the true rows once."""
+    with monkeypatch.context() as patched:
+        patched.setattr(branch_module, "make_branch", killed)
+        with pytest.raises(Killed):
+            operator.run("early")
+    assert operator.recorded_or_none("early") is None
+    operator.run("early")
+    assert operator.branch_rows("early") == operator.expected
+    with monkeypatch.context() as patched:
+        patched.setattr(publish_module, "_tag_parent", killed)
+        with pytest.raises(Killed):
+            operator.publish("early")
+    published = operator.recorded("early")
+    assert published.published and published.tag is not None, published
+    assert published.tag in IcebergTable(operator.spark, operator.identifier).table.refs()
+    again = publish(operator.spark, operator.identifier, "early", str(operator.home / "live"))
+    assert again.already, again
+    assert operator.rows(operator.in_window) == operator.expected
+    operator.assert_kept_beyond("early")
 
 
 def test_a_run_killed_while_it_cleared_its_branch_clears_it_once_when_run_again(operator: Operator) -> None:
