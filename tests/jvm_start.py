@@ -12,7 +12,7 @@ SPARK_SUBMIT_OPTS with:
   JDK, another pyspark) starts as it would without;
 - the JVM's own warnings on stderr rather than stdout, where a command's --json output goes.
 
-A driver that starts this way spends about 7 s of CPU where it spent 20 (tests/jvm_start.py's own
+A driver that starts this way spends about 10 s of CPU where it spent 25 (this module's own
 `python -m tests.jvm_start --compare`). Nothing here changes what a driver computes. Drivers on a cluster's
 executors, the Kafka broker and Maven are left as they are.
 """
