@@ -172,7 +172,9 @@ final class DispatchTask
       // One time for the whole batch, as the router of one topic stamps it.
       metadata.setLong(layout.writeTime, writeMicros);
       counts.read(metadata.getInt(layout.partition), metadata.getLong(layout.offset));
-      counts.newestMicros = Math.max(counts.newestMicros, metadata.getLong(layout.ingestion));
+      long ingested = metadata.getLong(layout.ingestion);
+      counts.newestMicros = Math.max(counts.newestMicros, ingested);
+      counts.oldestMicros = Math.min(counts.oldestMicros, ingested);
       if (!keep) {
         return 0;
       }

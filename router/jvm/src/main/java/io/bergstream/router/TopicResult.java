@@ -19,6 +19,8 @@ public final class TopicResult implements Serializable {
   public long deadLetterCommitMicros;
   /** The newest ingestion time read, in microseconds; Long.MIN_VALUE when none. */
   public long newestMicros = Long.MIN_VALUE;
+  /** The oldest ingestion time read, in microseconds; Long.MAX_VALUE when none. */
+  public long oldestMicros = Long.MAX_VALUE;
   /** Per Kafka partition: {records read, first offset, last offset}. */
   public final Map<Integer, long[]> partitions = new HashMap<>();
   /** Why the topic was not written, or its commits failed; null when they succeeded. */
@@ -51,6 +53,7 @@ public final class TopicResult implements Serializable {
     archived += other.archived;
     deadLettered += other.deadLettered;
     newestMicros = Math.max(newestMicros, other.newestMicros);
+    oldestMicros = Math.min(oldestMicros, other.oldestMicros);
     other.partitions.forEach(
         (partition, range) -> {
           long[] mine = partitions.get(partition);
@@ -66,12 +69,12 @@ public final class TopicResult implements Serializable {
 
   /**
    * {archived, dead-lettered, archive files and bytes, dead-letter files and bytes, newest micros, the
-   * archive's and the dead letters' commit micros}.
+   * archive's and the dead letters' commit micros, oldest micros}.
    */
   public long[] totals() {
     return new long[] {
       archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros,
-      archiveCommitMicros, deadLetterCommitMicros
+      archiveCommitMicros, deadLetterCommitMicros, oldestMicros
     };
   }
 }

@@ -7,9 +7,6 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
-import org.apache.iceberg.AppendFiles;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.SerializableTable;
 import org.apache.iceberg.SortDirection;
@@ -48,7 +45,7 @@ import scala.Option;
  * topic does.
  */
 public final class TopicTables {
-  private static final ExecutorService SAME_THREAD = MoreExecutors.newDirectExecutorService();
+  static final ExecutorService SAME_THREAD = MoreExecutors.newDirectExecutorService();
 
   private TopicTables() {}
 
@@ -70,16 +67,6 @@ public final class TopicTables {
     return env == null ? share : env.conf().getSizeAsBytes(BUFFER_BYTES, Long.toString(share));
   }
 
-  /**
-   * Writes and commits every topic's part of {@code records} (the micro-batch, whose column {@code
-   * topicColumn} names each record's topic): {@code rows[i]} makes the rows of {@code topics[i]}'s
-   * records, written into {@code archives[i]} and {@code deadLetters[i]}, each commit with {@code
-   * properties[i]} in its snapshot summary and {@code writeMicros} as every row's router_write_ts. One
-   * job of at most {@code tasks} tasks, a topic read by {@code shares.get(topic)} of them at most (one
-   * when not named: TopicGroups), at most {@code threads} commits at once. A topic whose tables
-   * cannot be written this way, or whose commit fails, has the reason in its outcome; the others are
-   * committed regardless.
-   */
   /**
    * What the tasks need of each plan and table, broadcast once and kept while they stay the same: a
    * closure holding hundreds of topics' plans and tables would be serialized, checked and shipped again
@@ -119,25 +106,28 @@ public final class TopicTables {
     return made;
   }
 
-  public static BatchWrite append(
+  /**
+   * Writes every topic's part of {@code records} (the micro-batch, whose column {@code topicColumn} names
+   * each record's topic) into data files of its tables, and commits none: {@code writes[i]} gives the plan of
+   * topic i's rows, its tables and its commit's summary, {@code writeMicros} is every row's router_write_ts.
+   * One job of at most {@code tasks} tasks, a topic read by {@code shares.get(topic)} of them at most (one
+   * when not named: TopicGroups). A topic whose tables cannot be written this way has the reason in its
+   * outcome. The files are committed, or kept pending, by {@link BatchWrite}.
+   */
+  public static BatchWrite write(
       SparkSession spark,
       Dataset<Row> records,
       int topicColumn,
-      List<String> topics,
-      List<TopicRows> rows,
-      List<String> archives,
-      List<String> deadLetters,
-      List<Map<String, String>> properties,
+      List<TopicWrite> writes,
       long writeMicros,
       int tasks,
       Map<String, Integer> shares,
-      int threads,
       List<String> keys)
       throws Exception {
     SecondWriters.Keys names =
         new SecondWriters.Keys(keys.get(0), keys.get(1), keys.get(2), keys.get(3), keys.get(4), keys.get(5));
     long started = System.nanoTime();
-    int count = topics.size();
+    int count = writes.size();
     List<Table> archiveTables = new ArrayList<>(count);
     List<Table> deadLetterTables = new ArrayList<>(count);
     List<TopicResult> outcomes = new ArrayList<>(count);
@@ -150,35 +140,38 @@ public final class TopicTables {
     List<Broadcast<Table>> deadLetterCopies = new ArrayList<>(count);
     String operation = UUID.randomUUID().toString();
     for (int i = 0; i < count; i++) {
-      TopicResult outcome = new TopicResult(topics.get(i));
+      TopicWrite topic = writes.get(i);
+      TopicResult outcome = new TopicResult(topic.topic);
       outcomes.add(outcome);
       archiveFiles.add(new ArrayList<>());
       deadLetterFiles.add(new ArrayList<>());
-      // A table named null holds the batch already (a replay): its rows are counted, not written.
-      Table archive = load(spark, archives.get(i));
-      Table deadLetter = load(spark, deadLetters.get(i));
+      // A table that holds the batch already (a replay) is loaded to commit what is pending of it, if
+      // anything; its rows are counted, not written.
+      Table archive = load(spark, topic.archive);
+      Table deadLetter = load(spark, topic.deadLetters);
       archiveTables.add(archive);
       deadLetterTables.add(deadLetter);
-      RowLayout layout = rows.get(i).layout();
-      String refused =
-          unwritable(archive, archives.get(i), rows.get(i).archiveType(), layout.archiveMetadata, layout);
-      if (refused == null) {
+      RowLayout layout = topic.rows.layout();
+      String refused = topic.archiveHolds
+          ? null : unwritable(archive, topic.archive, topic.rows.archiveType(), layout.archiveMetadata, layout);
+      if (refused == null && !topic.deadLettersHold) {
         refused = unwritable(
-            deadLetter, deadLetters.get(i), rows.get(i).deadLetterType(), layout.deadLetterMetadata, layout);
+            deadLetter, topic.deadLetters, topic.rows.deadLetterType(), layout.deadLetterMetadata, layout);
       }
-      if (refused == null && archive != null) {
+      if (refused == null && archive != null && !topic.archiveHolds) {
         // Another router of the topic: nothing is written, and the router stops (bergstream.router.archiver).
-        outcome.secondWriter = SecondWriters.overlapping(archive, properties.get(i), names, false);
+        outcome.secondWriter = SecondWriters.overlapping(archive, topic.properties, names, false);
         refused = outcome.secondWriter == null ? null : "another router writes the topic";
       }
-      plans.add(refused == null ? plan(context, topics.get(i), rows.get(i)) : null);
-      archiveCopies.add(refused == null && archive != null ? table(context, archives.get(i), archive) : null);
-      deadLetterCopies.add(
-          refused == null && deadLetter != null ? table(context, deadLetters.get(i), deadLetter) : null);
+      boolean writesArchive = refused == null && archive != null && !topic.archiveHolds;
+      boolean writesDeadLetters = refused == null && deadLetter != null && !topic.deadLettersHold;
+      plans.add(refused == null ? plan(context, topic.topic, topic.rows) : null);
+      archiveCopies.add(writesArchive ? table(context, topic.archive, archive) : null);
+      deadLetterCopies.add(writesDeadLetters ? table(context, topic.deadLetters, deadLetter) : null);
       if (refused != null) {
         outcome.error = refused; // written on its own, by Spark's writer
       } else {
-        writable.put(topics.get(i), i);
+        writable.put(topic.topic, i);
       }
     }
     long planned = System.nanoTime();
@@ -199,82 +192,48 @@ public final class TopicTables {
         deadLetterFiles.get(part.topic).addAll(part.deadLetters);
       }
     }
-    long wrote = System.nanoTime();
-    ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(threads, count)));
-    try {
-      List<Future<?>> commits = new ArrayList<>(count);
-      for (int i = 0; i < count; i++) {
-        int topic = i;
-        if (outcomes.get(i).error != null) {
-          continue;
-        }
-        commits.add(
-            pool.submit(
-                () -> {
-                  TopicResult outcome = outcomes.get(topic);
-                  try {
-                    long began = System.nanoTime();
-                    long[] archived = commit(archiveTables.get(topic), archiveFiles.get(topic),
-                        properties.get(topic));
-                    outcome.archiveFiles = archived[0];
-                    outcome.archiveBytes = archived[1];
-                    outcome.archiveCommitMicros = archived[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
-                    if (archived[0] > 0) {
-                      // Two routers committing at the same moment did not see each other before.
-                      Table table = archiveTables.get(topic);
-                      table.refresh();
-                      outcome.secondWriter =
-                          SecondWriters.overlapping(table, properties.get(topic), names, true);
-                      outcome.committedBeside = outcome.secondWriter != null;
-                    }
-                    began = System.nanoTime();
-                    long[] dead = commit(deadLetterTables.get(topic), deadLetterFiles.get(topic),
-                        properties.get(topic));
-                    outcome.deadLetterFiles = dead[0];
-                    outcome.deadLetterBytes = dead[1];
-                    outcome.deadLetterCommitMicros = dead[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
-                  } catch (RuntimeException error) {
-                    outcome.error = error.toString();
-                    outcome.failure = error;
-                  }
-                }));
+    for (int i = 0; i < count; i++) {
+      TopicResult outcome = outcomes.get(i);
+      for (DataFile file : archiveFiles.get(i)) {
+        outcome.archiveFiles++;
+        outcome.archiveBytes += file.fileSizeInBytes();
       }
-      for (Future<?> commit : commits) {
-        commit.get();
+      for (DataFile file : deadLetterFiles.get(i)) {
+        outcome.deadLetterFiles++;
+        outcome.deadLetterBytes += file.fileSizeInBytes();
       }
-    } finally {
-      pool.shutdown();
     }
-    long committed = System.nanoTime();
-    return new BatchWrite(
-        outcomes,
-        (planned - started) / 1_000_000,
-        (wrote - planned) / 1_000_000,
-        (committed - wrote) / 1_000_000);
+    long wrote = System.nanoTime();
+    return new BatchWrite(writes, outcomes, archiveTables, deadLetterTables, archiveFiles, deadLetterFiles,
+        names, (planned - started) / 1_000_000, (wrote - planned) / 1_000_000);
+  }
+
+  /**
+   * {@link #write}, then a commit of every topic written, nothing kept pending: a topic's batch on its own,
+   * and a batch of topics that commit every batch.
+   */
+  public static BatchWrite append(
+      SparkSession spark,
+      Dataset<Row> records,
+      int topicColumn,
+      List<TopicWrite> writes,
+      long writeMicros,
+      int tasks,
+      Map<String, Integer> shares,
+      int threads,
+      List<String> keys)
+      throws Exception {
+    BatchWrite written = write(spark, records, topicColumn, writes, writeMicros, tasks, shares, keys);
+    List<Integer> all = new ArrayList<>();
+    for (int i = 0; i < writes.size(); i++) {
+      all.add(i);
+    }
+    written.commit(null, all, threads);
+    return written;
   }
 
   private static Table load(SparkSession spark, String name) throws Exception {
     return name == null ? null : Spark3Util.loadIcebergTable(spark, name);
-  }
-
-  /** Appends {@code files} with {@code properties}; {files, bytes}. No files: no snapshot. */
-  private static long[] commit(Table table, List<DataFile> files, Map<String, String> properties) {
-    if (files.isEmpty()) {
-      return new long[] {0, 0};
-    }
-    // Many tables commit at once, each on a thread of its own: each writes its manifests and reads the
-    // table's in that thread, instead of queueing them on Iceberg's shared pool of one thread per core and
-    // polling for them (10 ms sleeps) while the pool serves the other commits.
-    AppendFiles append =
-        table.newAppend().scanManifestsWith(SAME_THREAD).writeManifestsWith(SAME_THREAD, 1);
-    long bytes = 0;
-    for (DataFile file : files) {
-      append.appendFile(file);
-      bytes += file.fileSizeInBytes();
-    }
-    properties.forEach(append::set);
-    append.commit();
-    return new long[] {files.size(), bytes};
   }
 
   /**

@@ -124,8 +124,9 @@ class TopicWriterTest {
     Map<String, String> properties =
         Map.of("q", query, "b", "7", "topic", "plays", "cluster", "test", "start", "{\"0\":100,\"1\":101}",
             "next", "{\"0\":105,\"1\":106}");
-    return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"), List.of("plays"), List.of(plan()),
-        java.util.Arrays.asList(archive), java.util.Arrays.asList(deadLetters), List.of(properties),
+    return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"),
+        List.of(new TopicWrite("plays", plan(), archive, deadLetters, archive == null, deadLetters == null,
+            properties)),
         writeMicros, 2, Map.of("plays", 2), 2, KEYS);
   }
 
@@ -270,5 +271,78 @@ class TopicWriterTest {
     assertEquals(1L, snapshots("t.ns.replayed__dlq"));
     assertEquals(1L, spark.sql("SELECT count(*) FROM t.ns.replayed__dlq").first().getLong(0));
     assertEquals(0L, spark.sql("SELECT count(*) FROM t.ns.replayed").first().getLong(0));
+  }
+
+  static TopicWrite pendingWrite(String table, long batch, int first, int end) {
+    Map<String, String> properties =
+        Map.of("q", "query-p", "b", Long.toString(batch), "topic", "plays", "cluster", "test", "start",
+            "{\"0\":" + first + "}", "next", "{\"0\":" + end + "}");
+    return new TopicWrite("plays", plan(), "t.ns." + table, "t.ns." + table + "__dlq", false, false,
+        properties);
+  }
+
+  static Dataset<Row> offsets(int first, int end) {
+    List<Row> rows = new ArrayList<>();
+    for (int offset = first; offset < end; offset++) {
+      rows.add(record(offset % 4 == 0 ? "" : "title-" + offset, 0, offset, START_MICROS + offset * 1_000_000L));
+    }
+    return spark.createDataFrame(rows, RECORDS).coalesce(1);
+  }
+
+  @Test
+  void filesHeldPendingAreRecordedAndCommittedOnceWithTheNextBatchOrAfterARestart() throws Exception {
+    createTables("pending");
+    String archive = "t.ns.pending";
+    String dead = "t.ns.pending__dlq";
+    PendingFiles pending = new PendingFiles();
+    // Batch 7 is written and held: nothing committed, its files kept and recorded.
+    BatchWrite seventh = TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
+        List.of(pendingWrite("pending", 7, 100, 108)), START_MICROS, 1, Map.of(), KEYS);
+    seventh.hold(pending, 7, List.of(0));
+    assertEquals(0L, snapshots(archive));
+    assertEquals(0L, snapshots(dead));
+    assertEquals(1, pending.batches(archive).length);
+    Path records = Files.createTempDirectory(warehouse, "pending");
+    pending.record(spark, records.resolve("7.json").toString(),
+        "{\"batch\": 7, \"query\": \"query-p\", \"tables\": {\"" + archive + "\": {\"records\": 6}, \""
+            + dead + "\": {\"records\": 2}}}");
+
+    // Batch 8's commit of the archive carries batch 7's files too, in one snapshot.
+    BatchWrite eighth = TopicTables.write(spark, offsets(108, 112), RECORDS.fieldIndex("topic"),
+        List.of(pendingWrite("pending", 8, 100, 112)), START_MICROS, 1, Map.of(), KEYS);
+    eighth.commit(pending, List.of(0), 1);
+    assertEquals(1L, snapshots(archive));
+    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(1L, snapshots(dead));
+    assertEquals(3L, spark.sql("SELECT count(*) FROM " + dead).first().getLong(0));
+    assertEquals(0, pending.batches(archive).length);
+
+    // A driver started again before the record was cleared: each table holds batch 7, nothing appended.
+    PendingFiles restarted = new PendingFiles();
+    JsonNode loaded = new ObjectMapper().readTree(restarted.load(spark, records.toString()));
+    assertEquals(1, loaded.size());
+    assertEquals(7, loaded.get(0).get("batch").asLong());
+    assertTrue(loaded.get(0).get("tables").get(archive).get("files").asLong() > 0, loaded.toString());
+    Map<String, String> summary = Map.of("q", "query-p", "b", "7");
+    assertEquals(-1, restarted.flush(spark, archive, "q", "b", 7, summary)[0]);
+    assertEquals(-1, restarted.flush(spark, dead, "q", "b", 7, summary)[0]);
+    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+
+    // Of a record whose batch was never committed, a restart commits the files read back from it, once.
+    createTables("restarted");
+    PendingFiles first = new PendingFiles();
+    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
+            List.of(pendingWrite("restarted", 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
+        .hold(first, 3, List.of(0));
+    Path again = Files.createTempDirectory(warehouse, "restarted");
+    first.record(spark, again.resolve("3.json").toString(),
+        "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.restarted\": {}}}");
+    PendingFiles second = new PendingFiles();
+    second.load(spark, again.toString());
+    long[] flushed = second.flush(spark, "t.ns.restarted", "q", "b", 3, Map.of("q", "query-p", "b", "3"));
+    assertTrue(flushed[0] > 0, java.util.Arrays.toString(flushed));
+    assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
+    assertEquals(-1, second.flush(spark, "t.ns.restarted", "q", "b", 3, Map.of("q", "query-p", "b", "3"))[0]);
+    assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
   }
 }

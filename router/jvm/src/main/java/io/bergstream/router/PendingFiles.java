@@ -1,0 +1,232 @@
+package io.bergstream.router;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.SortedMap;
+import java.util.TreeMap;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.iceberg.AppendFiles;
+import org.apache.iceberg.ContentFileParser;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.PartitionSpec;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.ObjectMapper;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.node.ArrayNode;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.node.ObjectNode;
+import org.apache.iceberg.spark.Spark3Util;
+import org.apache.iceberg.util.JsonUtil;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * The data files a query wrote and has not committed yet, per table and batch: kept in the driver's memory
+ * between batches, and in a record per batch beside the query's checkpoint ({@link #record}), written
+ * before the batch is done, so that a driver started again commits each of them once ({@link #load}, then
+ * {@link #flush}).
+ *
+ * <p>A record is one JSON document, {"batch": N, "query": id, "tables": {table: {..., "files": [...]}}}:
+ * what the driver says of each table (its topic, the range of the batch, its counts) with the table's files
+ * of that batch in Iceberg's own JSON form of a data file (ContentFileParser). It is written to a file of its
+ * own and renamed into place: a record is there whole or not at all.
+ */
+public final class PendingFiles {
+  private static final ObjectMapper JSON = JsonUtil.mapper();
+  private final Map<String, SortedMap<Long, List<DataFile>>> files = new ConcurrentHashMap<>();
+  private final Map<String, Map<Integer, PartitionSpec>> specs = new ConcurrentHashMap<>();
+
+  /** Keeps {@code written}, the files of {@code table} written by batch {@code batch}. */
+  synchronized void keep(String name, Table table, long batch, List<DataFile> written) {
+    if (written.isEmpty()) {
+      return;
+    }
+    specs.put(name, table.specs());
+    files.computeIfAbsent(name, n -> new TreeMap<>()).merge(batch, new ArrayList<>(written), (a, b) -> {
+      // The same batch written again (a replay that found its record): the later attempt's files.
+      return b;
+    });
+  }
+
+  /** Every file of {@code table} not committed yet, oldest batch first. */
+  synchronized List<DataFile> of(String table) {
+    List<DataFile> all = new ArrayList<>();
+    SortedMap<Long, List<DataFile>> batches = files.get(table);
+    if (batches != null) {
+      batches.values().forEach(all::addAll);
+    }
+    return all;
+  }
+
+  /** The files of {@code table} of batches up to {@code batch} are committed: no longer pending. */
+  public synchronized void committed(String table, long batch) {
+    SortedMap<Long, List<DataFile>> batches = files.get(table);
+    if (batches == null) {
+      return;
+    }
+    batches.headMap(batch + 1).clear();
+    if (batches.isEmpty()) {
+      files.remove(table);
+    }
+  }
+
+  /** The batches of {@code table} with files pending, oldest first. */
+  public synchronized long[] batches(String table) {
+    SortedMap<Long, List<DataFile>> batches = files.get(table);
+    return batches == null ? new long[0] : batches.keySet().stream().mapToLong(Long::longValue).toArray();
+  }
+
+  /**
+   * Writes the record of batch {@code batch} at {@code path}: {@code document} (the driver's JSON of it,
+   * {"batch", "query", "tables": {table: {...}}}) with each table's files of that batch added. The bytes are
+   * written beside it and renamed into place.
+   */
+  public synchronized void record(SparkSession spark, String path, String document) throws IOException {
+    ObjectNode record = (ObjectNode) JSON.readTree(document);
+    long batch = record.get("batch").asLong();
+    Iterator<Map.Entry<String, JsonNode>> tables = record.get("tables").fields();
+    while (tables.hasNext()) {
+      Map.Entry<String, JsonNode> table = tables.next();
+      ArrayNode listed = ((ObjectNode) table.getValue()).putArray("files");
+      SortedMap<Long, List<DataFile>> batches = files.get(table.getKey());
+      List<DataFile> written = batches == null ? List.of() : batches.getOrDefault(batch, List.of());
+      Map<Integer, PartitionSpec> known = specs.get(table.getKey());
+      for (DataFile file : written) {
+        listed.add(JSON.readTree(ContentFileParser.toJson(file, known.get(file.specId()))));
+      }
+    }
+    Path target = new Path(path);
+    FileSystem fs = target.getFileSystem(spark.sparkContext().hadoopConfiguration());
+    Path written = target.suffix("." + UUID.randomUUID() + ".tmp");
+    try (OutputStream out = fs.create(written, true)) {
+      out.write(JSON.writeValueAsBytes(record));
+    }
+    if (fs.exists(target)) {
+      fs.delete(target, false);
+    }
+    if (!fs.rename(written, target)) {
+      throw new IOException("cannot write " + path + ": renaming " + written + " over it failed");
+    }
+  }
+
+  /**
+   * Reads every record in {@code directory} (none when it does not exist), keeps their files, and returns
+   * the records as the driver wrote them, with each table's file count in place of its files, oldest batch
+   * first: [{"batch", "query", "path", "tables": {table: {..., "files": count}}}].
+   */
+  public synchronized String load(SparkSession spark, String directory) throws Exception {
+    Path folder = new Path(directory);
+    FileSystem fs = folder.getFileSystem(spark.sparkContext().hadoopConfiguration());
+    ArrayNode loaded = JSON.createArrayNode();
+    if (!fs.exists(folder)) {
+      return JSON.writeValueAsString(loaded);
+    }
+    TreeMap<Long, ObjectNode> records = new TreeMap<>();
+    for (FileStatus status : fs.listStatus(folder)) {
+      String name = status.getPath().getName();
+      if (!name.endsWith(".json")) {
+        continue; // a record never renamed into place: its batch was not done
+      }
+      ObjectNode record;
+      try (InputStream in = fs.open(status.getPath())) {
+        record = (ObjectNode) JSON.readTree(new String(in.readAllBytes(), StandardCharsets.UTF_8));
+      } catch (IOException | ClassCastException error) {
+        throw new IOException(status.getPath() + " is not a record of files pending: " + error, error);
+      }
+      record.put("path", status.getPath().toString());
+      records.put(record.get("batch").asLong(), record);
+    }
+    for (ObjectNode record : records.values()) {
+      long batch = record.get("batch").asLong();
+      Iterator<Map.Entry<String, JsonNode>> tables = record.get("tables").fields();
+      while (tables.hasNext()) {
+        Map.Entry<String, JsonNode> table = tables.next();
+        ObjectNode entry = (ObjectNode) table.getValue();
+        Table loadedTable = Spark3Util.loadIcebergTable(spark, table.getKey());
+        List<DataFile> read = new ArrayList<>();
+        for (JsonNode file : entry.get("files")) {
+          read.add((DataFile) ContentFileParser.fromJson(file, loadedTable.specs()));
+        }
+        keep(table.getKey(), loadedTable, batch, read);
+        entry.put("files", read.size());
+      }
+      loaded.add(record);
+    }
+    return JSON.writeValueAsString(loaded);
+  }
+
+  /** Deletes the record at {@code path}, if it is there. */
+  public static void delete(SparkSession spark, String path) throws IOException {
+    Path target = new Path(path);
+    FileSystem fs = target.getFileSystem(spark.sparkContext().hadoopConfiguration());
+    fs.delete(target, false);
+  }
+
+  /**
+   * Commits the files of {@code name} pending up to {@code batch}, alone, with {@code properties} in the
+   * snapshot's summary, unless the table holds that batch of the query already (a commit before the driver
+   * stopped, its record not cleared yet): {files, bytes, micros}; {-1, 0, 0} when it held it.
+   */
+  public long[] flush(SparkSession spark, String name, String queryKey, String batchKey, long batch,
+      Map<String, String> properties) throws Exception {
+    long began = System.nanoTime();
+    Table table = Spark3Util.loadIcebergTable(spark, name);
+    if (newestBatch(table, queryKey, batchKey, properties.get(queryKey)) >= batch) {
+      committed(name, batch);
+      return new long[] {-1, 0, 0};
+    }
+    List<DataFile> all = new ArrayList<>();
+    synchronized (this) {
+      SortedMap<Long, List<DataFile>> batches = files.get(name);
+      if (batches != null) {
+        batches.headMap(batch + 1).values().forEach(all::addAll);
+      }
+    }
+    long[] appended = append(table, all, properties);
+    committed(name, batch);
+    return new long[] {appended[0], appended[1], (System.nanoTime() - began) / 1000};
+  }
+
+  /** The newest batch of query {@code query} in {@code table}'s current history; -1 when none. */
+  static long newestBatch(Table table, String queryKey, String batchKey, String query) {
+    Snapshot snapshot = table.currentSnapshot();
+    while (snapshot != null) {
+      Map<String, String> summary = snapshot.summary();
+      if (query.equals(summary.get(queryKey)) && summary.get(batchKey) != null) {
+        return Long.parseLong(summary.get(batchKey));
+      }
+      Long parent = snapshot.parentId();
+      snapshot = parent == null ? null : table.snapshot(parent);
+    }
+    return -1;
+  }
+
+  /** Appends {@code files} with {@code properties}; {files, bytes}. No files: no snapshot. */
+  static long[] append(Table table, List<DataFile> files, Map<String, String> properties) {
+    if (files.isEmpty()) {
+      return new long[] {0, 0};
+    }
+    // Many tables commit at once, each on a thread of its own: each writes its manifests and reads the
+    // table's in that thread, instead of queueing them on Iceberg's shared pool of one thread per core and
+    // polling for them (10 ms sleeps) while the pool serves the other commits.
+    AppendFiles append =
+        table.newAppend().scanManifestsWith(TopicTables.SAME_THREAD).writeManifestsWith(TopicTables.SAME_THREAD, 1);
+    long bytes = 0;
+    for (DataFile file : files) {
+      append.appendFile(file);
+      bytes += file.fileSizeInBytes();
+    }
+    properties.forEach(append::set);
+    append.commit();
+    return new long[] {files.size(), bytes};
+  }
+}
