@@ -59,8 +59,10 @@ class BatchAccounting:
         appended: list[tuple[BatchTableWriter, Appended | None]],
         seconds: float,
         phases: dict[str, float],
+        held: bool = False,
     ) -> None:
-        """Batch `batch_id` took `seconds`; `counts` is None for a replayed batch, committed before."""
+        """Batch `batch_id` took `seconds`; `counts` is None for a replayed batch, committed before; `held`:
+        its files are pending, and its newest record is not in the archive until they are committed."""
         topic, metrics, totals = self.topic, self.metrics, self.totals
         metrics.batches.labels(topic, "replayed" if counts is None else "written").inc()
         metrics.batch_duration.labels(topic).observe(seconds)
@@ -77,10 +79,8 @@ class BatchAccounting:
         for read in counts.partitions:
             totals.per_partition[read.partition] = totals.per_partition.get(read.partition, 0) + read.read
             metrics.records_read.labels(topic, str(read.partition)).inc(read.read)
-        if counts.newest is not None:
-            newest = counts.newest.timestamp()
-            self.newest_ingestion = max(self.newest_ingestion or newest, newest)
-            metrics.newest_ingestion.labels(topic).set(self.newest_ingestion)
+        if counts.newest is not None and not held:
+            self.committed_newest(counts.newest.timestamp())
         written = [(writer, result) for writer, result in appended if result is not None]
         for writer, result in written:
             metrics.files_written.labels(topic, writer.identifier).inc(result.files)
@@ -95,7 +95,14 @@ class BatchAccounting:
         totals.files += files
         totals.bytes += size
         log.info(
-            "%s batch %d: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)",
+            "%s batch %d: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)%s",
             topic, batch_id, counts.read, counts.archived, counts.dead_lettered, files, size / 1e6, seconds,
-            timings,
+            timings, ", pending" if held else "",
         )  # fmt: skip
+
+    def committed_newest(self, newest: float | None) -> None:
+        """Records ingested up to `newest` (seconds since the epoch) are in the archive now."""
+        if newest is None:
+            return
+        self.newest_ingestion = max(self.newest_ingestion or newest, newest)
+        self.metrics.newest_ingestion.labels(self.topic).set(self.newest_ingestion)

@@ -285,14 +285,16 @@ class BatchArchiver:
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
         replayed: bool = False,
+        held: bool = False,
     ) -> None:
-        """Batch `batch_id` was written and committed with other topics': count it as `archive` would (a
-        `replayed` batch, whose archive held it already, as a replay: its records were counted when
-        committed)."""
+        """Batch `batch_id` was written and committed with other topics' (`held`: written, its files
+        pending): count it as `archive` would (a `replayed` batch, whose archive held it already, as a
+        replay: its records were counted when committed)."""
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         for writer, took in zip(self._writers, commits, strict=True):
-            writer.committed(batch_id)
+            if not held:
+                writer.committed(batch_id)
             if took > 0:
                 self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
         self._expect_dead_letters = counts.dead_lettered > 0
@@ -302,7 +304,17 @@ class BatchArchiver:
             (dead_letter_writer, dead_lettered),
         ]
         phases = {"together": seconds}
-        self.accounting.account(batch_id, None if replayed else counts, appended, seconds, phases)
+        self.accounting.account(batch_id, None if replayed else counts, appended, seconds, phases, held)
+
+    def pending_committed(self, batch_id: int, newest: float | None) -> None:
+        """The files pending up to batch `batch_id` were committed."""
+        for writer in self._writers or ():
+            writer.committed(batch_id)
+        self.accounting.committed_newest(newest)
+
+    @property
+    def target_lag(self) -> float | None:
+        return self.config.target_lag_seconds
 
     def replayed_whole(self, batch_id: int) -> None:
         """Both tables hold batch `batch_id`: a replay with nothing to write."""

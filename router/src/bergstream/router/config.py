@@ -62,6 +62,7 @@ _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
 # Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
+MIN_TARGET_LAG = timedelta(seconds=1)
 DEFAULT_MAINTENANCE_INTERVAL = "1h"
 # What turns maintenance inside the router off.
 NEVER = frozenset({"never", "off", "none", "no"})
@@ -162,12 +163,36 @@ class QuerySettings(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
+    # How stale a topic's archive may get: its files are committed before its oldest record not committed
+    # would be older than this at the next batch (`60s`, `5m`), or sooner when they add up to a commit's
+    # worth (router/driver/pending.py). Unset: a commit every batch that has records.
+    target_lag: str | None = None
     commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
+
+    @field_validator("target_lag", mode="before")
+    @classmethod
+    def _target_lag(cls, lag: object) -> str | None:
+        if lag is None:
+            return None
+        try:
+            span = parse_duration(str(lag), "target_lag")
+        except ConfigError as error:
+            raise ValueError(f"{error}; or leave it out for a commit every batch") from error
+        if span < MIN_TARGET_LAG:
+            raise ValueError(
+                f"{lag!r}: give at least {format_duration(MIN_TARGET_LAG)}, such as 60s or 5m; or leave it "
+                "out for a commit every batch"
+            )
+        return str(lag)
 
     @property
     def trigger_seconds(self) -> float:
         return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
+
+    @property
+    def target_lag_seconds(self) -> float | None:
+        return None if self.target_lag is None else parse_duration(self.target_lag).total_seconds()
 
     def query_settings(self) -> dict[str, Any]:
         """These settings alone, to build another model of them from."""

@@ -144,6 +144,44 @@ class RouterMetrics:
             registry=r,
         )
 
+        # A topic's files written and not committed yet (router/driver/pending.py).
+        self.pending_records = Gauge(
+            "bergstream_router_pending_records",
+            "Records written to files and not committed yet: the topic commits on its target lag",
+            ["topic"],
+            registry=r,
+        )
+        self.pending_bytes = Gauge(
+            "bergstream_router_pending_bytes", "Bytes of files written and not committed yet", ["topic"],
+            registry=r,
+        )  # fmt: skip
+        self.pending_oldest = Gauge(
+            "bergstream_router_pending_oldest_timestamp_seconds",
+            "Kafka timestamp of the oldest record written and not committed yet; 0 when none is pending",
+            ["topic"],
+            registry=r,
+        )
+        self.target_lag = Gauge(
+            "bergstream_router_target_lag_seconds",
+            "The topic's target lag: its files are committed before its oldest record pending is older; 0 "
+            "when it commits every batch",
+            ["topic"],
+            registry=r,
+        )
+        self.pending_commits = Counter(
+            "bergstream_router_commits",
+            "Commits of a topic's tables, by why: every batch (no target lag), lag, size, schema, flush (the "
+            "query ends, the topic is written on its own) or restart (files a stopped driver left pending)",
+            ["topic", "reason"],
+            registry=r,
+        )
+        self.metadata_bytes = Gauge(
+            "bergstream_router_table_metadata_bytes",
+            "Size of the table's current metadata file, which every commit writes whole",
+            ["topic", "table"],
+            registry=r,
+        )
+
         self.maintenance_runs = Counter(
             "bergstream_router_maintenance_runs",
             "Maintenance runs inside the router (--maintain-every); outcome=failed when one did not finish",

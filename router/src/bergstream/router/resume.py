@@ -20,7 +20,7 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.offset_log import checkpoint_has_batches
 from bergstream.router.recorded_positions import Recorded, newest_recorded, resume_offsets
-from bergstream.router.together import append_tables, rows_plan
+from bergstream.router.together import TOPIC_WRITE, rows_plan, write_tables
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, BatchTableWriter
 from bergstream.schemas.archive import ArchiveLayout
@@ -120,11 +120,11 @@ def _append_dead_letters(
             BATCH_ID: str(archived.batch_id),
             **batch.properties(origin),
         }
-        written = append_tables(
-            records, [topic], [plan], [[None, dead_letter_id]], [properties],
-            spark.sparkContext.defaultParallelism, {topic: spark.sparkContext.defaultParallelism},
-            commit_threads=1,
-        )  # fmt: skip
+        jvm = spark._jvm
+        assert jvm is not None
+        topic_write = getattr(jvm, TOPIC_WRITE)(topic, plan, None, dead_letter_id, True, False, properties)
+        cores = spark.sparkContext.defaultParallelism
+        written = write_tables(records, [topic_write], cores, {topic: cores}, commit_threads=1)
         (outcome,) = json.loads(written.json())
         if outcome["error"] is not None:
             written.rethrow(0)

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
 from bergstream.router.batch_counts import BatchCounts, PartitionRead
+from bergstream.router.pending import PendingCommits, Written, written_of
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import BatchTables, TopicWorker
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
@@ -32,6 +33,7 @@ from bergstream.schemas.batch_range import BATCH_START, CLUSTER, NEXT_OFFSETS, T
 
 log = logging.getLogger("bergstream.router")
 _TOPIC_TABLES = "io.bergstream.router.TopicTables"
+TOPIC_WRITE = "io.bergstream.router.TopicWrite"
 TOPIC_ROWS = "io.bergstream.router.TopicRows"
 # Java's Long.MIN_VALUE: no record, no time.
 _NO_TIME = -(2**63)
@@ -62,7 +64,7 @@ def outcome_counts(outcome: dict[str, Any]) -> tuple[BatchCounts, Appended, Appe
         newest=None if newest == _NO_TIME else datetime.fromtimestamp(newest / 1e6, UTC),
         partitions=partitions,
     )
-    archive_commit, dead_letter_commit = (micros / 1e6 for micros in commits)
+    archive_commit, dead_letter_commit = (micros / 1e6 for micros in commits[:2])
     return (
         counts,
         Appended(archived, archive_files, archive_bytes),
@@ -107,11 +109,13 @@ class TogetherWriter:
         holding: dict[str, tuple[bool, bool]],
         tasks: int | None = None,
         shares: dict[str, int] | None = None,
+        pending: PendingCommits | None = None,
     ) -> list[str]:
-        """Write the `tables` of a batch's topics in one Spark job and commit them, each table that does not
-        hold the batch already (`holding`); the topics left to archive on their own: those whose rows cannot
-        be planned apart, or whose write failed (their worker tries again, and finds what landed). The job
-        has `tasks` tasks at most (else one per core), a topic read by `shares[topic]` of them at most (else
+        """Write the `tables` of a batch's topics in one Spark job, each table that does not hold the batch
+        already (`holding`), then commit those that are due (`pending` decides; without it, every one) and
+        keep the others' files pending; the topics left to archive on their own: those whose rows cannot be
+        planned apart, or whose write failed (their worker tries again, and finds what landed). The job has
+        `tasks` tasks at most (else one per core), a topic read by `shares[topic]` of them at most (else
         one)."""
         started = time.monotonic()
         together = []
@@ -135,8 +139,10 @@ class TogetherWriter:
         if not together:
             return alone
         planned = time.monotonic()
+        widened = {t: pending.widened(t, ranges[t]) if pending else ranges[t] for t in together}
         try:
-            written = self._job(source, batch_id, together, plans, tables, ranges, holding, tasks, shares)
+            written = self._job(source, batch_id, together, plans, tables, widened, holding, tasks, shares,
+                                commit=False)  # fmt: skip
         except Exception as error:
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
             # (CommitRetry), and finds what landed before it.
@@ -145,19 +151,47 @@ class TogetherWriter:
             for topic in together:
                 tables[topic].forget_commits()
             return alone + together
+        outcomes = json.loads(written.json())
+        for topic, outcome in zip(together, outcomes, strict=True):
+            if outcome["second_writer"] is not None:
+                raise tables[topic].second_writer(batch_id, outcome["second_writer"], False)
+        due: dict[str, str] = {}
+        held: dict[str, tuple[list[str], dict[str, str], BatchRange, Written]] = {}
+        for index, (topic, outcome) in enumerate(zip(together, outcomes, strict=True)):
+            if outcome["error"] is not None:
+                continue
+            written_now = written_of(outcome["totals"], str(plans[index].id()))
+            reason = "every batch" if pending is None else pending.due(topic, tables[topic].target_lag,
+                                                                       written_now)  # fmt: skip
+            if reason is not None:
+                due[topic] = reason
+                continue
+            archive, dead_letters = tables[topic].identifiers
+            totals = outcome["totals"]
+            identifiers = [name for name, files in ((archive, totals[2]), (dead_letters, totals[4]))
+                           if name is not None and files > 0]  # fmt: skip
+            properties = tables[topic].batch_properties(batch_id, widened[topic])
+            held[topic] = (identifiers, properties, widened[topic], written_now)
+        if held:
+            assert pending is not None
+            written.hold(pending.files, batch_id, [together.index(topic) for topic in held])
+            query_id = next(iter(held.values()))[1][QUERY_ID]
+            pending.hold(batch_id, query_id, held, pending.write_record)
+        if due:
+            written.commit(pending.files if pending else None, [together.index(t) for t in due],
+                           self._commit_threads)  # fmt: skip
+            outcomes = json.loads(written.json())
         seconds = time.monotonic() - started
         tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
         log.info(
             "batch %d: %d topics written together in %.1fs: their plans in %.1fs, their tables loaded "
-            "in %.1fs, one job of %.1fs, %d commits in %.1fs", batch_id,
-            len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(together),
-            commit_ms / 1000,
+            "in %.1fs, one job of %.1fs, %d commits in %.1fs (%d held)", batch_id,
+            len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(due),
+            commit_ms / 1000, len(held),
         )  # fmt: skip
-        outcomes = json.loads(written.json())
         for topic, outcome in zip(together, outcomes, strict=True):
             if outcome["second_writer"] is not None:
-                found, beside = outcome["second_writer"], outcome["committed_beside"]
-                raise tables[topic].second_writer(batch_id, found, beside)
+                raise tables[topic].second_writer(batch_id, outcome["second_writer"], True)
         for topic, outcome in zip(together, outcomes, strict=True):
             refused = outcome["error"]
             if refused is not None:
@@ -167,9 +201,17 @@ class TogetherWriter:
                 alone.append(topic)
                 continue
             counts, archived, dead_lettered, commits = outcome_counts(outcome)
+            if topic in held:
+                tables[topic].written_together(
+                    batch_id, counts, archived, dead_lettered, seconds, commits, holding[topic][0], held=True
+                )
+                continue
             tables[topic].written_together(
                 batch_id, counts, archived, dead_lettered, seconds, commits, holding[topic][0]
             )
+            if pending is not None:
+                pending.committed(topic)
+                pending.metrics.pending_commits.labels(topic, due[topic]).inc()
         return alone
 
     def write_alone(
@@ -220,18 +262,41 @@ class TogetherWriter:
         holding: dict[str, tuple[bool, bool]],
         tasks: int | None,
         shares: dict[str, int] | None,
+        commit: bool = True,
     ) -> Any:
-        """TopicTables.append of `topics` (with their rows' `plans`): a table that holds the batch already
-        is named None, its rows counted, not written."""
-        identifiers = [
-            [None if held else name for name, held in zip(tables[t].identifiers, holding[t], strict=True)]
-            for t in topics
-        ]
-        properties = [tables[topic].batch_properties(batch_id, ranges[topic]) for topic in topics]
-        return append_tables(
-            source, topics, plans, identifiers, properties, tasks or self._cores, shares or {},
-            self._commit_threads,
-        )  # fmt: skip
+        """TopicTables.write of `topics` (with their rows' `plans`), each commit's summary recording its
+        range of `ranges`; with `commit`, every topic committed (TopicTables.append)."""
+        jvm = source.sparkSession._jvm
+        assert jvm is not None
+        topic_write = getattr(jvm, TOPIC_WRITE)
+        writes = []
+        for topic, plan in zip(topics, plans, strict=True):
+            archive, dead_letters = tables[topic].identifiers
+            archive_holds, dead_letters_hold = holding[topic]
+            properties = tables[topic].batch_properties(batch_id, ranges[topic])
+            writes.append(
+                topic_write(topic, plan, archive, dead_letters, archive_holds, dead_letters_hold, properties)
+            )
+        return write_tables(
+            source, writes, tasks or self._cores, shares or {}, self._commit_threads if commit else None
+        )
+
+
+def write_tables(
+    source: DataFrame, writes: list[Any], cores: int, shares: dict[str, int], commit_threads: int | None
+) -> Any:
+    """TopicTables.write of `writes` (TopicWrite: each topic's rows, tables and summary) from the records of
+    `source`; with `commit_threads`, TopicTables.append: each committed, that many at once."""
+    spark = source.sparkSession
+    jvm = spark._jvm
+    assert jvm is not None
+    tables = getattr(jvm, _TOPIC_TABLES)
+    keys = [QUERY_ID, BATCH_ID, TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS]
+    common = (spark._jsparkSession, source._jdf, source.columns.index("topic"), writes,
+              int(time.time() * 1_000_000), cores, shares)  # fmt: skip
+    if commit_threads is None:
+        return tables.write(*common, keys)
+    return tables.append(*common, commit_threads, keys)
 
 
 def rows_plan(frame: DataFrame) -> Any:
@@ -241,26 +306,3 @@ def rows_plan(frame: DataFrame) -> Any:
     jvm = frame.sparkSession._jvm
     assert jvm is not None
     return getattr(jvm, TOPIC_ROWS).of(frame._jdf, METADATA, INGESTION_TS, PARTITION, OFFSET, WRITE_TS)
-
-
-def append_tables(
-    source: DataFrame,
-    topics: list[str],
-    plans: list[Any],
-    identifiers: list[list[str | None]],
-    properties: list[dict[str, str]],
-    cores: int,
-    shares: dict[str, int],
-    commit_threads: int,
-) -> Any:
-    """TopicTables.append: each of `topics`' records of `source` into its [archive, dead-letter] tables of
-    `identifiers` (None: not written, its rows counted), each commit with its `properties`."""
-    spark = source.sparkSession
-    jvm = spark._jvm
-    assert jvm is not None
-    return getattr(jvm, _TOPIC_TABLES).append(
-        spark._jsparkSession, source._jdf, source.columns.index("topic"), topics, plans,
-        [archive for archive, _ in identifiers], [dead_letters for _, dead_letters in identifiers],
-        properties, int(time.time() * 1_000_000), cores, shares, commit_threads,
-        [QUERY_ID, BATCH_ID, TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS],
-    )  # fmt: skip

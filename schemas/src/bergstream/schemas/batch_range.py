@@ -76,6 +76,15 @@ class BatchRange:
         start = {p: max(self._start_of(p, end), floor.get(p, 0)) for p, end in self.end.items()}
         return BatchRange(start, {p: max(end, floor.get(p, end)) for p, end in self.end.items()})
 
+    def after(self, earlier: BatchRange) -> BatchRange:
+        """From `earlier`'s start to this range's end: the ranges of batches that follow each other, committed
+        as one."""
+        if isinstance(earlier.start, str):
+            start: dict[int, int] | str = earlier.start
+        else:
+            start = {**{p: self._start_of(p, end) for p, end in self.end.items()}, **earlier.start}
+        return BatchRange(start, {**earlier.end, **self.end})
+
     def overlap(self, other: BatchRange) -> dict[int, tuple[int, int]]:
         """Per partition, the offsets [first, end) both ranges cover; a start by name counts as `earliest`
         (0), except `latest`, whose start is not known here and is taken as the range's end."""

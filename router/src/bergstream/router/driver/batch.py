@@ -15,6 +15,7 @@ from bergstream.errors import first_line
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.errors import StopRequested
+from bergstream.router.pending import PendingCommits
 from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
 from bergstream.schemas.batch_range import BatchRange
@@ -26,11 +27,18 @@ class BatchArchive:
     """Archives each batch of one query across its topics' tables."""
 
     def __init__(
-        self, floors: Floors, together: TogetherWriter, behind: SetAside, pool: ThreadPoolExecutor, cores: int
+        self,
+        floors: Floors,
+        together: TogetherWriter,
+        behind: SetAside,
+        pool: ThreadPoolExecutor,
+        cores: int,
+        pending: PendingCommits,
     ) -> None:
         self.floors = floors
         self.behind = behind
         self.together = together
+        self.pending = pending
         self._pool = pool
         self._cores = cores
 
@@ -75,12 +83,14 @@ class BatchArchive:
             alone = [topic for topic in busy if topic not in together]
             if together:
                 tables = {topic: busy[topic].together for topic in together}
-                alone += self.together.write(source, batch_id, ranges, tables, together, tasks, shares)
+                alone += self.together.write(
+                    source, batch_id, ranges, tables, together, tasks, shares, self.pending
+                )
             if alone:
                 cache()
             futures = {
                 topic: self._pool.submit(
-                    busy[topic].archive, source.where(F.col("topic") == topic), batch_id, ranges[topic]
+                    self._alone, busy[topic], source.where(F.col("topic") == topic), batch_id, ranges[topic]
                 )
                 for topic in alone
             }
@@ -93,10 +103,25 @@ class BatchArchive:
             if cached:
                 source.unpersist()
 
+    def _alone(self, worker: TopicWorker, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
+        """The topic's batch on its own, after what it has pending is committed (its commits follow each
+        other)."""
+        self.flush(worker, batch_id)
+        worker.archive(records, batch_id, covered)
+
+    def flush(self, worker: TopicWorker, batch_id: int) -> None:
+        """Commit what `worker`'s topic has pending, through outages."""
+        held = self.pending.held(worker.topic)
+        if held is None:
+            return
+        self.pending.flush(worker.topic, lambda commit: worker.retry.attempt(worker.topic, batch_id, commit))
+        worker.together.pending_committed(held.batches[-1], held.newest)
+
     def _set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
         """The topic's share of the batch is archived later, from Kafka; an error no other way mends (another
         router writing the topic, the topic recreated) stops the query, and so does a stop asked for while the
         topic waited for its tables (the batch is not committed: Spark runs it again at the next start)."""
         if self.behind.fails(error) or isinstance(error, StopRequested):
             raise error
+        self.pending.drop(topic)
         self.behind.set_aside(topic, covered, failure_reason(error))

@@ -17,10 +17,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from bergstream.errors import first_line
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level
 from bergstream.query import QueryRunner, foreach_batch
@@ -39,6 +41,7 @@ from bergstream.router.offset_log import (
     may_hold_records,
     topic_ranges,
 )
+from bergstream.router.pending import PendingCommits
 from bergstream.router.table import ensure_namespace
 from bergstream.router.together import TogetherWriter
 from bergstream.router.topic import TopicWorker
@@ -105,7 +108,8 @@ class TopicsQuery:
         together = TogetherWriter(spark, cores, max(COMMIT_THREADS, workers))
         self.behind = SetAside(spark, settings.checkpoint_location, dict(settings.kafka))
         floors = Floors(spark, settings.checkpoint_location)
-        self.batches = BatchArchive(floors, together, self.behind, self._pool, cores)
+        self.pending = PendingCommits(spark, settings.checkpoint_location, metrics, settings.trigger_seconds)
+        self.batches = BatchArchive(floors, together, self.behind, self._pool, cores, self.pending)
 
     def in_pool(self) -> None:
         """This thread's Spark jobs run in the query's scheduling pool."""
@@ -167,7 +171,9 @@ class TopicsQuery:
             ).start()
             log.info("the router of %s checkpoints to %s", self.settings.subscription,
                      self.settings.checkpoint_location)  # fmt: skip
+            self._recover()
             self.runner.run(self._follow)
+            self._flush_pending()
             last = self._last_batch() if available_now and self.behind.topics() else None
             if last is not None:
                 self.still_behind = self.behind.finish(self.topics, last)
@@ -233,6 +239,34 @@ class TopicsQuery:
         # batch's id covers it.
         self._archived_batch = batch_id
         self._catch_up(batch_id)
+
+    def _recover(self) -> None:
+        """Commit what a driver before this one left pending on the checkpoint, each table once."""
+
+        def attempt(topic: str, commit: Callable[[], Any]) -> Any:
+            worker = self.topics.get(topic)
+            return commit() if worker is None else worker.retry.attempt(topic, -1, commit)
+
+        committed = self.pending.recover(attempt)
+        if committed:
+            log.warning("%s: the files of %d tables pending when the router stopped are committed",
+                        self.settings.subscription, committed)  # fmt: skip
+
+    def _flush_pending(self) -> None:
+        """The query ended (stopped, or every topic archived as it was): commit every topic's pending files,
+        as many at once as batches commit."""
+        topics = self.pending.topics()
+        if not topics:
+            return
+        last = self._last_batch() or 0
+        try:
+            list(self._pool.map(lambda topic: self.batches.flush(self.topics[topic], last), topics))
+        except Exception as error:
+            log.error("%s: the files pending as the query ended are not all committed (%s); they are when "
+                      "the router starts again", self.settings.subscription, first_line(error))  # fmt: skip
+            return
+        log.info("%s: the pending files of %d topics committed as the query ended",
+                 self.settings.subscription, len(topics))  # fmt: skip
 
     def _last_batch(self) -> int | None:
         """The query's last batch done: this run's, else (nothing new since the start) its checkpoint's."""

@@ -37,6 +37,10 @@ class BatchTables(Protocol):
     registry: Any  # a schema registry's versions of the topic's schema, brought up to date each batch
 
     @property
+    def target_lag(self) -> float | None:
+        """Seconds its files may wait for a commit (router/pending.py); None: a commit every batch."""
+
+    @property
     def identifiers(self) -> tuple[str | None, str]:
         """The archive table (None: the topic has none written) and the dead-letter table."""
 
@@ -62,8 +66,14 @@ class BatchTables(Protocol):
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
         replayed: bool = False,
+        held: bool = False,
     ) -> None:
-        """Batch `batch_id` was written and committed; `replayed`: its archive held it already."""
+        """Batch `batch_id` was written and committed (`held`: its files are pending); `replayed`: its
+        archive held it already."""
+
+    def pending_committed(self, batch_id: int, newest: float | None) -> None:
+        """The files pending up to batch `batch_id` were committed, their newest record ingested at `newest`
+        (seconds since the epoch)."""
 
     def replayed_whole(self, batch_id: int) -> None:
         """Both tables hold batch `batch_id`: a replay with nothing to write."""

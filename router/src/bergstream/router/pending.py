@@ -1,0 +1,279 @@
+"""Each topic commits on its own target lag: the files a batch writes for a topic that is not due are kept
+pending, recorded beside the query's checkpoint, and committed with a later batch's, each once.
+
+The driver decides once per batch, for every topic the batch wrote (`PendingCommits.due`): a topic commits
+when it has no target lag (a commit every batch), when its oldest record not committed would otherwise be
+older than its target lag at the next batch, when what it has pending reaches a commit's worth
+(COMMIT_BYTES, COMMIT_RECORDS), and when its rows' plan changed (a schema change). Every pending file is
+committed when the query ends (a graceful stop, the end of `--available-now`), before a topic's batch is
+written on its own (`flush`), and when a driver starts again on the checkpoint (`recover`). A topic set
+aside drops what it has pending (`drop`): its catch-up reads Kafka from where its tables end.
+
+A commit that carries several batches' files records the query's newest batch among them and the Kafka
+range from the oldest one's start to the newest one's end: every reader of positions (the resume without a
+checkpoint, the one-writer check, backfill plans, the hand-over to Kafka) sees ranges that follow each
+other, as when every batch committed.
+
+What is pending is kept in the driver's memory (PendingFiles, in router/jvm) and, before a batch ends, in
+one record per batch beside the checkpoint (RECORDS_DIR/<batch>.json: each held table's files, as Iceberg
+writes a data file in JSON, and the summary its commit carries). A driver killed at any point starts again
+with the records left: those of a table that holds their batch already (committed before the record was
+cleared) are dropped, the others committed; Spark then runs the batch it had not finished, whose tables hold
+it. A checkpoint deleted takes its records with it: the query starts where its tables end, and the files
+never committed are orphans that maintenance removes (router/maintain.py keeps every file younger than
+`orphan_retention_hours`, an hour at least, and a target lag is at most a quarter of that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from bergstream.router.metrics import RouterMetrics
+from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.schemas.batch_range import BatchRange
+
+log = logging.getLogger("bergstream.router.driver")
+RECORDS_DIR = "bergstream-pending"
+# A topic's files are committed once this much is pending, whatever its target lag: a commit of many files
+# costs about what one of a few does, and a crash replays less.
+COMMIT_BYTES = 64 * 1024 * 1024
+COMMIT_RECORDS = 500_000
+_PENDING_FILES = "io.bergstream.router.PendingFiles"
+
+
+@dataclass
+class Held:
+    """What a topic has written and not committed."""
+
+    first_batch: int
+    range: BatchRange  # from its oldest pending batch's start to its newest's end
+    properties: dict[str, str]  # the summary its commit carries: the newest batch's, widened to `range`
+    since: float  # monotonic: when its oldest pending batch was written
+    tables: set[str] = field(default_factory=set)
+    records: int = 0
+    bytes: int = 0
+    oldest: float | None = None  # the oldest ingestion time pending, seconds since the epoch
+    newest: float | None = None
+    batches: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a batch wrote for a topic, as the driver weighs it."""
+
+    records: int
+    bytes: int
+    oldest: float | None
+    newest: float | None
+    plan: str  # the id of its rows' plan: another one is a schema change
+
+
+class PendingCommits:
+    """The pending files of one query's topics, and when each topic commits."""
+
+    def __init__(
+        self, spark: SparkSession, checkpoint: str, metrics: RouterMetrics, trigger_seconds: float
+    ) -> None:
+        self.spark = spark
+        self.metrics = metrics
+        self._trigger = trigger_seconds
+        jvm = spark._jvm
+        assert jvm is not None
+        self.files = getattr(jvm, _PENDING_FILES)()
+        self._directory = f"{checkpoint.rstrip('/')}/{RECORDS_DIR}"
+        self._held: dict[str, Held] = {}
+        # Per batch recorded: its document's tables, and those of them not committed yet.
+        self._records: dict[int, dict[str, Any]] = {}
+        self._plans: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    def held(self, topic: str) -> Held | None:
+        return self._held.get(topic)
+
+    def widened(self, topic: str, covered: BatchRange) -> BatchRange:
+        """The range a commit of `topic` in this batch records: from its oldest pending batch's start."""
+        held = self._held.get(topic)
+        return covered if held is None else covered.after(held.range)
+
+    def due(
+        self, topic: str, target_lag: float | None, written: Written, now: float | None = None
+    ) -> str | None:
+        """Why `topic` commits in this batch, having written `written`; None: its files are held."""
+        self.metrics.target_lag.labels(topic).set(target_lag or 0)
+        previous_plan = self._plans.get(topic)
+        self._plans[topic] = written.plan
+        if target_lag is None:
+            return "every batch"
+        held = self._held.get(topic)
+        records = written.records + (held.records if held else 0)
+        size = written.bytes + (held.bytes if held else 0)
+        if held is not None and previous_plan is not None and previous_plan != written.plan:
+            return "schema"
+        if size >= COMMIT_BYTES or records >= COMMIT_RECORDS:
+            return "size"
+        now = time.monotonic() if now is None else now
+        since = now if held is None else held.since
+        # Its oldest record may have waited a trigger before the batch that read it, and waits one more for
+        # the next batch: committed now unless it would pass the target lag by then.
+        if now - since + 2 * self._trigger >= target_lag:
+            return "lag"
+        return None
+
+    def hold(
+        self,
+        batch_id: int,
+        query_id: str,
+        topics: dict[str, tuple[list[str], dict[str, str], BatchRange, Written]],
+        record: Callable[[str, str], None],
+    ) -> None:
+        """Batch `batch_id`'s files of `topics` ({topic: (its tables written, its commit's widened summary,
+        widened range, what it wrote)}) stay pending; `record(path, document)` writes the batch's record."""
+        now = time.monotonic()
+        tables: dict[str, Any] = {}
+        with self._lock:
+            for topic, (identifiers, properties, widened, written) in topics.items():
+                held = self._held.get(topic)
+                if held is None:
+                    held = self._held[topic] = Held(batch_id, widened, properties, now)
+                held.range, held.properties = widened, properties
+                held.tables.update(identifiers)
+                held.records += written.records
+                held.bytes += written.bytes
+                held.batches.append(batch_id)
+                if written.oldest is not None:
+                    held.oldest = min(held.oldest or written.oldest, written.oldest)
+                if written.newest is not None:
+                    held.newest = max(held.newest or written.newest, written.newest)
+                for identifier in identifiers:
+                    tables[identifier] = {"topic": topic, "properties": properties}
+                self._gauge(topic)
+            if not tables:
+                return
+            document = {"batch": batch_id, "query": query_id, "tables": tables}
+            record(self._path(batch_id), json.dumps(document))
+            self._records[batch_id] = document
+
+    def write_record(self, path: str, document: str) -> None:
+        self.files.record(self.spark._jsparkSession, path, document)
+
+    def committed(self, topic: str) -> Held | None:
+        """`topic`'s pending files were committed (with a batch's, or flushed): its records lose it."""
+        with self._lock:
+            held = self._held.pop(topic, None)
+            if held is None:
+                return None
+            self._forget(held.tables)
+            self._gauge(topic)
+            return held
+
+    def drop(self, topic: str) -> None:
+        """`topic` is set aside: what it has pending is not committed (its catch-up reads Kafka from where
+        its tables end), and its records lose it."""
+        with self._lock:
+            held = self._held.pop(topic, None)
+            if held is None:
+                return
+            for identifier in held.tables:
+                self.files.committed(identifier, 2**62)
+            log.warning("topic %s: %d records of batches %d to %d were pending; set aside, they are read "
+                        "from Kafka again", topic, held.records, held.batches[0],
+                        held.batches[-1])  # fmt: skip
+            self._forget(held.tables)
+            self._gauge(topic)
+
+    def flush(self, topic: str, attempt: Callable[[Callable[[], Any]], Any] | None = None) -> Held | None:
+        """Commit what `topic` has pending on its own, each table once (`attempt` runs the commit, through
+        outages); what was committed."""
+        held = self._held.get(topic)
+        if held is None:
+            return None
+        batch = held.batches[-1]
+
+        def commit() -> None:
+            for identifier in sorted(held.tables):
+                self.files.flush(
+                    self.spark._jsparkSession, identifier, QUERY_ID, BATCH_ID, batch, held.properties
+                )
+
+        (attempt or (lambda run: run()))(commit)
+        self.metrics.pending_commits.labels(topic, "flush").inc()
+        return self.committed(topic)
+
+    def topics(self) -> list[str]:
+        return sorted(self._held)
+
+    def recover(self, attempt: Callable[[str, Callable[[], Any]], Any]) -> int:
+        """Commit the files a driver before this one left pending on the checkpoint, each once (a table
+        that holds their batch already committed them before the record was cleared), and clear their
+        records: how many tables were committed. `attempt(topic, commit)` runs a commit of a topic's table
+        through outages."""
+        loaded = json.loads(self.files.load(self.spark._jsparkSession, self._directory))
+        if not loaded:
+            return 0
+        newest: dict[str, tuple[str, int, dict[str, str]]] = {}
+        for record in loaded:
+            for identifier, table in record["tables"].items():
+                newest[identifier] = (table["topic"], int(record["batch"]), table["properties"])
+        committed = 0
+        for identifier, (topic, batch, properties) in sorted(newest.items()):
+
+            def commit(name: str = identifier, last: int = batch, props: dict[str, str] = properties) -> Any:
+                session = self.spark._jsparkSession
+                return self.files.flush(session, name, QUERY_ID, BATCH_ID, last, props)
+
+            files, size, _ = attempt(topic, commit)
+            if files >= 0:
+                committed += 1
+                self.metrics.pending_commits.labels(topic, "restart").inc()
+                log.warning("%s: %d files (%.1f MB) pending when the router stopped, up to batch %d, "
+                            "committed", identifier, files, size / 1e6, batch)  # fmt: skip
+            else:
+                log.info("%s: the files pending when the router stopped were committed before it stopped",
+                         identifier)  # fmt: skip
+        for record in loaded:
+            self.files.delete(self.spark._jsparkSession, record["path"])
+        return committed
+
+    def _forget(self, tables: set[str]) -> None:
+        """`tables` have nothing pending: a batch's record none of whose tables is pending goes."""
+        for batch, document in sorted(self._records.items()):
+            remaining = {name: table for name, table in document["tables"].items() if name not in tables}
+            if len(remaining) == len(document["tables"]):
+                continue
+            if remaining:
+                document = {**document, "tables": remaining}
+                self._records[batch] = document
+                self.write_record(self._path(batch), json.dumps(document))
+            else:
+                del self._records[batch]
+                self.files.delete(self.spark._jsparkSession, self._path(batch))
+
+    def _path(self, batch_id: int) -> str:
+        return f"{self._directory}/{batch_id}.json"
+
+    def _gauge(self, topic: str) -> None:
+        held = self._held.get(topic)
+        self.metrics.pending_records.labels(topic).set(held.records if held else 0)
+        self.metrics.pending_bytes.labels(topic).set(held.bytes if held else 0)
+        self.metrics.pending_oldest.labels(topic).set(held.oldest or 0 if held else 0)
+
+
+def written_of(totals: list[int], plan: str) -> Written:
+    """What a topic's outcome (BatchWrite.json's totals) says it wrote."""
+    archived, dead_lettered, _, archive_bytes, _, dead_bytes, newest, *rest = totals
+    oldest = rest[2] if len(rest) > 2 else None
+    return Written(
+        records=archived + dead_lettered,
+        bytes=archive_bytes + dead_bytes,
+        oldest=None if oldest is None or oldest == 2**63 - 1 else oldest / 1e6,
+        newest=None if newest == -(2**63) else newest / 1e6,
+        plan=plan,
+    )
