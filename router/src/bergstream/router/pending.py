@@ -127,6 +127,18 @@ class PendingCommits:
             return "lag"
         return None
 
+    def overdue(self, lags: dict[str, float | None], busy: set[str], now: float | None = None) -> list[str]:
+        """The topics not in this batch (`busy`) whose pending files are due by their target lag (`lags`):
+        a quiet topic's files are committed on its lag as a busy one's are, not when its next record comes."""
+        now = time.monotonic() if now is None else now
+        due = []
+        with self._lock:
+            for topic, held in sorted(self._held.items()):
+                lag = lags.get(topic)
+                if topic not in busy and (lag is None or now - held.since + self._trigger >= lag):
+                    due.append(topic)
+        return due
+
     def hold(
         self,
         batch_id: int,
@@ -189,7 +201,9 @@ class PendingCommits:
             self._forget(held.tables)
             self._gauge(topic)
 
-    def flush(self, topic: str, attempt: Callable[[Callable[[], Any]], Any] | None = None) -> Held | None:
+    def flush(
+        self, topic: str, attempt: Callable[[Callable[[], Any]], Any] | None = None, reason: str = "flush"
+    ) -> Held | None:
         """Commit what `topic` has pending on its own, each table once (`attempt` runs the commit, through
         outages); what was committed."""
         held = self._held.get(topic)
@@ -204,7 +218,7 @@ class PendingCommits:
                 )
 
         (attempt or (lambda run: run()))(commit)
-        self.metrics.pending_commits.labels(topic, "flush").inc()
+        self.metrics.pending_commits.labels(topic, reason).inc()
         return self.committed(topic)
 
     def topics(self) -> list[str]:

@@ -109,12 +109,14 @@ class BatchArchive:
         self.flush(worker, batch_id)
         worker.archive(records, batch_id, covered)
 
-    def flush(self, worker: TopicWorker, batch_id: int) -> None:
+    def flush(self, worker: TopicWorker, batch_id: int, reason: str = "flush") -> None:
         """Commit what `worker`'s topic has pending, through outages."""
         held = self.pending.held(worker.topic)
         if held is None:
             return
-        self.pending.flush(worker.topic, lambda commit: worker.retry.attempt(worker.topic, batch_id, commit))
+        self.pending.flush(
+            worker.topic, lambda commit: worker.retry.attempt(worker.topic, batch_id, commit), reason
+        )
         worker.together.pending_committed(held.batches[-1], held.newest)
 
     def _set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:

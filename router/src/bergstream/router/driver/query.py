@@ -86,6 +86,8 @@ class TopicsQuery:
         self.runner = QueryRunner(f"the router of {settings.subscription}", self._start, self._stopping)
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
+        # Held by a batch's writes, and by the commits of pending files between batches.
+        self._writing = threading.Lock()
         self._available_now = False
         self._starting = "latest"
         self._resume: dict[str, dict[int, int]] | None = None
@@ -230,11 +232,15 @@ class TopicsQuery:
         busy_topics = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
         if not busy_topics:
             self._archived_batch = batch_id
+            with self._writing:
+                self._commit_overdue(batch_id, set())
             return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
         self.members.check_ids(busy_topics, batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
-        self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+        with self._writing:
+            self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+            self._commit_overdue(batch_id, set(busy))
         # After the batch: a topic behind has this batch's range set aside too, and its catch-up under this
         # batch's id covers it.
         self._archived_batch = batch_id
@@ -283,6 +289,21 @@ class TopicsQuery:
             worker = self.topics[topic]
             worker.follower.on_progress(json.dumps({topic: {str(p): o for p, o in reached.items()}}))
 
+    def _commit_overdue(self, batch_id: int, busy: set[str]) -> None:
+        """Commit the pending files of the topics not in this batch that are due by their target lag, side by
+        side; one that fails stays pending, and is tried again."""
+        lags = {topic: worker.together.target_lag for topic, worker in self.topics.items()}
+        due = self.pending.overdue(lags, busy)
+
+        def commit(topic: str) -> None:
+            try:
+                self.batches.flush(self.topics[topic], batch_id, "lag")
+            except Exception as error:
+                log.warning("topic %s: its pending files could not be committed (%s); tried again",
+                            topic, first_line(error))  # fmt: skip
+
+        list(self._pool.map(commit, due))
+
     def _follow(self, query: StreamingQuery) -> None:
         """Commit every topic's consumer group to where Spark checkpointed the query; catch up the topics set
         aside while no batch runs too."""
@@ -290,6 +311,12 @@ class TopicsQuery:
             last = self._last_batch()
             if last is not None:
                 self._catch_up(last)
+        # Between batches (Spark runs none while no topic has records): quiet topics' files on their lag.
+        if self.pending.topics() and self._writing.acquire(blocking=False):
+            try:
+                self._commit_overdue(self._last_batch() or 0, set())
+            finally:
+                self._writing.release()
         progress = query.lastProgress
         if progress is None or not progress.sources or progress.batchId == self._followed_batch:
             return

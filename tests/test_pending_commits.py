@@ -1,0 +1,199 @@
+"""Topics that commit on their target lag (router/pending.py): the files a batch writes for them are kept
+pending and recorded beside the checkpoint, and each record is in the archive once whatever step the router
+is killed at: after the record and before the commit, after the commit and before the record is cleared,
+between the commits of two topics; a graceful stop and a drain commit everything pending."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from bergstream.loadgen.producer import ProduceRequest, produce
+from bergstream.local.processes import free_ports
+from bergstream.router.config import table_for_topic
+from bergstream.router.pending import RECORDS_DIR
+from tests.routers import (
+    ROOT,
+    archived_offsets,
+    eventually,
+    pattern_command,
+    produced_offsets,
+    start_command,
+    write_defaults,
+)
+from tests.services import Services
+
+
+def recorded_tables(records: Path) -> set[str]:
+    """The tables the pending records beside the checkpoint hold files of."""
+    tables: set[str] = set()
+    for path in records.glob("*.json") if records.exists() else ():
+        tables |= {name for name, table in json.loads(path.read_text())["tables"].items() if table["files"]}
+    return tables
+
+
+def killed(router: subprocess.Popen[bytes]) -> None:
+    os.killpg(router.pid, signal.SIGKILL)
+    router.wait(60)
+
+
+def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_router_is_killed_at(
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+) -> None:
+    prefix = topic_name[:40]
+    topics = [f"{prefix}.a", f"{prefix}.b"]
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in topics:
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    # An hour's target lag: nothing commits on its lag while the test runs.
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
+        target_lag="1h",
+    )  # fmt: skip
+    records = tmp_path / "checkpoint" / RECORDS_DIR
+    command = pattern_command(rf"{prefix}\..*", defaults, topics_dir)
+    log = tmp_path / "router.log"
+    tables = {topic: table_for_topic(topic) for topic in topics}
+    identifiers = {
+        topic: f"{stack.catalog.name}.{stack.catalog.namespace}.{t}" for topic, t in tables.items()
+    }
+    sent: dict[str, set[tuple[int, int]]] = {topic: set() for topic in topics}
+
+    def send(seed: int) -> None:
+        for topic in topics:
+            report = produce(
+                ProduceRequest(topic=topic, count=150, partitions=2, schema="playback", bad_fraction=0.1,
+                               seed=seed),
+                stack.bootstrap_servers, show_progress=False,
+            )  # fmt: skip
+            sent[topic] |= produced_offsets(report.offsets)
+
+    def archived(topic: str) -> Counter[tuple[int, int]]:
+        try:
+            return Counter(archived_offsets(stack, tables[topic]))
+        except Exception:  # its tables not made yet
+            return Counter()
+
+    def exactly_once() -> None:
+        for topic in topics:
+            counted = archived(topic)
+            assert set(counted) == sent[topic], f"{topic}: {len(counted)} archived of {len(sent[topic])}"
+            assert max(counted.values()) == 1, f"{topic}: archived twice: {counted.most_common(3)}"
+
+    def recorded_both() -> bool:
+        held = recorded_tables(records)
+        return all(identifiers[topic] in held for topic in topics)
+
+    def drained() -> None:
+        done = subprocess.run(
+            [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    # Killed after the batch's files are recorded, before any commit: nothing is in the tables yet.
+    send(seed=1)
+    router = start_command(command, log)
+    try:
+        eventually(recorded_both, "both topics' files recorded pending", timeout=240)
+        assert all(not archived(topic) for topic in topics), "committed before its target lag"
+    finally:
+        killed(router)
+    # Started again: the recorded files are committed, once, before anything new; the records go.
+    drained()
+    exactly_once()
+    assert not list(records.glob("*.json")), list(records.iterdir())
+
+    # A graceful stop commits what is pending. Its records, kept aside, are what a router killed after its
+    # commits and before clearing them leaves.
+    send(seed=2)
+    router = start_command(command, log)
+    try:
+        eventually(recorded_both, "the next files recorded pending", timeout=180)
+        saved = tmp_path / "saved"
+        shutil.copytree(records, saved)
+    finally:
+        router.send_signal(signal.SIGINT)
+        assert router.wait(180) == 0, log.read_text()[-3000:]
+    exactly_once()
+    assert not list(records.glob("*.json"))
+
+    # Killed after both topics' commits, before the records are cleared: the tables hold the batch, and
+    # nothing is appended twice. And between the two topics' commits: the second topic's commit undone, its
+    # files are committed from the record, once.
+    for path in saved.glob("*.json"):
+        shutil.copy(path, records / path.name)
+    second = identifiers[topics[1]]
+    history = spark.sql(f"SELECT parent_id FROM {second}.history ORDER BY made_current_at").collect()
+    undone = f"{stack.catalog.namespace}.{tables[topics[1]]}"
+    spark.sql(f"CALL {stack.catalog.name}.system.rollback_to_snapshot('{undone}', {history[-1].parent_id})")
+    assert len(archived(topics[1])) < len(sent[topics[1]])
+    drained()
+    exactly_once()
+    assert not list(records.glob("*.json"))
+
+
+def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_carrying_several_batches(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    topic = f"{topic_name[:40]}.lagged"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    (topics_dir := tmp_path / "topics").mkdir()
+    (port,) = free_ports(1)
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
+        target_lag="6s", metrics_port=port, metrics_host="127.0.0.1",
+    )  # fmt: skip
+    router = start_command(pattern_command(rf"{topic_name[:40]}\.lagged", defaults, topics_dir),
+                           tmp_path / "router.log")  # fmt: skip
+    sent: set[tuple[int, int]] = set()
+    try:
+        # Records in every batch for a while: the topic's commits come on its lag, not every batch.
+        for seed in range(8):
+            report = produce(
+                ProduceRequest(topic=topic, count=40, partitions=2, schema="playback", seed=seed),
+                stack.bootstrap_servers, show_progress=False,
+            )  # fmt: skip
+            sent |= produced_offsets(report.offsets)
+            eventually(lambda: metric_value(port, "bergstream_router_pending_records", topic) > 0,
+                       "records pending")  # fmt: skip
+        eventually(lambda: Counter(archived_offsets(stack, table_for_topic(topic))).keys() == sent,
+                   "every record committed on the topic's lag", timeout=120)  # fmt: skip
+        assert max(Counter(archived_offsets(stack, table_for_topic(topic))).values()) == 1
+        assert metric_value(port, "bergstream_router_commits_total", topic, 'reason="lag"') >= 1
+        assert metric_value(port, "bergstream_router_target_lag_seconds", topic) == 6
+    finally:
+        router.send_signal(signal.SIGINT)
+        router.wait(180)
+    # Each commit's range follows the one before it: positions read from the tables stay exact.
+    catalog = stack.catalog.load()
+    table = catalog.load_table(f"{stack.catalog.namespace}.{table_for_topic(topic)}")
+    ranges = [
+        (s.summary["bergstream.kafka.batch-start"], s.summary["bergstream.kafka.next-offsets"])
+        for s in table.snapshots()
+    ]
+    batches = [int(s.summary["bergstream.router.batch-id"]) for s in table.snapshots()]
+    assert len(batches) < 8, f"a commit per batch: {batches}"
+    for (_, before), (start, _) in itertools.pairwise(ranges):
+        assert json.loads(start) == json.loads(before), ranges
+
+
+def metric_value(port: int, name: str, topic: str, labels: str = "") -> float:
+    """The value of the series of `name` for `topic` (and `labels`) that the router serves; 0 when none."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(name + "{") and f'topic="{topic}"' in line and labels in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
