@@ -184,7 +184,7 @@ def test_alert_rules_and_scrape_config_are_valid(promtool: str) -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout + done.stderr
 
 
 def test_every_alert_fires_and_stays_quiet_in_its_unit_tests(promtool: str) -> None:

@@ -161,6 +161,12 @@ class RouterMetrics:
             ["topic"],
             registry=r,
         )
+        self.pending_since = Gauge(
+            "bergstream_router_pending_since_timestamp_seconds",
+            "When the topic's oldest batch not committed yet was written; 0 when none is pending",
+            ["topic"],
+            registry=r,
+        )
         self.target_lag = Gauge(
             "bergstream_router_target_lag_seconds",
             "The topic's target lag: its files are committed before its oldest record pending is older; 0 "

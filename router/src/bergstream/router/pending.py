@@ -57,6 +57,7 @@ class Held:
     range: BatchRange  # from its oldest pending batch's start to its newest's end
     properties: dict[str, str]  # the summary its commit carries: the newest batch's, widened to `range`
     since: float  # monotonic: when its oldest pending batch was written
+    written_at: float  # the same, in seconds since the epoch
     tables: set[str] = field(default_factory=set)
     records: int = 0
     bytes: int = 0
@@ -154,7 +155,7 @@ class PendingCommits:
             for topic, (identifiers, properties, widened, written) in topics.items():
                 held = self._held.get(topic)
                 if held is None:
-                    held = self._held[topic] = Held(batch_id, widened, properties, now)
+                    held = self._held[topic] = Held(batch_id, widened, properties, now, time.time())
                 held.range, held.properties = widened, properties
                 held.tables.update(identifiers)
                 held.records += written.records
@@ -224,11 +225,16 @@ class PendingCommits:
     def topics(self) -> list[str]:
         return sorted(self._held)
 
-    def recover(self, attempt: Callable[[str, Callable[[], Any]], Any]) -> int:
+    def recover(
+        self,
+        attempt: Callable[[str, Callable[[], Any]], Any],
+        lost: Callable[[str, dict[str, str], str], None],
+    ) -> int:
         """Commit the files a driver before this one left pending on the checkpoint, each once (a table
         that holds their batch already committed them before the record was cleared), and clear their
         records: how many tables were committed. `attempt(topic, commit)` runs a commit of a topic's table
-        through outages."""
+        through outages; `lost(topic, summary, why)` takes a table whose files are gone, none committed (its
+        range, in `summary`, is to be read from Kafka again)."""
         loaded = json.loads(self.files.load(self.spark._jsparkSession, self._directory))
         if not loaded:
             return 0
@@ -236,6 +242,25 @@ class PendingCommits:
         for record in loaded:
             for identifier, table in record["tables"].items():
                 newest[identifier] = (table["topic"], int(record["batch"]), table["properties"])
+        # A topic any of whose files are gone commits none of its tables (they record the same range), and
+        # reads that range from Kafka again.
+        gone: dict[str, str] = {}
+        session = self.spark._jsparkSession
+        for identifier, (topic, batch, properties) in sorted(newest.items()):
+
+            def look(name: str = identifier, last: int = batch, query: str = properties[QUERY_ID]) -> Any:
+                return self.files.missing(session, name, QUERY_ID, BATCH_ID, last, query)
+
+            missing = attempt(topic, look)
+            if missing and topic not in gone:
+                gone[topic] = f"{missing} of the files of {identifier} pending up to batch {batch} are gone"
+                lost(topic, properties, gone[topic] + " (removed as orphans while the router was stopped?)")
+        for identifier, (topic, batch, _) in newest.items():
+            if topic in gone:
+                self.files.committed(identifier, batch)
+                log.error("%s: %s; none of %s's files pending up to batch %d is committed", topic,
+                          gone[topic], identifier, batch)  # fmt: skip
+        newest = {identifier: held for identifier, held in newest.items() if held[0] not in gone}
         committed = 0
         for identifier, (topic, batch, properties) in sorted(newest.items()):
 
@@ -278,6 +303,7 @@ class PendingCommits:
         self.metrics.pending_records.labels(topic).set(held.records if held else 0)
         self.metrics.pending_bytes.labels(topic).set(held.bytes if held else 0)
         self.metrics.pending_oldest.labels(topic).set(held.oldest or 0 if held else 0)
+        self.metrics.pending_since.labels(topic).set(held.written_at if held else 0)
 
 
 def written_of(totals: list[int], plan: str) -> Written:

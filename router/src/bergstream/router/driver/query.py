@@ -45,6 +45,7 @@ from bergstream.router.pending import PendingCommits
 from bergstream.router.table import ensure_namespace
 from bergstream.router.together import TogetherWriter
 from bergstream.router.topic import TopicWorker
+from bergstream.schemas.batch_range import CLUSTER, BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 POOL_PROPERTY = "spark.scheduler.pool"
@@ -253,7 +254,12 @@ class TopicsQuery:
             worker = self.topics.get(topic)
             return commit() if worker is None else worker.retry.attempt(topic, -1, commit)
 
-        committed = self.pending.recover(attempt)
+        def lost(topic: str, summary: dict[str, str], why: str) -> None:
+            covered = BatchRange.recorded(summary, topic, summary[CLUSTER])
+            if covered is not None:
+                self.behind.set_aside(topic, covered, why)
+
+        committed = self.pending.recover(attempt, lost)
         if committed:
             log.warning("%s: the files of %d tables pending when the router stopped are committed",
                         self.settings.subscription, committed)  # fmt: skip

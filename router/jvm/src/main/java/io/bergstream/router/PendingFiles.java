@@ -174,7 +174,8 @@ public final class PendingFiles {
   /**
    * Commits the files of {@code name} pending up to {@code batch}, alone, with {@code properties} in the
    * snapshot's summary, unless the table holds that batch of the query already (a commit before the driver
-   * stopped, its record not cleared yet): {files, bytes, micros}; {-1, 0, 0} when it held it.
+   * stopped, its record not cleared yet): {files, bytes, micros}; {-1, 0, 0} when it held it; {-2, missing,
+   * 0} when some of the files are gone (none is committed then).
    */
   public long[] flush(SparkSession spark, String name, String queryKey, String batchKey, long batch,
       Map<String, String> properties) throws Exception {
@@ -191,9 +192,36 @@ public final class PendingFiles {
         batches.headMap(batch + 1).values().forEach(all::addAll);
       }
     }
+    long missing = all.stream().filter(file -> !table.io().newInputFile(file.location()).exists()).count();
+    if (missing > 0) {
+      // Removed meanwhile (orphan removal while the driver was stopped longer than its retention): committed,
+      // they would make the table unreadable. None is committed; the driver reads their range again.
+      committed(name, batch);
+      return new long[] {-2, missing, 0};
+    }
     long[] appended = append(table, all, properties);
     committed(name, batch);
     return new long[] {appended[0], appended[1], (System.nanoTime() - began) / 1000};
+  }
+
+  /**
+   * How many of the files of {@code name} pending up to {@code batch} are gone from storage (removed as
+   * orphans while the driver was stopped); after a check of each, none when the table holds that batch.
+   */
+  public long missing(SparkSession spark, String name, String queryKey, String batchKey, long batch,
+      String query) throws Exception {
+    Table table = Spark3Util.loadIcebergTable(spark, name);
+    if (newestBatch(table, queryKey, batchKey, query) >= batch) {
+      return 0;
+    }
+    List<DataFile> all = new ArrayList<>();
+    synchronized (this) {
+      SortedMap<Long, List<DataFile>> batches = files.get(name);
+      if (batches != null) {
+        batches.headMap(batch + 1).values().forEach(all::addAll);
+      }
+    }
+    return all.stream().filter(file -> !table.io().newInputFile(file.location()).exists()).count();
   }
 
   /** The newest batch of query {@code query} in {@code table}'s current history; -1 when none. */
