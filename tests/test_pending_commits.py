@@ -214,3 +214,60 @@ def metric_value(port: int, name: str, topic: str, labels: str = "") -> float:
             if line.startswith(name + "{") and f'topic="{topic}"' in line and labels in line:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_a_query_that_fails_under_a_pattern_is_started_again_alone_while_the_other_goes_on(
+    stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    prefix = topic_name[:40]
+    failing, other = f"{prefix}.a", f"{prefix}.b"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for topic in (failing, other):
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    (topics_dir := tmp_path / "topics").mkdir()
+    # Its own trigger: the other topic runs in a query of its own.
+    (topics_dir / f"{other}.yaml").write_text(
+        json.dumps({"schema": "playback", "encoding": "json", "trigger_interval": "2 seconds"})
+    )
+    (port,) = free_ports(1)
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
+        target_lag="30s", metrics_port=port, metrics_host="127.0.0.1",
+    )  # fmt: skip
+    # A record of pending files that is not one: the pattern's query fails as it starts, every time.
+    bad = tmp_path / "checkpoint" / RECORDS_DIR / "0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("not a record")
+    sent = {}
+    for topic in (failing, other):
+        report = produce(
+            ProduceRequest(topic=topic, count=100, partitions=2, schema="playback"),
+            stack.bootstrap_servers, show_progress=False,
+        )  # fmt: skip
+        sent[topic] = produced_offsets(report.offsets)
+    log = tmp_path / "router.log"
+    command = pattern_command(rf"{prefix}\..*", defaults, topics_dir, "--restart-backoff", "1")
+    router = start_command(command, log)
+
+    def archived(topic: str) -> Counter[tuple[int, int]]:
+        try:
+            return Counter(archived_offsets(stack, table_for_topic(topic)))
+        except Exception:  # its tables not made yet
+            return Counter()
+
+    try:
+        eventually(
+            lambda: set(archived(other)) == sent[other], "the other query's topic archived", timeout=180
+        )
+        eventually(lambda: metric_value(port, "bergstream_router_topic_restarts_total", failing) >= 2,
+                   "the failing query started again")  # fmt: skip
+        assert router.poll() is None, log.read_text()[-3000:]
+        assert f"{bad} is not a record of files pending" in log.read_text()
+        assert not archived(failing)
+        # Mended, it runs at its next start, and archives its topic once.
+        bad.unlink()
+        eventually(lambda: set(archived(failing)) == sent[failing], "the mended query's topic archived")
+        assert max(archived(failing).values()) == 1
+    finally:
+        router.send_signal(signal.SIGINT)
+        assert router.wait(180) == 0, log.read_text()[-3000:]

@@ -25,6 +25,7 @@ machine of two (a router runs for days; its steady state is what freshness is me
 
     .venv/bin/python -m bench.topics.run [--topics 1 4 16] [--shapes all pattern separate]
         [--events 20000] [--rate-per-topic 100 | --rate 2000] [--seconds 60] [--warm-up 0] [--trigger 10]
+        [--target-lag 60]
 
 Prints the numbers, writes bench/out/topics-<counts>-<shapes>.json and .png: the growth curves against
 the topics (CPU per event archived, freshness p99, resident memory, events archived against offered);
@@ -133,18 +134,21 @@ def jit_seconds(pids: list[int]) -> float:
 
 
 def archived(port: int) -> dict[str, float]:
-    """{topic: records archived} from a driver's metrics endpoint; empty while it does not answer."""
+    """{topic: records archived and committed} from a driver's metrics endpoint (those written and pending
+    on a topic's target lag are not in the archive yet); empty while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
     except OSError:
         return {}
-    return {
-        sample.labels["topic"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "bergstream_router_records_archived_total"
-    }
+    counted: dict[str, float] = {}
+    signs = {"bergstream_router_records_archived_total": 1, "bergstream_router_pending_records": -1}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in signs:
+                topic = sample.labels["topic"]
+                counted[topic] = counted.get(topic, 0.0) + signs[sample.name] * sample.value
+    return counted
 
 
 @dataclass
@@ -217,6 +221,7 @@ def driver_settings(
         },
         "lag_refresh_seconds": 5,
         "metrics_host": "127.0.0.1",
+        **({"target_lag": f"{args.target_lag:g}s"} if args.target_lag else {}),
     }
 
 
@@ -425,6 +430,7 @@ def measure(
         "shape": shape,
         "drivers": len(drivers.processes),
         "trigger_seconds": args.trigger,
+        "target_lag_seconds": args.target_lag,
         "start_seconds": first - launched,
         "backlog_events": backlog,
         "backlog_events_per_s": (backlog - at_first) / (done - first) if done > first else None,
@@ -520,6 +526,10 @@ def main() -> None:
         help="seconds of the steady load before the steady run is measured",
     )
     parser.add_argument("--trigger", type=float, default=2, help="the routers' trigger interval, seconds")
+    parser.add_argument(
+        "--target-lag", type=float, default=None,
+        help="every topic's target lag, seconds (router/pending.py); unset, a commit every batch",
+    )  # fmt: skip
     parser.add_argument(
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
     )

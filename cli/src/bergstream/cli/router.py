@@ -27,6 +27,7 @@ from bergstream.cli.options import (
 if TYPE_CHECKING:
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.config import RouterConfig
+    from bergstream.router.driver.named import RestartSettings
     from bergstream.router.driver.run import TopicOutcome
 
 
@@ -169,11 +170,16 @@ def router_run(
                     "else --defaults, sets it"
                 )
         configure_logging()
+        restart = RestartSettings(
+            initial_backoff_seconds=restart_backoff, max_backoff_seconds=max_restart_backoff
+        )
         outcomes = run_pattern(pattern, name, defaults_file, topics_dir, available_now, metrics_port,
-                               maintain_every, spark_conf, data_dir)  # fmt: skip
+                               maintain_every, spark_conf, data_dir, restart)  # fmt: skip
         report_outcomes(outcomes, as_json)
         return
-    # One topic's driver is not started again when it fails: whatever runs it (Kubernetes) does that.
+    # One restart policy for every way of naming topics: a failing query of a driver of several topics
+    # (`--topic` repeated, `--all`, `--pattern`) is started again alone, after a backoff, while the others go
+    # on; one topic's driver is not: whatever runs it (Kubernetes) starts it again.
     alone = len(topics) == 1 and group is None
     if not alone:
         for flag, value in (
@@ -244,9 +250,10 @@ def run_pattern(
     maintain_every: str | None,
     spark_conf: tuple[str, ...],
     data_dir: Path | None,
+    restart: RestartSettings,
 ) -> list[TopicOutcome]:
     """`router run --pattern`: one query for every matching topic, but those whose own files set another
-    trigger or rate limit (a query per set of them)."""
+    trigger or rate limit (a query per set of them); a query that fails is started again alone."""
     from bergstream.cli.endpoints import Endpoints
     from bergstream.router.driver.launch import launch_pattern
     from bergstream.router.driver.settings import (
@@ -273,7 +280,7 @@ def run_pattern(
     sources = (defaults, topics_dir, endpoints.router_defaults, overrides)
     queries = pattern_queries(settings, topics_dir, pattern_topic_settings(settings, *sources))
     load = pattern_topic_settings(settings, *sources, queries)
-    return launch_pattern(settings, load, available_now, queries=queries)
+    return launch_pattern(settings, load, available_now, queries=queries, restart=restart)
 
 
 @router.command("maintain")

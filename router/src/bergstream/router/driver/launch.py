@@ -132,10 +132,12 @@ def launch_pattern(
     available_now: bool = False,
     spark: SparkSession | None = None,
     queries: list[DriverSettings] | None = None,
+    restart: RestartSettings | None = None,
 ) -> list[TopicOutcome]:
     """Run the query of every topic `settings.pattern` matches until stopped (or, with available_now, until
     it archived what they hold); `queries` (settings.pattern_queries) when some topics run in queries of
-    their own. A topic dead-lettered whole is reported as failed, with why."""
+    their own, each started again alone after a failure with `restart` (as under `--all`). A topic
+    dead-lettered whole is reported as failed, with why."""
     settings.catalog.check_reachable()
     metrics = RouterMetrics(settings.pattern or settings.name)
     if settings.metrics_port is not None:
@@ -148,7 +150,7 @@ def launch_pattern(
         conf={**SPARK_PROMETHEUS_CONF, **MANY_TOPICS_SPARK_CONF, **settings.spark.conf},
     )  # fmt: skip
     try:
-        return Driver(queries or [settings], load, session, metrics, None, strict=False).run(available_now)
+        return Driver(queries or [settings], load, session, metrics, restart, strict=False).run(available_now)
     finally:
         if spark is None:
             session.stop()
