@@ -98,7 +98,7 @@ class BatchArchive:
                 failed = future.exception()
                 if failed is not None:
                     log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(failed))
-                    self._set_aside(topic, ranges[topic], failed)
+                    self.set_aside(topic, ranges[topic], failed)
         finally:
             if cached:
                 source.unpersist()
@@ -119,7 +119,7 @@ class BatchArchive:
         )
         worker.together.pending_committed(held.batches[-1], held.newest)
 
-    def _set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
+    def set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
         """The topic's share of the batch is archived later, from Kafka; an error no other way mends (another
         router writing the topic, the topic recreated) stops the query, and so does a stop asked for while the
         topic waited for its tables (the batch is not committed: Spark runs it again at the next start)."""

@@ -302,11 +302,14 @@ class TopicsQuery:
         due = self.pending.overdue(lags, busy)
 
         def commit(topic: str) -> None:
+            held = self.pending.held(topic)
             try:
                 self.batches.flush(self.topics[topic], batch_id, "lag")
             except Exception as error:
-                log.warning("topic %s: its pending files could not be committed (%s); tried again",
-                            topic, first_line(error))  # fmt: skip
+                # Waited out as long as a batch's commit is (commit_retry): set aside as a batch's topic is,
+                # what it had pending read from Kafka again once its tables take commits.
+                if held is not None:
+                    self.batches.set_aside(topic, held.range, error)
 
         list(self._pool.map(commit, due))
 
