@@ -191,6 +191,7 @@ def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_car
         assert max(Counter(archived_offsets(stack, table_for_topic(topic))).values()) == 1
         assert metric_value(port, "bergstream_router_commits_total", topic, 'reason="lag"') >= 1
         assert metric_value(port, "bergstream_router_target_lag_seconds", topic) == 6
+        assert metric_value(port, "bergstream_router_table_metadata_bytes", topic) > 0
     finally:
         router.send_signal(signal.SIGINT)
         router.wait(180)

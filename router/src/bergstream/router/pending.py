@@ -111,22 +111,8 @@ class PendingCommits:
         self.metrics.target_lag.labels(topic).set(target_lag or 0)
         previous_plan = self._plans.get(topic)
         self._plans[topic] = written.plan
-        if target_lag is None:
-            return "every batch"
-        held = self._held.get(topic)
-        records = written.records + (held.records if held else 0)
-        size = written.bytes + (held.bytes if held else 0)
-        if held is not None and previous_plan is not None and previous_plan != written.plan:
-            return "schema"
-        if size >= COMMIT_BYTES or records >= COMMIT_RECORDS:
-            return "size"
         now = time.monotonic() if now is None else now
-        since = now if held is None else held.since
-        # Its oldest record may have waited a trigger before the batch that read it, and waits one more for
-        # the next batch: committed now unless it would pass the target lag by then.
-        if now - since + 2 * self._trigger >= target_lag:
-            return "lag"
-        return None
+        return commit_reason(target_lag, self._trigger, self._held.get(topic), written, previous_plan, now)
 
     def overdue(self, lags: dict[str, float | None], busy: set[str], now: float | None = None) -> list[str]:
         """The topics not in this batch (`busy`) whose pending files are due by their target lag (`lags`):
@@ -304,6 +290,32 @@ class PendingCommits:
         self.metrics.pending_bytes.labels(topic).set(held.bytes if held else 0)
         self.metrics.pending_oldest.labels(topic).set(held.oldest or 0 if held else 0)
         self.metrics.pending_since.labels(topic).set(held.written_at if held else 0)
+
+
+def commit_reason(
+    target_lag: float | None,
+    trigger: float,
+    held: Held | None,
+    written: Written,
+    previous_plan: str | None,
+    now: float,
+) -> str | None:
+    """Why a topic that wrote `written` in this batch, with `held` pending since before it, commits now (at
+    monotonic `now`); None: its files are held. `previous_plan`: its rows' plan in its last batch."""
+    if target_lag is None:
+        return "every batch"
+    records = written.records + (held.records if held else 0)
+    size = written.bytes + (held.bytes if held else 0)
+    if held is not None and previous_plan is not None and previous_plan != written.plan:
+        return "schema"
+    if size >= COMMIT_BYTES or records >= COMMIT_RECORDS:
+        return "size"
+    since = now if held is None else held.since
+    # Its oldest record may have waited a trigger before the batch that read it, and waits one more for the
+    # next batch: committed now unless it would pass the target lag by then.
+    if now - since + 2 * trigger >= target_lag:
+        return "lag"
+    return None
 
 
 def written_of(totals: list[int], plan: str) -> Written:

@@ -212,6 +212,11 @@ class TogetherWriter:
             if pending is not None:
                 pending.committed(topic)
                 pending.metrics.pending_commits.labels(topic, due[topic]).inc()
+                metadata_bytes = outcome["totals"][10]
+                if metadata_bytes > 0:
+                    pending.metrics.metadata_bytes.labels(topic, tables[topic].identifiers[0]).set(
+                        metadata_bytes
+                    )
         return alone
 
     def write_alone(

@@ -120,6 +120,7 @@ public final class BatchWrite {
         }
         outcome.archiveCommitMicros = archived[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
         if (archived[0] > 0) {
+          outcome.metadataBytes = PendingFiles.metadataBytes(archive);
           // Two routers committing at the same moment did not see each other before.
           archive.refresh();
           outcome.secondWriter = SecondWriters.overlapping(archive, topic.properties, keys, true);

@@ -18,6 +18,7 @@ import org.apache.hadoop.fs.Path;
 import org.apache.iceberg.AppendFiles;
 import org.apache.iceberg.ContentFileParser;
 import org.apache.iceberg.DataFile;
+import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
@@ -222,6 +223,18 @@ public final class PendingFiles {
       }
     }
     return all.stream().filter(file -> !table.io().newInputFile(file.location()).exists()).count();
+  }
+
+  /**
+   * The size of {@code table}'s current metadata file, which every commit writes whole: it grows with the
+   * snapshots kept. 0 where the table keeps none (a catalog that holds its metadata itself).
+   */
+  static long metadataBytes(Table table) {
+    if (!(table instanceof HasTableOperations operations)) {
+      return 0;
+    }
+    String location = operations.operations().current().metadataFileLocation();
+    return location == null ? 0 : table.io().newInputFile(location).getLength();
   }
 
   /** The newest batch of query {@code query} in {@code table}'s current history; -1 when none. */

@@ -21,6 +21,8 @@ public final class TopicResult implements Serializable {
   public long newestMicros = Long.MIN_VALUE;
   /** The oldest ingestion time read, in microseconds; Long.MAX_VALUE when none. */
   public long oldestMicros = Long.MAX_VALUE;
+  /** The size of the archive table's metadata file after its commit; 0 when it was not committed. */
+  public long metadataBytes;
   /** Per Kafka partition: {records read, first offset, last offset}. */
   public final Map<Integer, long[]> partitions = new HashMap<>();
   /** Why the topic was not written, or its commits failed; null when they succeeded. */
@@ -69,12 +71,12 @@ public final class TopicResult implements Serializable {
 
   /**
    * {archived, dead-lettered, archive files and bytes, dead-letter files and bytes, newest micros, the
-   * archive's and the dead letters' commit micros, oldest micros}.
+   * archive's and the dead letters' commit micros, oldest micros, the archive's metadata file's bytes}.
    */
   public long[] totals() {
     return new long[] {
       archived, deadLettered, archiveFiles, archiveBytes, deadLetterFiles, deadLetterBytes, newestMicros,
-      archiveCommitMicros, deadLetterCommitMicros, oldestMicros
+      archiveCommitMicros, deadLetterCommitMicros, oldestMicros, metadataBytes
     };
   }
 }

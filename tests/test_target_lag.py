@@ -1,0 +1,47 @@
+"""When a topic on a target lag commits (router/pending.py), and the range a commit of several batches
+records: pure logic, plain data. The settings that refuse a target lag: test_router_config.py."""
+
+from __future__ import annotations
+
+from bergstream.router.pending import COMMIT_BYTES, COMMIT_RECORDS, Held, Written, commit_reason
+from bergstream.schemas.batch_range import BatchRange
+
+
+def held(since: float, records: int = 10, size: int = 1000) -> Held:
+    return Held(3, BatchRange({0: 0}, {0: 10}), {}, since, 0.0, records=records, bytes=size)
+
+
+def written(records: int = 10, size: int = 1000, plan: str = "p1") -> Written:
+    return Written(records, size, None, None, plan)
+
+
+def test_a_topic_without_a_target_lag_commits_every_batch() -> None:
+    assert commit_reason(None, 10, held(0), written(), "p1", now=1) == "every batch"
+    assert commit_reason(None, 10, None, written(), None, now=1) == "every batch"
+
+
+def test_a_topic_holds_its_files_until_its_oldest_would_pass_the_lag_at_the_next_batch() -> None:
+    # 60 s lag, 10 s trigger: nothing pending, the batch's files are held.
+    assert commit_reason(60, 10, None, written(), None, now=100) is None
+    # Pending since 100: held at 130 (30 + 2 triggers < 60), committed at 140 (40 + 20 = 60).
+    assert commit_reason(60, 10, held(100), written(), "p1", now=130) is None
+    assert commit_reason(60, 10, held(100), written(), "p1", now=140) == "lag"
+    # A target lag under two triggers commits every batch.
+    assert commit_reason(15, 10, None, written(), None, now=100) == "lag"
+
+
+def test_a_topic_commits_once_a_commit_s_worth_is_pending_and_at_a_schema_change() -> None:
+    assert commit_reason(3600, 1, held(0, size=COMMIT_BYTES - 10), written(size=10), "p1", now=1) == "size"
+    full = held(0, records=COMMIT_RECORDS - 1)
+    assert commit_reason(3600, 1, full, written(records=1), "p1", now=1) == "size"
+    assert commit_reason(3600, 1, held(0), written(), "p1", now=1) is None
+    # The rows' plan changed (a schema registry's new version): what is pending goes with this batch's.
+    assert commit_reason(3600, 1, held(0), written(plan="p2"), "p1", now=1) == "schema"
+    assert commit_reason(3600, 1, None, written(plan="p2"), "p1", now=1) is None
+
+
+def test_a_commit_of_several_batches_records_the_oldest_start_and_the_newest_end() -> None:
+    first = BatchRange({0: 100, 1: 50}, {0: 120, 1: 60})
+    later = BatchRange({0: 130, 1: 60, 2: 0}, {0: 150, 1: 70, 2: 5})
+    assert later.after(first) == BatchRange({0: 100, 1: 50, 2: 0}, {0: 150, 1: 70, 2: 5})
+    assert later.after(BatchRange("earliest", {0: 120})) == BatchRange("earliest", {0: 150, 1: 70, 2: 5})
