@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,16 +134,18 @@ def jit_seconds(pids: list[int]) -> float:
     return total
 
 
-def archived(port: int) -> dict[str, float]:
-    """{topic: records archived and committed} from a driver's metrics endpoint (those written and pending
-    on a topic's target lag are not in the archive yet); empty while it does not answer."""
+def archived(port: int, committed: bool = False) -> dict[str, float]:
+    """{topic: records archived} from a driver's metrics endpoint: written, or with `committed` those in the
+    archive (written and not pending on a topic's target lag); empty while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
     except OSError:
         return {}
     counted: dict[str, float] = {}
-    signs = {"bergstream_router_records_archived_total": 1, "bergstream_router_pending_records": -1}
+    signs = {"bergstream_router_records_archived_total": 1}
+    if committed:
+        signs["bergstream_router_pending_records"] = -1
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in signs:
@@ -159,11 +162,11 @@ class Drivers:
     samples: list[tuple[float, int, float]] = field(default_factory=list)  # (seconds, rss, archived)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def archived(self) -> float:
-        return sum(sum(archived(port).values()) for port in self.ports)
+    def archived(self, committed: bool = False) -> float:
+        return sum(sum(archived(port, committed).values()) for port in self.ports)
 
     def archived_of(self, topic: str) -> float:
-        return sum(archived(port).get(topic, 0.0) for port in self.ports)
+        return sum(archived(port, committed=True).get(topic, 0.0) for port in self.ports)
 
     def pids(self) -> list[int]:
         return [pid for process in self.processes for pid in process_tree(process.pid)]
@@ -276,12 +279,12 @@ def launch(shape: str, topics: list[str], directory: Path, log: Path, pattern: s
 
 
 def wait_for(drivers: Drivers, total: float, timeout: float, what: str, topic: str | None = None) -> float:
-    """Polls until the drivers archived `total` records (of `topic`, when given); returns when, in monotonic
-    seconds."""
+    """Polls until the drivers archived and committed `total` records (of `topic`, when given); returns
+    when, in monotonic seconds."""
     deadline = time.monotonic() + timeout
     last_print = 0.0
     while True:
-        done = drivers.archived() if topic is None else drivers.archived_of(topic)
+        done = drivers.archived(committed=True) if topic is None else drivers.archived_of(topic)
         now = time.monotonic()
         if done >= total:
             return now
@@ -372,7 +375,8 @@ def measure(
         produce(request, bootstrap, show_progress=False)
     print(f"{count} topics, {shape}: {count * args.events:,} events of backlog; starting", flush=True)
     launched = time.monotonic()
-    drivers = launch(shape, topics, directory, home / f"{slug}{count}.log", rf"{prefix}_.*")
+    log = home / f"{slug}{count}.log"
+    drivers = launch(shape, topics, directory, log, rf"{prefix}_.*")
     drivers.watch(launched)
     new_topic_seconds = None
     try:
@@ -422,6 +426,8 @@ def measure(
         caught_up = wait_for(drivers, backlog + warmed + sent + extra, args.timeout, "steady run caught up")
     finally:
         drivers.stop()
+        # The drivers' log, for the profile of where a batch's time went: kept beside the run's numbers.
+        shutil.copy(log, OUT / f"topics-{count}-{shape}.log")
     fresh = topic_freshness(catalog, topics, steady_ms)
     every = [delay for delays in fresh.values() for delay in delays]
     per_topic_p99 = sorted(percentile(delays, 99) for delays in fresh.values() if delays)
