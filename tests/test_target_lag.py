@@ -3,7 +3,15 @@ records: pure logic, plain data. The settings that refuse a target lag: test_rou
 
 from __future__ import annotations
 
-from bergstream.router.pending import COMMIT_BYTES, COMMIT_RECORDS, Held, Written, commit_reason
+from bergstream.router.pending import (
+    COMMIT_BYTES,
+    COMMIT_RECORDS,
+    SPREAD,
+    Held,
+    Written,
+    commit_reason,
+    phase,
+)
 from bergstream.schemas.batch_range import BatchRange
 
 
@@ -45,3 +53,15 @@ def test_a_commit_of_several_batches_records_the_oldest_start_and_the_newest_end
     later = BatchRange({0: 130, 1: 60, 2: 0}, {0: 150, 1: 70, 2: 5})
     assert later.after(first) == BatchRange({0: 100, 1: 50, 2: 0}, {0: 150, 1: 70, 2: 5})
     assert later.after(BatchRange("earliest", {0: 120})) == BatchRange("earliest", {0: 150, 1: 70, 2: 5})
+
+
+def test_topics_that_began_holding_together_commit_spread_over_the_last_part_of_their_lag() -> None:
+    phases = [phase(f"playback.{number}") for number in range(100)]
+    assert min(phases) < 0.1 and max(phases) > 0.9, "phases spread over [0, 1)"
+    assert phase("playback.1") == phase("playback.1")
+    # 60 s lag, 10 s trigger, pending since 0: a topic of phase 0 commits at 40 s, one of phase 0.99 at 25 s.
+    assert commit_reason(60, 10, held(0), written(), "p1", now=39, spread=0.0) is None
+    assert commit_reason(60, 10, held(0), written(), "p1", now=40, spread=0.0) == "lag"
+    early = 60 * (1 - SPREAD * 0.99) - 20
+    assert commit_reason(60, 10, held(0), written(), "p1", now=early - 1, spread=0.99) is None
+    assert commit_reason(60, 10, held(0), written(), "p1", now=early, spread=0.99) == "lag"

@@ -3,7 +3,7 @@ pending, recorded beside the query's checkpoint, and committed with a later batc
 
 The driver decides once per batch, for every topic the batch wrote (`PendingCommits.due`): a topic commits
 when it has no target lag (a commit every batch), when its oldest record not committed would otherwise be
-older than its target lag at the next batch, when what it has pending reaches a commit's worth
+older than its target lag at the next batch (up to SPREAD of it earlier, by the topic's phase), when what it has pending reaches a commit's worth
 (COMMIT_BYTES, COMMIT_RECORDS), and when its rows' plan changed (a schema change). Every pending file is
 committed when the query ends (a graceful stop, the end of `--available-now`), before a topic's batch is
 written on its own (`flush`), and when a driver starts again on the checkpoint (`recover`). A topic set
@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,9 @@ RECORDS_DIR = "bergstream-pending"
 # costs about what one of a few does, and a crash replays less.
 COMMIT_BYTES = 64 * 1024 * 1024
 COMMIT_RECORDS = 500_000
+# Topics commit up to this share of their target lag early, each by its own phase: hundreds of topics that
+# began holding files in the same batch would otherwise all commit in one batch, every target lag.
+SPREAD = 0.25
 _PENDING_FILES = "io.bergstream.router.PendingFiles"
 
 
@@ -112,7 +116,8 @@ class PendingCommits:
         previous_plan = self._plans.get(topic)
         self._plans[topic] = written.plan
         now = time.monotonic() if now is None else now
-        return commit_reason(target_lag, self._trigger, self._held.get(topic), written, previous_plan, now)
+        held = self._held.get(topic)
+        return commit_reason(target_lag, self._trigger, held, written, previous_plan, now, phase(topic))
 
     def overdue(self, lags: dict[str, float | None], busy: set[str], now: float | None = None) -> list[str]:
         """The topics not in this batch (`busy`) whose pending files are due by their target lag (`lags`):
@@ -122,7 +127,9 @@ class PendingCommits:
         with self._lock:
             for topic, held in sorted(self._held.items()):
                 lag = lags.get(topic)
-                if topic not in busy and (lag is None or now - held.since + self._trigger >= lag):
+                if topic not in busy and (
+                    lag is None or now - held.since + self._trigger >= lag * (1 - SPREAD * phase(topic))
+                ):
                     due.append(topic)
         return due
 
@@ -292,6 +299,12 @@ class PendingCommits:
         self.metrics.pending_since.labels(topic).set(held.written_at if held else 0)
 
 
+def phase(topic: str) -> float:
+    """The topic's place in [0, 1), the same in every driver: what spreads the commits of topics that began
+    holding files in the same batch."""
+    return (zlib.crc32(topic.encode()) % 1024) / 1024
+
+
 def commit_reason(
     target_lag: float | None,
     trigger: float,
@@ -299,9 +312,12 @@ def commit_reason(
     written: Written,
     previous_plan: str | None,
     now: float,
+    spread: float = 0.0,
 ) -> str | None:
     """Why a topic that wrote `written` in this batch, with `held` pending since before it, commits now (at
-    monotonic `now`); None: its files are held. `previous_plan`: its rows' plan in its last batch."""
+    monotonic `now`); None: its files are held. `previous_plan`: its rows' plan in its last batch. `spread`
+    in [0, 1): the topic commits that much of SPREAD earlier than its target lag asks (its `phase`), so that
+    topics that started together do not all commit in one batch, a burst that batch would wait for."""
     if target_lag is None:
         return "every batch"
     records = written.records + (held.records if held else 0)
@@ -313,7 +329,7 @@ def commit_reason(
     since = now if held is None else held.since
     # Its oldest record may have waited a trigger before the batch that read it, and waits one more for the
     # next batch: committed now unless it would pass the target lag by then.
-    if now - since + 2 * trigger >= target_lag:
+    if now - since + 2 * trigger >= target_lag * (1 - SPREAD * spread):
         return "lag"
     return None
 
