@@ -205,7 +205,8 @@ def test_a_pattern_router_waits_out_a_catalog_outage_topic_by_topic_and_loses_an
     is down goes topic by topic, each waiting for the catalog with its own retries; once it is back, every
     offset of every topic is archived once. With a target lag, the topics' files pending when the catalog
     went down are committed once it is back, before their next batch, each once."""
-    prefix = topic_name[:40]
+    # The variants' topics apart: the two share a broker, and their names' first 40 characters.
+    prefix = topic_name[:36] + ("_lag" if target_lag else "")
     topics = [f"{prefix}.{name}" for name in ("a", "b", "c")]
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for topic in topics:
