@@ -3,11 +3,12 @@ pending, recorded beside the query's checkpoint, and committed with a later batc
 
 The driver decides once per batch, for every topic the batch wrote (`PendingCommits.due`): a topic commits
 when it has no target lag (a commit every batch), when its oldest record not committed would otherwise be
-older than its target lag at the next batch (up to SPREAD of it earlier, by the topic's phase), when what it has pending reaches a commit's worth
-(COMMIT_BYTES, COMMIT_RECORDS), and when its rows' plan changed (a schema change). Every pending file is
-committed when the query ends (a graceful stop, the end of `--available-now`), before a topic's batch is
-written on its own (`flush`), and when a driver starts again on the checkpoint (`recover`). A topic set
-aside drops what it has pending (`drop`): its catch-up reads Kafka from where its tables end.
+older than its target lag at the next batch (up to SPREAD of it earlier, by the topic's phase), when what
+it has pending reaches a commit's worth (COMMIT_BYTES, COMMIT_RECORDS), and when its rows' plan changed (a
+schema change). Every pending file is committed when the query ends (a graceful stop, the end of
+`--available-now`), before a topic's batch is written on its own (`flush`), and when a driver starts again
+on the checkpoint (`recover`). A topic set aside drops what it has pending (`drop`): its catch-up reads
+Kafka from where its tables end.
 
 A commit that carries several batches' files records the query's newest batch among them and the Kafka
 range from the oldest one's start to the newest one's end: every reader of positions (the resume without a
