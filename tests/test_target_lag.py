@@ -16,7 +16,7 @@ from bergstream.schemas.batch_range import BatchRange
 
 
 def held(since: float, records: int = 10, size: int = 1000) -> Held:
-    return Held(3, BatchRange({0: 0}, {0: 10}), {}, since, 0.0, records=records, bytes=size)
+    return Held(BatchRange({0: 0}, {0: 10}), {}, since, 0.0, records=records, bytes=size)
 
 
 def written(records: int = 10, size: int = 1000, plan: str = "p1") -> Written:

@@ -58,7 +58,6 @@ _PENDING_FILES = "io.bergstream.router.PendingFiles"
 class Held:
     """What a topic has written and not committed."""
 
-    first_batch: int
     range: BatchRange  # from its oldest pending batch's start to its newest's end
     properties: dict[str, str]  # the summary its commit carries: the newest batch's, widened to `range`
     since: float  # monotonic: when its oldest pending batch was written
@@ -96,8 +95,8 @@ class PendingCommits:
         self.files = getattr(jvm, _PENDING_FILES)()
         self._directory = f"{checkpoint.rstrip('/')}/{RECORDS_DIR}"
         self._held: dict[str, Held] = {}
-        # Per batch recorded: its document's tables, and those of them not committed yet.
-        self._records: dict[int, dict[str, Any]] = {}
+        # Per batch recorded: the tables it names that are not committed yet.
+        self._records: dict[int, set[str]] = {}
         self._plans: dict[str, str] = {}
         self._lock = threading.RLock()
 
@@ -139,17 +138,16 @@ class PendingCommits:
         batch_id: int,
         query_id: str,
         topics: dict[str, tuple[list[str], dict[str, str], BatchRange, Written]],
-        record: Callable[[str, str], None],
     ) -> None:
         """Batch `batch_id`'s files of `topics` ({topic: (its tables written, its commit's widened summary,
-        widened range, what it wrote)}) stay pending; `record(path, document)` writes the batch's record."""
+        widened range, what it wrote)}) stay pending, and the batch's record is written."""
         now = time.monotonic()
         tables: dict[str, Any] = {}
         with self._lock:
             for topic, (identifiers, properties, widened, written) in topics.items():
                 held = self._held.get(topic)
                 if held is None:
-                    held = self._held[topic] = Held(batch_id, widened, properties, now, time.time())
+                    held = self._held[topic] = Held(widened, properties, now, time.time())
                 held.range, held.properties = widened, properties
                 held.tables.update(identifiers)
                 held.records += written.records
@@ -165,11 +163,8 @@ class PendingCommits:
             if not tables:
                 return
             document = {"batch": batch_id, "query": query_id, "tables": tables}
-            record(self._path(batch_id), json.dumps(document))
-            self._records[batch_id] = document
-
-    def write_record(self, path: str, document: str) -> None:
-        self.files.record(self.spark._jsparkSession, path, document)
+            self.files.record(self.spark._jsparkSession, self._path(batch_id), json.dumps(document))
+            self._records[batch_id] = set(tables)
 
     def committed(self, topic: str) -> Held | None:
         """`topic`'s pending files were committed (with a batch's, or flushed): its records lose it."""
@@ -182,8 +177,9 @@ class PendingCommits:
             return held
 
     def drop(self, topic: str) -> None:
-        """`topic` is set aside: what it has pending is not committed (its catch-up reads Kafka from where
-        its tables end), and its records lose it."""
+        """`topic` is set aside: what it has pending is not committed now, and its catch-up reads Kafka from
+        where its tables end. Its records still name those files: a driver started again before the catch-up
+        commits them, and the catch-up then reads on from there."""
         with self._lock:
             held = self._held.pop(topic, None)
             if held is None:
@@ -276,16 +272,12 @@ class PendingCommits:
         return committed
 
     def _forget(self, tables: set[str]) -> None:
-        """`tables` have nothing pending: a batch's record none of whose tables is pending goes."""
-        for batch, document in sorted(self._records.items()):
-            remaining = {name: table for name, table in document["tables"].items() if name not in tables}
-            if len(remaining) == len(document["tables"]):
-                continue
-            if remaining:
-                document = {**document, "tables": remaining}
-                self._records[batch] = document
-                self.write_record(self._path(batch), json.dumps(document))
-            else:
+        """`tables` have nothing pending: a batch's record all of whose tables are committed goes. One that
+        still names some of them stays as it is: a driver started again commits only the batches a table's
+        history does not hold (PendingFiles.flush)."""
+        for batch, remaining in list(self._records.items()):
+            remaining -= tables
+            if not remaining:
                 del self._records[batch]
                 self.files.delete(self.spark._jsparkSession, self._path(batch))
 
@@ -338,7 +330,7 @@ def commit_reason(
 def written_of(totals: list[int], plan: str) -> Written:
     """What a topic's outcome (BatchWrite.json's totals) says it wrote."""
     archived, dead_lettered, _, archive_bytes, _, dead_bytes, newest, *rest = totals
-    oldest = rest[2] if len(rest) > 2 else None
+    oldest = rest[2]
     return Written(
         records=archived + dead_lettered,
         bytes=archive_bytes + dead_bytes,

@@ -176,7 +176,7 @@ class TogetherWriter:
             assert pending is not None
             written.hold(pending.files, batch_id, [together.index(topic) for topic in held])
             query_id = next(iter(held.values()))[1][QUERY_ID]
-            pending.hold(batch_id, query_id, held, pending.write_record)
+            pending.hold(batch_id, query_id, held)
         if due:
             written.commit(pending.files if pending else None, [together.index(t) for t in due],
                            self._commit_threads)  # fmt: skip

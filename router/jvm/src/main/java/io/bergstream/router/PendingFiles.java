@@ -174,31 +174,19 @@ public final class PendingFiles {
 
   /**
    * Commits the files of {@code name} pending up to {@code batch}, alone, with {@code properties} in the
-   * snapshot's summary, unless the table holds that batch of the query already (a commit before the driver
-   * stopped, its record not cleared yet): {files, bytes, micros}; {-1, 0, 0} when it held it; {-2, missing,
-   * 0} when some of the files are gone (none is committed then).
+   * snapshot's summary: those of the batches its history does not hold yet (a commit before the driver
+   * stopped, its record not cleared, holds them). {files, bytes, micros}; {-1, 0, 0} when it held them all.
+   * Whether they are all still there is {@link #missing}'s to say, before a driver started again commits.
    */
   public long[] flush(SparkSession spark, String name, String queryKey, String batchKey, long batch,
       Map<String, String> properties) throws Exception {
     long began = System.nanoTime();
     Table table = Spark3Util.loadIcebergTable(spark, name);
-    if (newestBatch(table, queryKey, batchKey, properties.get(queryKey)) >= batch) {
+    long newest = newestBatch(table, queryKey, batchKey, properties.get(queryKey));
+    List<DataFile> all = after(name, newest, batch);
+    if (all.isEmpty()) {
       committed(name, batch);
-      return new long[] {-1, 0, 0};
-    }
-    List<DataFile> all = new ArrayList<>();
-    synchronized (this) {
-      SortedMap<Long, List<DataFile>> batches = files.get(name);
-      if (batches != null) {
-        batches.headMap(batch + 1).values().forEach(all::addAll);
-      }
-    }
-    long missing = all.stream().filter(file -> !table.io().newInputFile(file.location()).exists()).count();
-    if (missing > 0) {
-      // Removed meanwhile (orphan removal while the driver was stopped longer than its retention): committed,
-      // they would make the table unreadable. None is committed; the driver reads their range again.
-      committed(name, batch);
-      return new long[] {-2, missing, 0};
+      return new long[] {newest >= batch ? -1 : 0, 0, 0};
     }
     long[] appended = append(table, all, properties);
     committed(name, batch);
@@ -212,17 +200,23 @@ public final class PendingFiles {
   public long missing(SparkSession spark, String name, String queryKey, String batchKey, long batch,
       String query) throws Exception {
     Table table = Spark3Util.loadIcebergTable(spark, name);
-    if (newestBatch(table, queryKey, batchKey, query) >= batch) {
-      return 0;
-    }
+    return after(name, newestBatch(table, queryKey, batchKey, query), batch).stream()
+        .filter(file -> !table.io().newInputFile(file.location()).exists())
+        .count();
+  }
+
+  /**
+   * The files of {@code name} of the batches after {@code newest} (the table's newest batch of the query:
+   * what its history holds already) up to {@code batch}. A record names a table's files until every table
+   * it names is committed: its batches the table holds are not committed again.
+   */
+  private synchronized List<DataFile> after(String name, long newest, long batch) {
     List<DataFile> all = new ArrayList<>();
-    synchronized (this) {
-      SortedMap<Long, List<DataFile>> batches = files.get(name);
-      if (batches != null) {
-        batches.headMap(batch + 1).values().forEach(all::addAll);
-      }
+    SortedMap<Long, List<DataFile>> batches = files.get(name);
+    if (batches != null && batch > newest) {
+      batches.subMap(newest + 1, batch + 1).values().forEach(all::addAll);
     }
-    return all.stream().filter(file -> !table.io().newInputFile(file.location()).exists()).count();
+    return all;
   }
 
   /**

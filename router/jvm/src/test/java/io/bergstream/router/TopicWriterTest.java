@@ -317,6 +317,20 @@ class TopicWriterTest {
     assertEquals(3L, spark.sql("SELECT count(*) FROM " + dead).first().getLong(0));
     assertEquals(0, pending.batches(archive).length);
 
+    // Batch 9 held after that commit, recorded beside batch 7's record, which still names its files.
+    BatchWrite ninth = TopicTables.write(spark, offsets(112, 116), RECORDS.fieldIndex("topic"),
+        List.of(pendingWrite("pending", 9, 112, 116)), START_MICROS, 1, Map.of(), KEYS);
+    ninth.hold(pending, 9, List.of(0));
+    pending.record(spark, records.resolve("9.json").toString(),
+        "{\"batch\": 9, \"query\": \"query-p\", \"tables\": {\"" + archive + "\": {}}}");
+    PendingFiles stale = new PendingFiles();
+    stale.load(spark, records.toString());
+    // Started again: batch 9's files alone are committed; batch 7's, which the table holds, are not again.
+    long[] nine = stale.flush(spark, archive, "q", "b", 9, Map.of("q", "query-p", "b", "9"));
+    assertTrue(nine[0] > 0, java.util.Arrays.toString(nine));
+    assertEquals(12L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    java.nio.file.Files.delete(records.resolve("9.json"));
+
     // A driver started again before the record was cleared: each table holds batch 7, nothing appended.
     PendingFiles restarted = new PendingFiles();
     JsonNode loaded = new ObjectMapper().readTree(restarted.load(spark, records.toString()));
@@ -326,7 +340,7 @@ class TopicWriterTest {
     Map<String, String> summary = Map.of("q", "query-p", "b", "7");
     assertEquals(-1, restarted.flush(spark, archive, "q", "b", 7, summary)[0]);
     assertEquals(-1, restarted.flush(spark, dead, "q", "b", 7, summary)[0]);
-    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(12L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
 
     // Of a record whose batch was never committed, a restart commits the files read back from it, once.
     createTables("restarted");
