@@ -270,7 +270,7 @@ class TogetherWriter:
         commit: bool = True,
     ) -> Any:
         """TopicTables.write of `topics` (with their rows' `plans`), each commit's summary recording its
-        range of `ranges`; with `commit`, every topic committed (TopicTables.append)."""
+        range of `ranges`; with `commit`, every topic committed."""
         jvm = source.sparkSession._jvm
         assert jvm is not None
         topic_write = getattr(jvm, TOPIC_WRITE)
@@ -291,17 +291,17 @@ def write_tables(
     source: DataFrame, writes: list[Any], cores: int, shares: dict[str, int], commit_threads: int | None
 ) -> Any:
     """TopicTables.write of `writes` (TopicWrite: each topic's rows, tables and summary) from the records of
-    `source`; with `commit_threads`, TopicTables.append: each committed, that many at once."""
+    `source`; with `commit_threads`, each then committed, that many at once, nothing kept pending."""
     spark = source.sparkSession
     jvm = spark._jvm
     assert jvm is not None
     tables = getattr(jvm, _TOPIC_TABLES)
     keys = [QUERY_ID, BATCH_ID, TOPIC, CLUSTER, BATCH_START, NEXT_OFFSETS]
-    common = (spark._jsparkSession, source._jdf, source.columns.index("topic"), writes,
-              int(time.time() * 1_000_000), cores, shares)  # fmt: skip
-    if commit_threads is None:
-        return tables.write(*common, keys)
-    return tables.append(*common, commit_threads, keys)
+    written = tables.write(spark._jsparkSession, source._jdf, source.columns.index("topic"), writes,
+                           int(time.time() * 1_000_000), cores, shares, keys)  # fmt: skip
+    if commit_threads is not None:
+        written.commit(None, list(range(len(writes))), commit_threads)
+    return written
 
 
 def rows_plan(frame: DataFrame) -> Any:

@@ -208,30 +208,6 @@ public final class TopicTables {
         names, (planned - started) / 1_000_000, (wrote - planned) / 1_000_000);
   }
 
-  /**
-   * {@link #write}, then a commit of every topic written, nothing kept pending: a topic's batch on its own,
-   * and a batch of topics that commit every batch.
-   */
-  public static BatchWrite append(
-      SparkSession spark,
-      Dataset<Row> records,
-      int topicColumn,
-      List<TopicWrite> writes,
-      long writeMicros,
-      int tasks,
-      Map<String, Integer> shares,
-      int threads,
-      List<String> keys)
-      throws Exception {
-    BatchWrite written = write(spark, records, topicColumn, writes, writeMicros, tasks, shares, keys);
-    List<Integer> all = new ArrayList<>();
-    for (int i = 0; i < writes.size(); i++) {
-      all.add(i);
-    }
-    written.commit(null, all, threads);
-    return written;
-  }
-
   private static Table load(SparkSession spark, String name) throws Exception {
     return name == null ? null : Spark3Util.loadIcebergTable(spark, name);
   }

@@ -124,10 +124,12 @@ class TopicWriterTest {
     Map<String, String> properties =
         Map.of("q", query, "b", "7", "topic", "plays", "cluster", "test", "start", "{\"0\":100,\"1\":101}",
             "next", "{\"0\":105,\"1\":106}");
-    return TopicTables.append(spark, records, RECORDS.fieldIndex("topic"),
+    BatchWrite written = TopicTables.write(spark, records, RECORDS.fieldIndex("topic"),
         List.of(new TopicWrite("plays", plan(), archive, deadLetters, archive == null, deadLetters == null,
             properties)),
-        writeMicros, 2, Map.of("plays", 2), 2, KEYS);
+        writeMicros, 2, Map.of("plays", 2), KEYS);
+    written.commit(null, List.of(0), 2);
+    return written;
   }
 
   /** A topic's archive table and dead-letter table, as bergstream makes them, in t.ns. */
