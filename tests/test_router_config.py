@@ -44,7 +44,7 @@ def settings_file(directory: Path, topic: str, **changes: Any) -> Path:
         ({"table": "playback__dlq"}, "table: Value error, 'playback__dlq' ends in __dlq"),
         ({"schema": "../../tmp/evil"}, "schema: String should match pattern"),
         ({"target_lag": "often"}, "target_lag: Value error, target_lag 'often': write a number and a unit"),
-        ({"target_lag": "0.5s"}, "target_lag: Value error, '0.5s': give at least 1s"),
+        ({"target_lag": "0.5s"}, "target_lag: Value error, '0.5s': give a duration of at least 1s"),
         (
             {"target_lag": "20m", "maintenance": {"orphan_retention_hours": 1}},
             "target_lag 20m is over a quarter of maintenance.orphan_retention_hours (1h)",

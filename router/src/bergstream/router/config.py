@@ -77,6 +77,19 @@ KafkaOptions = Annotated[dict[str, OptionValue], AfterValidator(lambda options: 
 TriggerInterval = Annotated[str, AfterValidator(lambda interval: check_trigger_interval(interval))]
 
 
+def duration_at_least(text: str, what: str, least: timedelta, examples: str, otherwise: str) -> str:
+    """`text` when it is a duration of at least `least`; else the ValueError a settings field gives, with
+    `examples` of one and what else the field takes (`otherwise`)."""
+    try:
+        span = parse_duration(text, what)
+    except ConfigError as error:
+        raise ValueError(f"{error}; {otherwise}") from error
+    if span < least:
+        least_text = format_duration(least)
+        raise ValueError(f"{text!r}: give a duration of at least {least_text}, {examples}; {otherwise}")
+    return text
+
+
 class MaintenanceSettings(BaseModel):
     """How `bergstream router maintain` treats the topic's tables, and how often the router runs it itself."""
 
@@ -103,16 +116,10 @@ class MaintenanceSettings(BaseModel):
             return None
         if not isinstance(every, str):
             raise ValueError(f"{every!r}: give a duration such as 1h or 30m, or never")
-        try:
-            span = parse_duration(every, "maintenance every")
-        except ConfigError as error:
-            raise ValueError(f"{error}; or never, to leave maintenance to `router maintain`") from error
-        if span < MIN_MAINTENANCE_INTERVAL:
-            raise ValueError(
-                f"{every!r}: give a duration of at least {format_duration(MIN_MAINTENANCE_INTERVAL)}, "
-                "such as 1h or 30m"
-            )
-        return every
+        return duration_at_least(
+            every, "maintenance every", MIN_MAINTENANCE_INTERVAL, "such as 1h or 30m",
+            "or never, to leave maintenance to `router maintain`",
+        )  # fmt: skip
 
     @property
     def every_seconds(self) -> float | None:
@@ -175,16 +182,13 @@ class QuerySettings(BaseModel):
     def _target_lag(cls, lag: object) -> str | None:
         if lag is None:
             return None
-        try:
-            span = parse_duration(str(lag), "target_lag")
-        except ConfigError as error:
-            raise ValueError(f"{error}; or leave it out for a commit every batch") from error
-        if span < MIN_TARGET_LAG:
-            raise ValueError(
-                f"{lag!r}: give at least {format_duration(MIN_TARGET_LAG)}, such as 60s or 5m; or leave it "
-                "out for a commit every batch"
-            )
-        return str(lag)
+        return duration_at_least(
+            str(lag),
+            "target_lag",
+            MIN_TARGET_LAG,
+            "such as 60s or 5m",
+            "or leave it out for a commit every batch",
+        )
 
     @property
     def trigger_seconds(self) -> float:
