@@ -111,10 +111,14 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
         assert all(not archived(topic) for topic in topics), "committed before its target lag"
     finally:
         killed(router)
-    # Started again: the recorded files are committed, once, before anything new; the records go.
+    # Started again, with other settings (no target lag: a commit every batch): the recorded files are
+    # committed, once, before anything new; the records go.
+    settings = {"schema": "playback", "encoding": "json", "cluster": "test", "trigger_interval": "1 second"}
+    write_defaults(stack, tmp_path, **settings)
     drained()
     exactly_once()
     assert not list(records.glob("*.json")), list(records.iterdir())
+    write_defaults(stack, tmp_path, **settings, target_lag="1h")
 
     # A graceful stop commits what is pending. Its records, kept aside, are what a router killed after its
     # commits and before clearing them leaves.
