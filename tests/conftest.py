@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from bergstream.local import schema_registry as registry_server
 from bergstream.local.go_install import PROMTOOL_3
+from bergstream.local.processes import free_port
 from bergstream.spark import build_spark_session
 from tests import jvm_start
 from tests.services import Services, services
@@ -148,3 +150,20 @@ def promtool(request: pytest.FixtureRequest) -> str:
         assert found, "promtool is missing: Debian's prometheus package has it"
         return found
     return str(built_with_go(PROMTOOL_3))
+
+
+@pytest.fixture(scope="module")
+def registry_binary() -> Path:
+    return built_with_go(registry_server.SCHEMA_REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def registry(
+    registry_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[registry_server.SchemaRegistryConfig]:
+    config = registry_server.SchemaRegistryConfig(
+        tmp_path_factory.mktemp("registry"), "127.0.0.1", free_port()
+    )
+    registry_server.start(config)
+    yield config
+    registry_server.stop(config)

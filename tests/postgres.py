@@ -47,6 +47,18 @@ class PostgresServer:
         _run([_binary("pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
              f"stopping PostgreSQL on {self.host}:{self.port}")  # fmt: skip
 
+    def sql(self, statement: str) -> str:
+        """Run `statement` in the database as user bergstream; its output, unaligned."""
+        done = subprocess.run(
+            [_binary("psql"), "-h", self.host, "-p", str(self.port), "-U", USER, "-d", self.database,
+             "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", statement],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            where = f"{self.host}:{self.port}/{self.database}"
+            raise StackError(f"psql on {where}: {done.stderr.strip()[-2000:]}")
+        return done.stdout
+
     def pause(self) -> None:
         """The server stops answering, its connections open: a database stalled, not down."""
         self._signal(signal.SIGSTOP)

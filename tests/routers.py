@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.services import Services
 
@@ -152,3 +153,17 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 180, every
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(every)
+
+
+def recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete `topic` and create it again under its name, once Kafka has finished deleting it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+            return
+        except KafkaException as error:  # still being deleted
+            assert time.monotonic() < deadline, f"{topic}: not created again in 60s: {error}"
+            time.sleep(0.2)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,24 +45,6 @@ from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.schemas.spark_types import record_to_struct
 from tests.routers import eventually, start_router, write_config
 from tests.services import Services
-from tests.tools import built_with_go
-
-
-@pytest.fixture(scope="module")
-def registry_binary() -> Path:
-    return built_with_go(registry_server.SCHEMA_REGISTRY)
-
-
-@pytest.fixture(scope="module")
-def registry(
-    registry_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[registry_server.SchemaRegistryConfig]:
-    config = registry_server.SchemaRegistryConfig(
-        tmp_path_factory.mktemp("registry"), "127.0.0.1", free_port()
-    )
-    registry_server.start(config)
-    yield config
-    registry_server.stop(config)
 
 
 def _config(stack: Services, topic: str, tmp_path: Path, encoding: str, **registry: Any) -> RouterConfig:

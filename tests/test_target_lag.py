@@ -1,15 +1,17 @@
-"""When a topic on a target lag commits (router/pending.py), and the range a commit of several batches
+"""When a topic on a target lag commits (router/commit_policy.py), and the range a commit of several batches
 records: pure logic, plain data. The settings that refuse a target lag: test_router_config.py."""
 
 from __future__ import annotations
 
-from bergstream.router.pending import (
+from bergstream.router.commit_policy import (
     COMMIT_BYTES,
     COMMIT_RECORDS,
     SPREAD,
+    CommitPolicy,
     Held,
     Written,
     commit_reason,
+    overdue,
     phase,
 )
 from bergstream.schemas.batch_range import BatchRange
@@ -24,28 +26,34 @@ def written(records: int = 10, size: int = 1000, plan: str = "p1") -> Written:
 
 
 def test_a_topic_without_a_target_lag_commits_every_batch() -> None:
-    assert commit_reason(None, 10, held(0), written(), "p1", now=1) == "every batch"
-    assert commit_reason(None, 10, None, written(), None, now=1) == "every batch"
+    assert commit_reason(CommitPolicy(), 10, held(0), written(), "p1", now=1) == "every batch"
+    assert commit_reason(CommitPolicy(), 10, None, written(), None, now=1) == "every batch"
 
 
 def test_a_topic_holds_its_files_until_its_oldest_would_pass_the_lag_at_the_next_batch() -> None:
     # 60 s lag, 10 s trigger: nothing pending, the batch's files are held.
-    assert commit_reason(60, 10, None, written(), None, now=100) is None
+    assert commit_reason(CommitPolicy(60), 10, None, written(), None, now=100) is None
     # Pending since 100: held at 130 (30 + 2 triggers < 60), committed at 140 (40 + 20 = 60).
-    assert commit_reason(60, 10, held(100), written(), "p1", now=130) is None
-    assert commit_reason(60, 10, held(100), written(), "p1", now=140) == "lag"
+    assert commit_reason(CommitPolicy(60), 10, held(100), written(), "p1", now=130) is None
+    assert commit_reason(CommitPolicy(60), 10, held(100), written(), "p1", now=140) == "lag"
     # A target lag under two triggers commits every batch.
-    assert commit_reason(15, 10, None, written(), None, now=100) == "lag"
+    assert commit_reason(CommitPolicy(15), 10, None, written(), None, now=100) == "lag"
 
 
 def test_a_topic_commits_once_a_commit_s_worth_is_pending_and_at_a_schema_change() -> None:
-    assert commit_reason(3600, 1, held(0, size=COMMIT_BYTES - 10), written(size=10), "p1", now=1) == "size"
+    hour = CommitPolicy(3600)
+    assert commit_reason(hour, 1, held(0, size=COMMIT_BYTES - 10), written(size=10), "p1", now=1) == "size"
     full = held(0, records=COMMIT_RECORDS - 1)
-    assert commit_reason(3600, 1, full, written(records=1), "p1", now=1) == "size"
-    assert commit_reason(3600, 1, held(0), written(), "p1", now=1) is None
+    assert commit_reason(hour, 1, full, written(records=1), "p1", now=1) == "size"
+    # A topic's own commit's worth.
+    small = CommitPolicy(3600, commit_bytes=5000, commit_records=50)
+    assert commit_reason(small, 1, held(0, records=40), written(records=10), "p1", now=1) == "size"
+    assert commit_reason(small, 1, held(0, records=30), written(records=10), "p1", now=1) is None
+    assert commit_reason(small, 1, held(0, size=4000), written(size=1000), "p1", now=1) == "size"
+    assert commit_reason(CommitPolicy(3600), 1, held(0), written(), "p1", now=1) is None
     # The rows' plan changed (a schema registry's new version): what is pending goes with this batch's.
-    assert commit_reason(3600, 1, held(0), written(plan="p2"), "p1", now=1) == "schema"
-    assert commit_reason(3600, 1, None, written(plan="p2"), "p1", now=1) is None
+    assert commit_reason(CommitPolicy(3600), 1, held(0), written(plan="p2"), "p1", now=1) == "schema"
+    assert commit_reason(CommitPolicy(3600), 1, None, written(plan="p2"), "p1", now=1) is None
 
 
 def test_a_commit_of_several_batches_records_the_oldest_start_and_the_newest_end() -> None:
@@ -60,8 +68,16 @@ def test_topics_that_began_holding_together_commit_spread_over_the_last_part_of_
     assert min(phases) < 0.1 and max(phases) > 0.9, "phases spread over [0, 1)"
     assert phase("playback.1") == phase("playback.1")
     # 60 s lag, 10 s trigger, pending since 0: a topic of phase 0 commits at 40 s, one of phase 0.99 at 25 s.
-    assert commit_reason(60, 10, held(0), written(), "p1", now=39, spread=0.0) is None
-    assert commit_reason(60, 10, held(0), written(), "p1", now=40, spread=0.0) == "lag"
+    assert commit_reason(CommitPolicy(60), 10, held(0), written(), "p1", now=39, spread=0.0) is None
+    assert commit_reason(CommitPolicy(60), 10, held(0), written(), "p1", now=40, spread=0.0) == "lag"
     early = 60 * (1 - SPREAD * 0.99) - 20
-    assert commit_reason(60, 10, held(0), written(), "p1", now=early - 1, spread=0.99) is None
-    assert commit_reason(60, 10, held(0), written(), "p1", now=early, spread=0.99) == "lag"
+    assert commit_reason(CommitPolicy(60), 10, held(0), written(), "p1", now=early - 1, spread=0.99) is None
+    assert commit_reason(CommitPolicy(60), 10, held(0), written(), "p1", now=early, spread=0.99) == "lag"
+
+
+def test_a_quiet_topic_s_files_are_committed_a_trigger_before_they_would_pass_its_lag() -> None:
+    # 60 s lag, 10 s trigger, pending since 0: its next chance is at 60 s, so it commits at 50 s.
+    assert not overdue(60, 10, since=0, now=49, spread=0.0)
+    assert overdue(60, 10, since=0, now=50, spread=0.0)
+    assert overdue(None, 10, since=0, now=0, spread=0.0), "a topic without a lag never waits"
+    assert overdue(60, 10, since=0, now=60 * (1 - SPREAD * 0.5) - 10, spread=0.5)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.handover import pin_handover, refuse_lost_handover
@@ -25,7 +23,7 @@ from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
 from bergstream.schemas.batch_range import TOPIC_ID
-from tests.routers import eventually
+from tests.routers import eventually, recreate
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -33,20 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 CLUSTER = "us-east-1"
-
-
-def recreate(bootstrap: str, topic: str, partitions: int) -> None:
-    """Delete `topic` and create it again under its name, once Kafka has finished deleting it."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-            return
-        except KafkaException as error:  # still being deleted
-            assert time.monotonic() < deadline, f"{topic}: not created again in 60s: {error}"
-            time.sleep(0.2)
 
 
 def router(stack: Services, topic: str, checkpoint: Path, table: str | None = None) -> RouterConfig:

@@ -19,6 +19,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.router.accounting import BatchAccounting
 from bergstream.router.archive_tables import ArchiveTables
 from bergstream.router.batch_counts import BatchCounts, count_batch, from_observation, observed_columns
+from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RouterConfig
 from bergstream.router.errors import SecondWriter
@@ -313,8 +314,8 @@ class BatchArchiver:
         self.accounting.committed_newest(newest)
 
     @property
-    def target_lag(self) -> float | None:
-        return self.config.target_lag_seconds
+    def commit_policy(self) -> CommitPolicy:
+        return self.config.commit_policy
 
     def replayed_whole(self, batch_id: int) -> None:
         """Both tables hold batch `batch_id`: a replay with nothing to write."""

@@ -28,6 +28,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.errors import ConfigError
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import isolation_level
+from bergstream.router.commit_policy import COMMIT_BYTES, COMMIT_RECORDS, CommitPolicy
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.batch_range import Origin
@@ -172,8 +173,11 @@ class QuerySettings(BaseModel):
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
     # How stale a topic's archive may get: its files are committed before its oldest record not committed
     # would be older than this at the next batch (`60s`, `5m`), or sooner when they add up to a commit's
-    # worth (router/driver/pending.py). Unset: a commit every batch that has records.
+    # worth (router/commit_policy.py). Unset: a commit every batch that has records.
     target_lag: str | None = None
+    # A commit's worth: a topic's files are committed once this much is pending, whatever its target lag.
+    commit_bytes: int = Field(default=COMMIT_BYTES, gt=0)
+    commit_records: int = Field(default=COMMIT_RECORDS, gt=0)
     commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
 
@@ -197,6 +201,10 @@ class QuerySettings(BaseModel):
     @property
     def target_lag_seconds(self) -> float | None:
         return None if self.target_lag is None else parse_duration(self.target_lag).total_seconds()
+
+    @property
+    def commit_policy(self) -> CommitPolicy:
+        return CommitPolicy(self.target_lag_seconds, self.commit_bytes, self.commit_records)
 
     def query_settings(self) -> dict[str, Any]:
         """These settings alone, to build another model of them from."""

@@ -1,14 +1,12 @@
 """Each topic commits on its own target lag: the files a batch writes for a topic that is not due are kept
 pending, recorded beside the query's checkpoint, and committed with a later batch's, each once.
 
-The driver decides once per batch, for every topic the batch wrote (`PendingCommits.due`): a topic commits
-when it has no target lag (a commit every batch), when its oldest record not committed would otherwise be
-older than its target lag at the next batch (up to SPREAD of it earlier, by the topic's phase), when what
-it has pending reaches a commit's worth (COMMIT_BYTES, COMMIT_RECORDS), and when its rows' plan changed (a
-schema change). Every pending file is committed when the query ends (a graceful stop, the end of
-`--available-now`), before a topic's batch is written on its own (`flush`), and when a driver starts again
-on the checkpoint (`recover`). A topic set aside drops what it has pending (`drop`): its catch-up reads
-Kafka from where its tables end.
+The driver decides once per batch, for every topic the batch wrote (`PendingCommits.due`, by the rule in
+router/commit_policy.py: no target lag, the lag, a commit's worth pending, a schema change). Every pending
+file is committed when the query ends (a graceful stop, the end of `--available-now`, a topic recreated),
+before a topic's batch is written on its own (`flush`), when a topic leaves the query, and when a driver
+starts again on the checkpoint (`recover`). A topic set aside drops what it has pending (`drop`): its
+catch-up reads Kafka from where its tables end.
 
 A commit that carries several batches' files records the query's newest batch among them and the Kafka
 range from the oldest one's start to the newest one's end: every reader of positions (the resume without a
@@ -31,54 +29,19 @@ import json
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
 
+from bergstream.router.commit_policy import CommitPolicy, Held, Written, commit_reason, overdue, phase
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.write import BATCH_ID, QUERY_ID
 from bergstream.schemas.batch_range import BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 RECORDS_DIR = "bergstream-pending"
-# A topic's files are committed once this much is pending, whatever its target lag: a commit of many files
-# costs about what one of a few does, and a crash replays less.
-COMMIT_BYTES = 64 * 1024 * 1024
-COMMIT_RECORDS = 500_000
-# Topics commit up to this share of their target lag early, each by its own phase: hundreds of topics that
-# began holding files in the same batch would otherwise all commit in one batch, every target lag.
-SPREAD = 0.25
 _PENDING_FILES = "io.bergstream.router.PendingFiles"
-
-
-@dataclass
-class Held:
-    """What a topic has written and not committed."""
-
-    range: BatchRange  # from its oldest pending batch's start to its newest's end
-    properties: dict[str, str]  # the summary its commit carries: the newest batch's, widened to `range`
-    since: float  # monotonic: when its oldest pending batch was written
-    written_at: float  # the same, in seconds since the epoch
-    tables: set[str] = field(default_factory=set)
-    records: int = 0
-    bytes: int = 0
-    oldest: float | None = None  # the oldest ingestion time pending, seconds since the epoch
-    newest: float | None = None
-    batches: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Written:
-    """What a batch wrote for a topic, as the driver weighs it."""
-
-    records: int
-    bytes: int
-    oldest: float | None
-    newest: float | None
-    plan: str  # the id of its rows' plan: another one is a schema change
 
 
 class PendingCommits:
@@ -108,30 +71,26 @@ class PendingCommits:
         held = self._held.get(topic)
         return covered if held is None else covered.after(held.range)
 
-    def due(
-        self, topic: str, target_lag: float | None, written: Written, now: float | None = None
-    ) -> str | None:
+    def due(self, topic: str, policy: CommitPolicy, written: Written, now: float | None = None) -> str | None:
         """Why `topic` commits in this batch, having written `written`; None: its files are held."""
-        self.metrics.target_lag.labels(topic).set(target_lag or 0)
+        self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)
         previous_plan = self._plans.get(topic)
         self._plans[topic] = written.plan
         now = time.monotonic() if now is None else now
         held = self._held.get(topic)
-        return commit_reason(target_lag, self._trigger, held, written, previous_plan, now, phase(topic))
+        return commit_reason(policy, self._trigger, held, written, previous_plan, now, phase(topic))
 
     def overdue(self, lags: dict[str, float | None], busy: set[str], now: float | None = None) -> list[str]:
         """The topics not in this batch (`busy`) whose pending files are due by their target lag (`lags`):
         a quiet topic's files are committed on its lag as a busy one's are, not when its next record comes."""
         now = time.monotonic() if now is None else now
-        due = []
         with self._lock:
-            for topic, held in sorted(self._held.items()):
-                lag = lags.get(topic)
-                if topic not in busy and (
-                    lag is None or now - held.since + self._trigger >= lag * (1 - SPREAD * phase(topic))
-                ):
-                    due.append(topic)
-        return due
+            return [
+                topic
+                for topic, held in sorted(self._held.items())
+                if topic not in busy
+                and overdue(lags.get(topic), self._trigger, held.since, now, phase(topic))
+            ]
 
     def hold(
         self,
@@ -290,51 +249,3 @@ class PendingCommits:
         self.metrics.pending_bytes.labels(topic).set(held.bytes if held else 0)
         self.metrics.pending_oldest.labels(topic).set(held.oldest or 0 if held else 0)
         self.metrics.pending_since.labels(topic).set(held.written_at if held else 0)
-
-
-def phase(topic: str) -> float:
-    """The topic's place in [0, 1), the same in every driver: what spreads the commits of topics that began
-    holding files in the same batch."""
-    return (zlib.crc32(topic.encode()) % 1024) / 1024
-
-
-def commit_reason(
-    target_lag: float | None,
-    trigger: float,
-    held: Held | None,
-    written: Written,
-    previous_plan: str | None,
-    now: float,
-    spread: float = 0.0,
-) -> str | None:
-    """Why a topic that wrote `written` in this batch, with `held` pending since before it, commits now (at
-    monotonic `now`); None: its files are held. `previous_plan`: its rows' plan in its last batch. `spread`
-    in [0, 1): the topic commits that much of SPREAD earlier than its target lag asks (its `phase`), so that
-    topics that started together do not all commit in one batch, a burst that batch would wait for."""
-    if target_lag is None:
-        return "every batch"
-    records = written.records + (held.records if held else 0)
-    size = written.bytes + (held.bytes if held else 0)
-    if held is not None and previous_plan is not None and previous_plan != written.plan:
-        return "schema"
-    if size >= COMMIT_BYTES or records >= COMMIT_RECORDS:
-        return "size"
-    since = now if held is None else held.since
-    # Its oldest record may have waited a trigger before the batch that read it, and waits one more for the
-    # next batch: committed now unless it would pass the target lag by then.
-    if now - since + 2 * trigger >= target_lag * (1 - SPREAD * spread):
-        return "lag"
-    return None
-
-
-def written_of(totals: list[int], plan: str) -> Written:
-    """What a topic's outcome (BatchWrite.json's totals) says it wrote."""
-    archived, dead_lettered, _, archive_bytes, _, dead_bytes, newest, *rest = totals
-    oldest = rest[2]
-    return Written(
-        records=archived + dead_lettered,
-        bytes=archive_bytes + dead_bytes,
-        oldest=None if oldest is None or oldest == 2**63 - 1 else oldest / 1e6,
-        newest=None if newest == -(2**63) else newest / 1e6,
-        plan=plan,
-    )

@@ -24,7 +24,8 @@ from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
 from bergstream.router.batch_counts import BatchCounts, PartitionRead
-from bergstream.router.pending import PendingCommits, Written, written_of
+from bergstream.router.commit_policy import Written, written_of
+from bergstream.router.pending import PendingCommits
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import BatchTables, TopicWorker
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
@@ -161,7 +162,7 @@ class TogetherWriter:
             if outcome["error"] is not None:
                 continue
             written_now = written_of(outcome["totals"], str(plans[index].id()))
-            reason = "every batch" if pending is None else pending.due(topic, tables[topic].target_lag,
+            reason = "every batch" if pending is None else pending.due(topic, tables[topic].commit_policy,
                                                                        written_now)  # fmt: skip
             if reason is not None:
                 due[topic] = reason

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,7 @@ from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
+from bergstream.router.identity import TopicRecreated
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import (
     checkpoint_has_batches,
@@ -168,7 +169,13 @@ class TopicsQuery:
         self._available_now = available_now
         refreshing = threading.Event()
         try:
-            self.prepare()
+            try:
+                self.prepare()
+            except TopicRecreated:
+                # A topic made again while the router was stopped: the files pending from before are its
+                # old archive's, committed before the query stops, saying what to do.
+                self._recover()
+                raise
             threading.Thread(
                 target=self._refresh_lag, args=(refreshing,), name="bergstream-lag", daemon=True
             ).start()
@@ -234,14 +241,21 @@ class TopicsQuery:
         if not busy_topics:
             self._archived_batch = batch_id
             with self._writing:
-                self._commit_overdue(batch_id, set())
+                self._commit_overdue(batch_id, set(), ranges.keys())
             return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
-        self.members.check_ids(busy_topics, batch_id)
+        try:
+            self.members.check_ids(busy_topics, batch_id)
+        except TopicRecreated:
+            # What is pending was read before the topic was made again: its archive's, committed before the
+            # query stops.
+            with self._writing:
+                self._flush_pending()
+            raise
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
         with self._writing:
             self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
-            self._commit_overdue(batch_id, set(busy))
+            self._commit_overdue(batch_id, set(busy), ranges.keys())
         # After the batch: a topic behind has this batch's range set aside too, and its catch-up under this
         # batch's id covers it.
         self._archived_batch = batch_id
@@ -295,16 +309,19 @@ class TopicsQuery:
             worker = self.topics[topic]
             worker.follower.on_progress(json.dumps({topic: {str(p): o for p, o in reached.items()}}))
 
-    def _commit_overdue(self, batch_id: int, busy: set[str]) -> None:
-        """Commit the pending files of the topics not in this batch that are due by their target lag, side by
-        side; one that fails stays pending, and is tried again."""
-        lags = {topic: worker.together.target_lag for topic, worker in self.topics.items()}
-        due = self.pending.overdue(lags, busy)
+    def _commit_overdue(self, batch_id: int, busy: set[str], present: Collection[str] | None = None) -> None:
+        """Commit the pending files of the topics not in this batch that are due by their target lag, and of
+        those no longer in the query (`present`: the batch's topics; a topic deleted, or not matched any
+        more), side by side; one that fails stays pending, and is tried again."""
+        lags = {topic: worker.together.commit_policy.target_lag for topic, worker in self.topics.items()}
+        due = dict.fromkeys(self.pending.overdue(lags, busy), "lag")
+        if present is not None:
+            due.update((topic, "left") for topic in self.pending.topics() if topic not in present)
 
         def commit(topic: str) -> None:
             held = self.pending.held(topic)
             try:
-                self.batches.flush(self.topics[topic], batch_id, "lag")
+                self.batches.flush(self.topics[topic], batch_id, due[topic])
             except Exception as error:
                 # Waited out as long as a batch's commit is (commit_retry): set aside as a batch's topic is,
                 # what it had pending read from Kafka again once its tables take commits.

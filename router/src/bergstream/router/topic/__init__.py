@@ -22,6 +22,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.batch_counts import BatchCounts
+from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.progress_follower import ProgressFollower
@@ -37,8 +38,8 @@ class BatchTables(Protocol):
     registry: Any  # a schema registry's versions of the topic's schema, brought up to date each batch
 
     @property
-    def target_lag(self) -> float | None:
-        """Seconds its files may wait for a commit (router/pending.py); None: a commit every batch."""
+    def commit_policy(self) -> CommitPolicy:
+        """When its files are committed (router/commit_policy.py): its target lag and a commit's worth."""
 
     @property
     def identifiers(self) -> tuple[str | None, str]:

@@ -19,6 +19,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bergstream.kafka_source import isolation_level
 from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.batch_counts import BatchCounts, from_observation, observed_columns
+from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.config import RECORDS_PER_WRITE_TASK, table_for_topic
 from bergstream.router.consumer_group import GroupCommitter
@@ -186,8 +187,8 @@ class DeadLetteredTopic:
         self.accounting.committed_newest(newest)
 
     @property
-    def target_lag(self) -> float | None:
-        return self.config.target_lag_seconds
+    def commit_policy(self) -> CommitPolicy:
+        return self.config.commit_policy
 
     def replayed_whole(self, batch_id: int) -> None:
         self.accounting.account(batch_id, None, [], 0.0, {})
