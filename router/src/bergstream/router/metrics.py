@@ -177,8 +177,8 @@ class RouterMetrics:
         self.pending_commits = Counter(
             "bergstream_router_commits",
             "Commits of a topic's tables, by why: every batch (no target lag), lag, size, schema, left (the "
-            "topic left the query), flush (the query ends, the topic is written on its own) or restart (files "
-            "a stopped driver left pending)",
+            "topic left the query), flush (the query ends, the topic is written on its own) or restart "
+            "(files a stopped driver left pending)",
             ["topic", "reason"],
             registry=r,
         )
