@@ -186,23 +186,28 @@ def test_both_hand_over_checks_ask_kafka_at_the_archive_s_level_past_an_open_tra
         writer.end("abort")
 
 
-def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Services) -> None:
+@pytest.mark.parametrize("client", ["own", "shared"])
+def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Services, client: str) -> None:
     """The router reads up to the last stable offset: the records of a transaction still open are not lag
-    (no reader of committed records may read them) but unstable, until it ends."""
-    from bergstream.router.consumer_group import GroupCommitter
+    (no reader of committed records may read them) but unstable, until it ends. A topic's own client reads
+    its partitions' bounds one by one; a router of many topics reads every topic's at once (SharedKafka),
+    and the two agree."""
+    from bergstream.router.consumer_group import GroupCommitter, LogBounds, SharedKafka
     from bergstream.router.lag import LagReporter
     from bergstream.router.metrics import RouterMetrics
 
-    topic = "txn_lag"
-    writer = TransactionalWriter(stack.bootstrap_servers, topic, "txn-lag", datetime.now(UTC), Sent())
+    topic = f"txn_lag_{client}"
+    now = datetime.now(UTC)
+    writer = TransactionalWriter(stack.bootstrap_servers, topic, f"txn-lag-{client}", now, Sent())
     writer.transaction(60, "commit")
     writer.begin(40)
-    kafka = GroupCommitter(
-        topic, f"bergstream-router.{topic}", {"bootstrap.servers": stack.bootstrap_servers}
-    )
+    settings = {"bootstrap.servers": stack.bootstrap_servers}
+    kafka = GroupCommitter(topic, f"bergstream-router.{topic}", settings)
+    shared = SharedKafka("txn", settings)
     metrics = RouterMetrics(topic)
     try:
-        reporter = LagReporter(topic, CLUSTER, kafka, metrics)
+        reader = kafka if client == "own" else shared.committer(topic, f"bergstream-router.{topic}")
+        reporter = LagReporter(topic, CLUSTER, reader, metrics)
 
         def value(name: str, partition: int, **labels: str) -> float:
             labels = {"topic": topic, "partition": str(partition), **labels}
@@ -210,13 +215,23 @@ def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Service
             assert found is not None, f"{name} of partition {partition} is not set"
             return found
 
+        def bounds() -> LogBounds | None:
+            if client == "own":
+                return None
+            read = shared.log_bounds([topic, "no_such_topic"])[topic]
+            watermarks = kafka.watermarks()
+            assert read.start == {p: low for p, (low, _) in watermarks.items()}
+            assert read.end == {p: high for p, (_, high) in watermarks.items()}
+            assert read.high == kafka.high_watermarks(sorted(watermarks))
+            return read
+
         def unstable_once_refreshed(expected: int) -> dict[int, int]:
             """The router at the last stable offsets, refreshed until `expected` records wait past them:
             a transaction's markers are written after its end is acknowledged, and move them then."""
             deadline = time.monotonic() + 30
             while True:
                 stable = {p: high for p, (_, high) in kafka.watermarks().items()}
-                reporter.refresh(stable, None)
+                reporter.refresh(stable, None, bounds())
                 unstable = sum(value("bergstream_router_unstable_offsets", p) for p in stable)
                 if unstable == expected:
                     return stable
@@ -233,6 +248,7 @@ def test_an_open_transaction_shows_as_unstable_offsets_not_as_lag(stack: Service
         unstable_once_refreshed(0)
     finally:
         kafka.close()
+        shared.close()
 
 
 def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_uncommitted_ones_archived(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
@@ -29,6 +30,17 @@ from bergstream.kafka_topics import topic_ids
 
 log = logging.getLogger(__name__)
 GROUP_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class LogBounds:
+    """A topic's partitions as the router reads them: where each log starts, where it ends for the router
+    (the last stable offset under read_committed), and, under read_committed, the high watermark past any
+    open transaction (None: not read)."""
+
+    start: dict[int, int]
+    end: dict[int, int]
+    high: dict[int, int] | None = None
 
 
 class GroupCommitter:
@@ -258,6 +270,51 @@ class SharedKafka:
 
     def committer(self, topic: str, group: str) -> GroupCommitter:
         return SharedGroupCommitter(topic, group, self)
+
+    def log_bounds(self, topics: list[str]) -> dict[str, LogBounds]:
+        """Every partition's bounds of each of `topics` that Kafka has: one metadata request and a ListOffsets
+        request per bound and broker for all of them, where a topic's own client asks a partition at a
+        time. A topic whose partitions do not all answer is left out (its lag keeps its last values)."""
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        metadata = self.consumer.list_topics(timeout=10).topics
+        partitions = [
+            TopicPartition(topic, partition)
+            for topic in topics
+            if (found := metadata.get(topic)) is not None and found.error is None
+            for partition in found.partitions
+        ]
+        if not partitions:
+            return {}
+        committed = self.isolation_level == READ_COMMITTED
+        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        asked = [(OffsetSpec.earliest(), isolation), (OffsetSpec.latest(), isolation)]  # type: ignore[no-untyped-call]
+        if committed:
+            asked.append((OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED))  # type: ignore[no-untyped-call]
+        answers = [
+            self.admin.list_offsets(dict.fromkeys(partitions, spec), isolation_level=at, request_timeout=10)
+            for spec, at in asked
+        ]
+        bounds: list[dict[str, dict[int, int]]] = []
+        failed: set[str] = set()
+        for answer in answers:
+            offsets: dict[str, dict[int, int]] = {}
+            for asked_partition, future in answer.items():
+                try:
+                    offset = future.result(15).offset
+                except KafkaException as error:
+                    log.debug("the offsets of %s[%d]: %s", asked_partition.topic, asked_partition.partition,
+                              error)  # fmt: skip
+                    failed.add(asked_partition.topic)
+                    continue
+                offsets.setdefault(asked_partition.topic, {})[asked_partition.partition] = offset
+            bounds.append(offsets)
+        return {
+            topic: LogBounds(bounds[0][topic], bounds[1][topic], bounds[2][topic] if committed else None)
+            for topic in bounds[1]
+            if topic not in failed
+        }
 
     def close(self) -> None:
         self.consumer.close()

@@ -6,7 +6,7 @@ import logging
 import time
 
 from bergstream.kafka_source import READ_COMMITTED
-from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.consumer_group import GroupCommitter, LogBounds
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offsets import LogEndSamples, lag, time_lag
 
@@ -36,19 +36,24 @@ class LagReporter:
         # None when the record could not be read.
         self._timestamps: dict[int, tuple[int, float | None]] = {}
 
-    def refresh(self, archived: dict[int, int], newest_ingestion: float | None) -> None:
+    def refresh(
+        self, archived: dict[int, int], newest_ingestion: float | None, bounds: LogBounds | None = None
+    ) -> None:
         """`archived`: the next offset to archive per partition; `newest_ingestion`: the newest Kafka
-        timestamp archived, in seconds."""
-        try:
-            watermarks = self._kafka.watermarks()
-        except Exception as error:  # Kafka unreachable for a moment: keep the last values
-            log.debug("refreshing the lag of %s failed: %s", self.topic, error)
-            return
+        timestamp archived, in seconds; `bounds`: the topic's log bounds, read with other topics' (None:
+        read here)."""
+        if bounds is None:
+            try:
+                watermarks = self._kafka.watermarks()
+            except Exception as error:  # Kafka unreachable for a moment: keep the last values
+                log.debug("refreshing the lag of %s failed: %s", self.topic, error)
+                return
+            start = {p: low for p, (low, _) in watermarks.items()}
+            bounds = LogBounds(start, {p: high for p, (_, high) in watermarks.items()})
         now = time.time()
-        log_start = {p: low for p, (low, _) in watermarks.items()}
-        log_end = {p: high for p, (_, high) in watermarks.items()}
+        log_start, log_end = bounds.start, bounds.end
         if self._kafka.isolation_level == READ_COMMITTED:
-            self._unstable(log_end)
+            self._unstable(log_end, bounds.high)
         for partition, end in log_end.items():
             self._samples.setdefault(partition, LogEndSamples()).observe(end, now)
         next_offsets = {p: max(archived.get(p, log_start[p]), log_start[p]) for p in log_end}
@@ -74,13 +79,15 @@ class LagReporter:
         if newest_ingestion is not None:
             metrics.newest_archived_age.labels(topic).set(max(0.0, now - newest_ingestion))
 
-    def _unstable(self, stable: dict[int, int]) -> None:
-        """Set each partition's last stable offset (`stable`, the router's log end), and the records past."""
-        try:
-            high = self._kafka.high_watermarks(sorted(stable))
-        except Exception as error:
-            log.debug("reading the high watermarks of %s failed: %s", self.topic, error)
-            return
+    def _unstable(self, stable: dict[int, int], high: dict[int, int] | None) -> None:
+        """Set each partition's last stable offset (`stable`, the router's log end), and the records past
+        it, up to the high watermark (`high`; None: read here)."""
+        if high is None:
+            try:
+                high = self._kafka.high_watermarks(sorted(stable))
+            except Exception as error:
+                log.debug("reading the high watermarks of %s failed: %s", self.topic, error)
+                return
         for partition, offset in stable.items():
             label = (self.topic, str(partition))
             self._metrics.last_stable_offset.labels(*label).set(offset)

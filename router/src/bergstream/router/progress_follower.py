@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bergstream.router.consumer_group import GroupCommitter
+from bergstream.router.consumer_group import GroupCommitter, LogBounds
 from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.lag import LagReporter
 from bergstream.router.metrics import RouterMetrics
@@ -80,15 +80,15 @@ class ProgressFollower:
             self.expired.left_off(end_offsets)
         self.refresh(measure)
 
-    def refresh(self, measure: bool = True) -> None:
+    def refresh(self, measure: bool = True, bounds: LogBounds | None = None) -> None:
         """Tell the consumer group where the archive is (a refused commit is tried again next time), and
-        measure the lag."""
+        measure the lag (from `bounds` when they were read with other topics')."""
         with self._lock:
             archived = self._archived
             if archived and archived != self._committed and self._kafka.commit(archived):
                 self._committed = archived
             if measure:
-                self._lag.refresh(archived, self._newest_ingestion())
+                self._lag.refresh(archived, self._newest_ingestion(), bounds)
 
     def _refresh_forever(self) -> None:
         while not self._stop.wait(self._refresh_seconds):

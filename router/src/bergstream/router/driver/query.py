@@ -359,6 +359,13 @@ class TopicsQuery:
                 worker.follower.on_progress(text, measure=len(end_offsets) <= MEASURED_EACH_BATCH)
 
     def _refresh_lag(self, stop: threading.Event) -> None:
+        """Every lag_refresh_seconds, every topic's lag, from its log's bounds read with all the others'."""
         while not stop.wait(self.settings.lag_refresh_seconds):
-            for worker in list(self.topics.values()):
-                worker.follower.refresh()
+            workers = list(self.topics.values())
+            try:
+                bounds = self.kafka.log_bounds([worker.topic for worker in workers])
+            except Exception as error:  # Kafka out for a moment: each topic reads its own, or keeps its lag
+                log.debug("reading the log bounds of %d topics failed: %s", len(workers), error)
+                bounds = {}
+            for worker in workers:
+                worker.follower.refresh(bounds=bounds.get(worker.topic))
