@@ -18,7 +18,9 @@ metrics endpoints, the tables and /proc:
   - a new topic (one query only): seconds from the first record of a topic created during the steady run
     to its first archived row; the other shapes need its settings file and a restart;
   - resident memory (RSS) of every driver's Python process and its JVM, peak and at the end of the steady
-    run; CPU seconds per second over the steady run, and the share of it the JVMs' JIT compilers took.
+    run; CPU seconds per second over the steady run, and the share of it the JVMs' JIT compilers took;
+  - commits: the tables' commits a minute over all topics in the steady run, and a table's metadata file:
+    its mean size at the end, its growth a commit, and its size an hour on at this pace (none expired).
 With --warm-up SECONDS, the same load runs that long before the steady run is measured: a router's JVM
 compiles Spark's, Iceberg's and Parquet's code for minutes after it starts, with a core of its own on a
 machine of two (a router runs for days; its steady state is what freshness is measured in).
@@ -70,6 +72,8 @@ ROOT = Path(__file__).parent.parent.parent
 PARTITIONS = 2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+COMMITS = "bergstream_router_commits_total"
+METADATA_BYTES = "bergstream_router_table_metadata_bytes"
 
 
 def process_tree(pid: int) -> list[int]:
@@ -154,6 +158,22 @@ def archived(port: int, committed: bool = False) -> dict[str, float]:
     return counted
 
 
+def by_topic(port: int, name: str) -> dict[str, float]:
+    """{topic: the sum of the series of `name` for it} that a driver's metrics endpoint serves; empty while it
+    does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and "topic" in sample.labels:
+                found[sample.labels["topic"]] = found.get(sample.labels["topic"], 0.0) + sample.value
+    return found
+
+
 @dataclass
 class Drivers:
     processes: list[subprocess.Popen[bytes]]
@@ -170,6 +190,9 @@ class Drivers:
 
     def pids(self) -> list[int]:
         return [pid for process in self.processes for pid in process_tree(process.pid)]
+
+    def by_topic(self, name: str) -> dict[str, float]:
+        return {topic: value for port in self.ports for topic, value in by_topic(port, name).items()}
 
     def watch(self, started: float) -> threading.Thread:
         def sample() -> None:
@@ -396,6 +419,8 @@ def measure(
         steady_started = time.monotonic()
         steady_ms = int(time.time() * 1000)
         archived_before = drivers.archived()
+        commits_before = drivers.by_topic(COMMITS)
+        metadata_before = drivers.by_topic(METADATA_BYTES)
         sent_box: list[tuple[int, float]] = []
         sender = threading.Thread(
             target=lambda: sent_box.append(send_steady(bootstrap, topics, per_topic, args.seconds))
@@ -417,6 +442,8 @@ def measure(
         sender.join()
         sent, sent_seconds = sent_box[0]
         archived_after = drivers.archived()
+        commits_after = drivers.by_topic(COMMITS)
+        metadata_after = drivers.by_topic(METADATA_BYTES)
         cpu = cpu_seconds(steady_pids) - cpu_before
         jit = jit_seconds(steady_pids) - jit_before
         end_rss = rss_bytes(drivers.pids())
@@ -431,8 +458,30 @@ def measure(
     fresh = topic_freshness(catalog, topics, steady_ms)
     every = [delay for delays in fresh.values() for delay in delays]
     per_topic_p99 = sorted(percentile(delays, 99) for delays in fresh.values() if delays)
+    commits = {topic: commits_after.get(topic, 0.0) - commits_before.get(topic, 0.0) for topic in topics}
+    commits_per_minute = sum(commits.values()) / sent_seconds * 60
+    # A table's metadata file grows by about the same with each commit until maintenance expires snapshots:
+    # its size an hour on from now, at this run's commits a minute, with none expired.
+    growth = [
+        (metadata_after[topic] - metadata_before[topic]) / commits[topic]
+        for topic in topics
+        if commits[topic] > 0 and topic in metadata_before and topic in metadata_after
+    ]
+    per_commit = sum(growth) / len(growth) if growth else None
+    metadata_now = [metadata_after[topic] for topic in topics if topic in metadata_after]
+    metadata_mean = sum(metadata_now) / len(metadata_now) if metadata_now else None
+    hour_commits = commits_per_minute / count * 60
+    metadata_hour = (
+        metadata_mean + per_commit * hour_commits
+        if metadata_mean is not None and per_commit is not None
+        else None
+    )
     result = {
         "topics": count,
+        "commits_per_minute": commits_per_minute,
+        "metadata_bytes_mean": metadata_mean,
+        "metadata_bytes_per_commit": per_commit,
+        "metadata_bytes_in_an_hour": metadata_hour,
         "shape": shape,
         "drivers": len(drivers.processes),
         "trigger_seconds": args.trigger,
@@ -468,7 +517,10 @@ def measure(
         f"later), {fresh_text}, {result['steady_cpu_seconds_per_s']:.2f} CPU s/s (JIT "
         f"{result['steady_jit_seconds_per_s']:.2f}), RSS peak "
         f"{result['rss_peak_mib']:,.0f} MiB, steady {result['rss_steady_end_mib']:,.0f} MiB (JVM "
-        f"{result['rss_steady_end_jvm_mib']:,.0f}, Python {result['rss_steady_end_python_mib']:,.0f})",
+        f"{result['rss_steady_end_jvm_mib']:,.0f}, Python {result['rss_steady_end_python_mib']:,.0f}), "
+        f"{commits_per_minute:,.0f} commits a minute, a table's metadata file "
+        f"{(metadata_mean or 0) / 1024:,.1f} KiB (+{(per_commit or 0) / 1024:,.2f} KiB a commit: "
+        f"{(metadata_hour or 0) / 1024:,.0f} KiB an hour on)",
         flush=True,
     )
     return result
@@ -488,8 +540,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    (cpu, fresh), (memory, rate) = axes
+    figure, axes = plt.subplots(2, 3, figsize=(16, 7.5))
+    (cpu, fresh, commits), (memory, rate, metadata) = axes
     for shape, marker in ((SHAPES["all"], "o"), (SHAPES["pattern"], "^"), (SHAPES["separate"], "s")):
         runs = [r for r in results if r["shape"] == shape]
         if not runs:
@@ -499,13 +551,18 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         fresh.plot(counts, [r["freshness_p99"] for r in runs], marker=marker, label=shape)
         memory.plot(counts, [r["rss_steady_end_mib"] for r in runs], marker=marker, label=shape)
         rate.plot(counts, [r["steady_events_per_s"] for r in runs], marker=marker, label=shape)
+        commits.plot(counts, [r.get("commits_per_minute") for r in runs], marker=marker, label=shape)
+        metadata.plot(counts, [(r.get("metadata_bytes_in_an_hour") or 0) / 1024 for r in runs], marker=marker,
+                      label=shape)  # fmt: skip
         rate.plot(counts, [r["steady_rate_sent"] for r in runs], linestyle=":", color="grey",
                   label="offered" if shape == runs[0]["shape"] else None)  # fmt: skip
     cpu.set(ylabel="driver CPU per event archived, us", title="CPU per event")
     fresh.set(ylabel="seconds, Kafka timestamp to commit", title="Freshness p99")
     memory.set(ylabel="MiB (Python + JVM), end of the steady run", title="Resident memory")
     rate.set(ylabel="events/s archived while they arrive", title="Throughput")
-    for axis in (cpu, fresh, memory, rate):
+    commits.set(ylabel="table commits a minute, all topics", title="Commits")
+    metadata.set(ylabel="KiB, a table's metadata file an hour on", title="Metadata file")
+    for axis in (cpu, fresh, commits, memory, rate, metadata):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("topics")
         axis.set_ylim(bottom=0)
