@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from pyspark.sql import SparkSession
@@ -21,7 +20,7 @@ from bergstream.router.identity import TopicRecreated, refuse_another
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.topic import TopicWorker
 from bergstream.router.topic.archived import ArchivedTopic
-from bergstream.router.topic.dead_lettered import RETRY_SETTINGS_SECONDS, DeadLetteredTopic
+from bergstream.router.topic.dead_lettered import DeadLetteredTopic
 from bergstream.schemas.schema_registry import RegistryStopped
 
 log = logging.getLogger("bergstream.router.driver")
@@ -93,11 +92,7 @@ class Members:
             log.info("topic %s: met by the query of %s; archiving it", topic, self.settings.subscription)
             worker = self.add(topic)
             worker.started(query)
-        elif (
-            isinstance(worker, DeadLetteredTopic)
-            and time.monotonic() - worker.rejected_at > RETRY_SETTINGS_SECONDS
-        ):
-            worker.rejected_at = time.monotonic()
+        elif worker.settings_due():
             again = self.add(topic)
             if again.archived:
                 log.info("topic %s: its settings load now; archiving it", topic)
@@ -109,16 +104,13 @@ class Members:
 
     def archived_settings(self) -> list[RouterConfig]:
         """The settings of the topics archived (not dead-lettered whole), those met later included."""
-        return [worker.config for worker in list(self.topics.values()) if isinstance(worker, ArchivedTopic)]
+        workers = list(self.topics.values())
+        return [settings for worker in workers if (settings := worker.archive_settings) is not None]
 
     def check_ids(self, topics: list[str], batch_id: int) -> None:
         """Stop before batch `batch_id` is written when one of `topics` is no longer the topic it was when
         the query met it (deleted and created again): one request for all of them."""
-        known = {
-            topic: worker.archiver.origin.topic_id
-            for topic in topics
-            if isinstance(worker := self.topics[topic], ArchivedTopic) and worker.archiver.origin.topic_id
-        }
+        known = {topic: topic_id for topic in topics if (topic_id := self.topics[topic].topic_id)}
         try:
             current_ids = topic_ids(self.kafka.admin, sorted(known))
         except Exception as error:  # Kafka out for a moment: Spark's reader waits it out, or fails

@@ -31,7 +31,6 @@ from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import java_causes
 from bergstream.router.schedule import RotatingMaintenance
 from bergstream.router.together import failure_reason
-from bergstream.router.topic.dead_lettered import DeadLetteredTopic
 from bergstream.schemas.schema_registry import RegistryStopped
 from bergstream.signals import on_stop_signals
 
@@ -241,9 +240,7 @@ class Driver:
             self._known(topic, query.settings.name)
             outcome = self._outcomes[topic]
             outcome.totals.add(totals[topic])
-            outcome.error = (
-                f"dead-lettered whole: {worker.reason}" if isinstance(worker, DeadLetteredTopic) else None
-            )
+            outcome.error = None if worker.refusal is None else f"dead-lettered whole: {worker.refusal}"
             if topic in query.still_behind:
                 outcome.error = f"set aside, not caught up: {query.still_behind[topic]}"
 

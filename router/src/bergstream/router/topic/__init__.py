@@ -24,6 +24,7 @@ from bergstream.router.accounting import RouterTotals
 from bergstream.router.batch_counts import BatchCounts
 from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.write import Appended
@@ -98,6 +99,21 @@ class TopicWorker(Protocol):
     @property
     def archived(self) -> bool:
         """Whether the topic's records are archived (not dead-lettered whole)."""
+
+    @property
+    def refusal(self) -> str | None:
+        """Why its records are dead-lettered whole (its settings do not load); None when archived."""
+
+    @property
+    def archive_settings(self) -> RouterConfig | None:
+        """The settings its archive is kept by (its maintenance's); None when dead-lettered whole."""
+
+    @property
+    def topic_id(self) -> str | None:
+        """Kafka's id of the topic the query met, checked before each batch; None when not known."""
+
+    def settings_due(self) -> bool:
+        """Whether its settings are to be read again now: a topic dead-lettered whole, once in a while."""
 
     @property
     def totals(self) -> RouterTotals: ...

@@ -59,6 +59,21 @@ class ArchivedTopic:
     def totals(self) -> RouterTotals:
         return self.accounting.totals
 
+    @property
+    def refusal(self) -> str | None:
+        return None
+
+    @property
+    def archive_settings(self) -> RouterConfig | None:
+        return self.config
+
+    @property
+    def topic_id(self) -> str | None:
+        return self.archiver.origin.topic_id
+
+    def settings_due(self) -> bool:
+        return False
+
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         archiver = self.archiver
         return recorded_positions(

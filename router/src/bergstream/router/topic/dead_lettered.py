@@ -21,7 +21,7 @@ from bergstream.router.accounting import BatchAccounting, RouterTotals
 from bergstream.router.batch_counts import BatchCounts, from_observation, observed_columns
 from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.commit_retry import CommitRetry
-from bergstream.router.config import RECORDS_PER_WRITE_TASK, table_for_topic
+from bergstream.router.config import RECORDS_PER_WRITE_TASK, RouterConfig, table_for_topic
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.errors import SecondWriter
 from bergstream.router.expired import ExpiredOffsets
@@ -95,6 +95,25 @@ class DeadLetteredTopic:
     @property
     def totals(self) -> RouterTotals:
         return self.accounting.totals
+
+    @property
+    def refusal(self) -> str | None:
+        return self.reason
+
+    @property
+    def archive_settings(self) -> RouterConfig | None:
+        return None
+
+    @property
+    def topic_id(self) -> str | None:
+        return None
+
+    def settings_due(self) -> bool:
+        """Every RETRY_SETTINGS_SECONDS: the settings may have been mended."""
+        if time.monotonic() - self.rejected_at <= RETRY_SETTINGS_SECONDS:
+            return False
+        self.rejected_at = time.monotonic()
+        return True
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic's dead-letter table says its archive ends; None when it records no position."""
