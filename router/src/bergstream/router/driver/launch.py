@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from bergstream.router.accounting import RouterTotals
-from bergstream.router.config import RouterConfig
+from bergstream.router.config import QuerySettings, RouterConfig
 from bergstream.router.consumer_group import require_access
 from bergstream.router.driver.named import (
     RestartSettings,
@@ -101,25 +102,45 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
         query = owner.get(topic, queries[0])
         return config.model_copy(update={"checkpoint_location": query.checkpoint_location})
 
-    metrics = RouterMetrics(", ".join(topics))
-    port = queries[0].metrics_port
-    if port is not None:
-        bound = metrics.serve(port, driver.metrics_host)
-        many = f" for {len(topics)} topics" if len(topics) > 1 else ""
-        log.info("metrics on http://%s:%d/metrics%s", driver.metrics_host, bound, many)
     conf = (
         driver.spark.conf
         if len(topics) == 1
         else {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(driver.spark.conf)}
     )
+    label = ", ".join(topics)
+    app_name = driver_app_name(topics, request.group)
+    # Queries that are started again check their topics' access again: it may have changed meanwhile.
+    again = prepare if request.restart is not None else None
+    return run_queries(queries, load_checked, driver, request, spark, label=label, app_name=app_name,
+                       conf=conf, strict=strict, again=again)  # fmt: skip
+
+
+def run_queries(
+    queries: list[DriverSettings],
+    load: Callable[[str], RouterConfig],
+    driver: QuerySettings,
+    request: Launch,
+    spark: SparkSession | None,
+    *,
+    label: str,
+    app_name: str,
+    conf: dict[str, Any],
+    strict: bool,
+    again: Callable[[RouterConfig], None] | None = None,
+) -> list[TopicOutcome]:
+    """The one way a driver runs, whatever named its topics: its metrics served (`label` names what they
+    are of), its SparkSession built from `driver`'s settings with `conf` (unless `spark`, the caller's, left
+    open), and `queries` run by a `Driver` under `request`'s restart policy until they end."""
+    metrics = RouterMetrics(label)
+    port = queries[0].metrics_port
+    if port is not None:
+        bound = metrics.serve(port, driver.metrics_host)
+        log.info("metrics on http://%s:%d/metrics for %s", driver.metrics_host, bound, label)
     session = spark or build_spark_session(
-        driver.catalog, master=driver.spark.master, app_name=driver_app_name(topics, request.group),
-        conf={**SPARK_PROMETHEUS_CONF, **conf},
-    )  # fmt: skip
+        driver.catalog, master=driver.spark.master, app_name=app_name, conf={**SPARK_PROMETHEUS_CONF, **conf}
+    )
     try:
-        # Queries that are started again check their topics' access again: it may have changed meanwhile.
-        again = prepare if request.restart is not None else None
-        runner = Driver(queries, load_checked, session, metrics, request.restart, strict, again)
+        runner = Driver(queries, load, session, metrics, request.restart, strict, again)
         return runner.run(request.available_now)
     finally:
         if spark is None:
@@ -139,21 +160,12 @@ def launch_pattern(
     their own, each started again alone after a failure with `restart` (as under `--all`). A topic
     dead-lettered whole is reported as failed, with why."""
     settings.catalog.check_reachable()
-    metrics = RouterMetrics(settings.pattern or settings.name)
-    if settings.metrics_port is not None:
-        bound = metrics.serve(settings.metrics_port, settings.metrics_host)
-        log.info(
-            "metrics on http://%s:%d/metrics for %s", settings.metrics_host, bound, settings.subscription
-        )
-    session = spark or build_spark_session(
-        settings.catalog, master=settings.spark.master, app_name=f"bergstream-router-{settings.name}",
-        conf={**SPARK_PROMETHEUS_CONF, **MANY_TOPICS_SPARK_CONF, **settings.spark.conf},
-    )  # fmt: skip
-    try:
-        return Driver(queries or [settings], load, session, metrics, restart, strict=False).run(available_now)
-    finally:
-        if spark is None:
-            session.stop()
+    request = Launch([], load, available_now, every_topic=True, restart=restart)
+    conf = {**MANY_TOPICS_SPARK_CONF, **settings.spark.conf}
+    app_name = f"bergstream-router-{settings.name}"
+    label = settings.pattern or settings.name
+    return run_queries(queries or [settings], load, settings, request, spark, label=label, app_name=app_name,
+                       conf=conf, strict=False)  # fmt: skip
 
 
 def topic_query(
