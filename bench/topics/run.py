@@ -138,29 +138,9 @@ def jit_seconds(pids: list[int]) -> float:
     return total
 
 
-def archived(port: int, committed: bool = False) -> dict[str, float]:
-    """{topic: records archived} from a driver's metrics endpoint: written, or with `committed` those in the
-    archive (written and not pending on a topic's target lag); empty while it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return {}
-    counted: dict[str, float] = {}
-    signs = {"bergstream_router_records_archived_total": 1}
-    if committed:
-        signs["bergstream_router_pending_records"] = -1
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in signs:
-                topic = sample.labels["topic"]
-                counted[topic] = counted.get(topic, 0.0) + signs[sample.name] * sample.value
-    return counted
-
-
-def by_topic(port: int, name: str) -> dict[str, float]:
-    """{topic: the sum of the series of `name` for it} that a driver's metrics endpoint serves; empty while it
-    does not answer."""
+def by_topic(port: int, signs: dict[str, float]) -> dict[str, float]:
+    """{topic: the sum of its series of each metric named in `signs`, times its sign} that a driver's metrics
+    endpoint serves; empty while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
@@ -169,9 +149,19 @@ def by_topic(port: int, name: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and "topic" in sample.labels:
-                found[sample.labels["topic"]] = found.get(sample.labels["topic"], 0.0) + sample.value
+            if sample.name in signs and "topic" in sample.labels:
+                topic = sample.labels["topic"]
+                found[topic] = found.get(topic, 0.0) + signs[sample.name] * sample.value
     return found
+
+
+def archived(port: int, committed: bool = False) -> dict[str, float]:
+    """{topic: records archived} from a driver's metrics endpoint: written, or with `committed` those in the
+    archive (written and not pending on a topic's target lag); empty while it does not answer."""
+    signs = {"bergstream_router_records_archived_total": 1.0}
+    if committed:
+        signs["bergstream_router_pending_records"] = -1.0
+    return by_topic(port, signs)
 
 
 @dataclass
@@ -192,7 +182,7 @@ class Drivers:
         return [pid for process in self.processes for pid in process_tree(process.pid)]
 
     def by_topic(self, name: str) -> dict[str, float]:
-        return {topic: value for port in self.ports for topic, value in by_topic(port, name).items()}
+        return {topic: value for port in self.ports for topic, value in by_topic(port, {name: 1.0}).items()}
 
     def watch(self, started: float) -> threading.Thread:
         def sample() -> None:

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -27,7 +28,7 @@ from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import batch_range
 from bergstream.router.registry_topic import topic_parser
-from bergstream.router.together import Refused, TogetherWriter, rows_plan
+from bergstream.router.together import TogetherWriter, rows_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
 from bergstream.schemas.batch_range import BatchRange, Origin
@@ -90,7 +91,6 @@ class BatchArchiver:
         assert self._writers is not None and self._query is not None
         if self.identity is not None:
             self.identity.before_batch(batch_id)
-        archive_writer = self._writers[0]
         if covered is None:
             previous = (
                 self._covered if self._covered is not None and self._covered[0] == batch_id - 1 else None
@@ -103,20 +103,10 @@ class BatchArchiver:
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
-        span = covered
-        # Whether the archive held the batch before this attempt: then its records were counted when it was
-        # committed. Each attempt writes the tables that lack the batch then.
-        replayed = self.retry.attempt(archive_writer.identifier, batch_id, lambda: self.holding(batch_id)[0])
         tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
-        source = records.coalesce(tasks)
-        try:
-            self.retry.attempt(
-                archive_writer.identifier, batch_id,
-                lambda: self._job.write_alone(source, batch_id, self.config.topic, self, span, replayed),
-            )  # fmt: skip
-        except Refused as refused:
-            log.warning("%s batch %d: %s; appended by Spark's writer", self.config.topic, batch_id, refused)
-            self._archive_by_spark(records, batch_id, covered)
+        by_spark = partial(self._archive_by_spark, records, batch_id, covered)
+        topic = self.config.topic
+        self._job.archive_alone(records.coalesce(tasks), batch_id, topic, self, covered, self.retry, by_spark)
 
     def _archive_by_spark(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
         """The batch appended by Spark's Iceberg writer: for tables the one job does not write (laid out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from pyspark.sql import functions as F
 from bergstream.errors import first_line
 from bergstream.router.batch_counts import BatchCounts, PartitionRead
 from bergstream.router.commit_policy import Written, written_of
+from bergstream.router.commit_retry import CommitRetry
 from bergstream.router.pending import PendingCommits
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import BatchTables, TopicWorker
@@ -219,6 +221,33 @@ class TogetherWriter:
                         metadata_bytes
                     )
         return alone
+
+    def archive_alone(
+        self,
+        records: DataFrame,
+        batch_id: int,
+        topic: str,
+        tables: BatchTables,
+        covered: BatchRange,
+        retry: CommitRetry,
+        by_spark: Callable[[], None],
+    ) -> None:
+        """A topic's batch on its own (its write with the others failed, a catch-up, a topic's own query): by
+        the same job, its outages waited out by `retry`; by Spark's Iceberg writer (`by_spark`) when the job
+        does not write these tables (laid out otherwise than bergstream makes them), the one fallback."""
+        # Whether its first table (the archive; a topic dead-lettered whole: its dead letters) held the
+        # batch before this attempt: then its records were counted when it was committed.
+        archive, dead_letters = tables.identifiers
+        first, identifier = (0, archive) if archive is not None else (1, dead_letters)
+        replayed = retry.attempt(identifier, batch_id, lambda: tables.holding(batch_id)[first])
+        try:
+            retry.attempt(
+                identifier, batch_id,
+                lambda: self.write_alone(records, batch_id, topic, tables, covered, replayed),
+            )  # fmt: skip
+        except Refused as refused:
+            log.warning("%s batch %d: %s; appended by Spark's writer", topic, batch_id, refused)
+            by_spark()
 
     def write_alone(
         self,

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -28,7 +29,7 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.recorded_positions import newest_recorded, resume_offsets
-from bergstream.router.together import Refused, TogetherWriter, rows_plan
+from bergstream.router.together import TogetherWriter, rows_plan
 from bergstream.router.topic import BatchTables
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, write_tasks_for
 from bergstream.schemas.archive import (
@@ -237,15 +238,8 @@ class DeadLetteredTopic:
     def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
         """The topic's batch on its own (a write together failed, a catch-up), by the same job, its outages
         waited out."""
-        replayed = self.retry.attempt(self.identifier, batch_id, lambda: self.replayed(batch_id))
-        try:
-            self.retry.attempt(
-                self.identifier, batch_id,
-                lambda: self._job.write_alone(records, batch_id, self.topic, self, covered, replayed),
-            )  # fmt: skip
-        except Refused as refused:
-            log.warning("%s batch %d: %s; appended by Spark's writer", self.topic, batch_id, refused)
-            self._archive_by_spark(records, batch_id, covered)
+        by_spark = partial(self._archive_by_spark, records, batch_id, covered)
+        self._job.archive_alone(records, batch_id, self.topic, self, covered, self.retry, by_spark)
 
     def _archive_by_spark(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
         writer = self._writer
