@@ -40,8 +40,10 @@ from bergstream.settings_file import merge, problems, read_mapping, without_none
 
 log = logging.getLogger("bergstream.router.driver")
 # The settings of a topic's file that are its query's: topics that differ in one of them run in queries of
-# their own (in one driver).
+# their own (in one driver), by the one rule `query_key`. Under --pattern, the connection and the cluster
+# are the pattern's: its topics' files may set the others (PATTERN_QUERY_KEYS).
 QUERY_KEYS = ("kafka", "cluster", "trigger_interval", "max_offsets_per_trigger")
+PATTERN_QUERY_KEYS = QUERY_KEYS[2:]
 
 
 class DriverSettings(QuerySettings):
@@ -115,9 +117,12 @@ class DriverSettings(QuerySettings):
         return "subscribePattern", self.regex.pattern
 
 
-def query_key(config: RouterConfig) -> str:
-    """The query-level settings of a topic's file, as text: topics with the same share a query."""
-    return repr(tuple(sorted(config.kafka.items())) + tuple(repr(getattr(config, k)) for k in QUERY_KEYS[1:]))
+def query_key(settings: QuerySettings, keys: tuple[str, ...] = QUERY_KEYS) -> str:
+    """The query-level settings (`keys`) of a topic's or a query's settings, as text: topics with the same
+    share a query."""
+    # The text names the queries of named topics (and their checkpoints): it stays as it was.
+    connection = tuple(sorted(settings.kafka.items())) if "kafka" in keys else ()
+    return repr(connection + tuple(repr(getattr(settings, key)) for key in keys if key != "kafka"))
 
 
 def group_name(topics: list[str], group: str | None) -> str:
@@ -222,11 +227,6 @@ def topic_settings(
     return load_router_config(topic, path, under, overrides)
 
 
-# The query-level settings that a topic's own file may set under --pattern: a topic whose file sets others
-# than the defaults runs in a query of its own settings.
-PATTERN_QUERY_KEYS = ("trigger_interval", "max_offsets_per_trigger")
-
-
 def pattern_topic_settings(
     config: DriverSettings,
     defaults_file: Path | None,
@@ -281,9 +281,8 @@ def pattern_queries(
             settings = load(topic)
         except ConfigError:
             continue
-        values = tuple(getattr(settings, key) for key in PATTERN_QUERY_KEYS)
-        if values != tuple(getattr(config, key) for key in PATTERN_QUERY_KEYS):
-            own.setdefault(values, []).append(topic)
+        if query_key(settings, PATTERN_QUERY_KEYS) != query_key(config, PATTERN_QUERY_KEYS):
+            own.setdefault(tuple(getattr(settings, key) for key in PATTERN_QUERY_KEYS), []).append(topic)
     queries = []
     for values, topics in own.items():
         digest = hashlib.sha256(repr(values).encode()).hexdigest()[:8]
