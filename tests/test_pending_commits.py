@@ -96,6 +96,14 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
         held = recorded_tables(records)
         return all(identifiers[topic] in held for topic in topics)
 
+    def killed_once_recorded(what: str) -> None:
+        """Start the router, and kill it once both topics' files are recorded pending."""
+        router = start_command(command, log)
+        try:
+            eventually(recorded_both, what, timeout=240)
+        finally:
+            killed(router)
+
     def drained() -> str:
         done = subprocess.run(
             [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
@@ -151,11 +159,7 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
     # Killed with files pending, which are then removed (orphan removal while the router was stopped longer
     # than its retention): none of that table's is committed, and its range is read from Kafka again.
     send(seed=3)
-    router = start_command(command, log)
-    try:
-        eventually(recorded_both, "the last files recorded pending", timeout=180)
-    finally:
-        killed(router)
+    killed_once_recorded("the last files recorded pending")
     first = identifiers[topics[0]]
     for path in records.glob("*.json"):
         for file in json.loads(path.read_text())["tables"].get(first, {}).get("files", []):
@@ -167,11 +171,7 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
     # Given up on and started over under the same name: killed with files pending, its checkpoint deleted
     # (the records with it). The query starts where the tables end; the files never committed are orphans.
     send(seed=4)
-    router = start_command(command, log)
-    try:
-        eventually(recorded_both, "files recorded pending before the checkpoint goes", timeout=180)
-    finally:
-        killed(router)
+    killed_once_recorded("files recorded pending before the checkpoint goes")
     shutil.rmtree(tmp_path / "checkpoint")
     drained()
     exactly_once()

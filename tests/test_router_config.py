@@ -45,6 +45,8 @@ def settings_file(directory: Path, topic: str, **changes: Any) -> Path:
         ({"schema": "../../tmp/evil"}, "schema: String should match pattern"),
         ({"target_lag": "often"}, "target_lag: Value error, target_lag 'often': write a number and a unit"),
         ({"target_lag": "0.5s"}, "target_lag: Value error, '0.5s': give a duration of at least 1s"),
+        ({"commit_records": 0}, "commit_records: Input should be greater than 0"),
+        ({"commit_bytes": "64MiB"}, "commit_bytes: Input should be a valid integer"),
         (
             {"target_lag": "20m", "maintenance": {"orphan_retention_hours": 1}},
             "target_lag 20m is over a quarter of maintenance.orphan_retention_hours (1h)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import timedelta
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -154,6 +155,14 @@ class DeploySettings(BaseModel):
 RECORDS_PER_WRITE_TASK = 20_000
 
 
+@cache
+def commit_policy(target_lag: str | None, commit_bytes: int, commit_records: int) -> CommitPolicy:
+    """A topic's commit policy, asked for every topic at every batch and between batches: parsed once per
+    set of values (a copy of the settings with other values gets its own)."""
+    lag = None if target_lag is None else parse_duration(target_lag).total_seconds()
+    return CommitPolicy(lag, commit_bytes, commit_records)
+
+
 class QuerySettings(BaseModel):
     """The settings of the query that reads a topic, declared once: a topic's file sets them
     (`RouterConfig`), and a query's own settings are them (router/driver/settings.py's `DriverSettings`)."""
@@ -204,7 +213,7 @@ class QuerySettings(BaseModel):
 
     @property
     def commit_policy(self) -> CommitPolicy:
-        return CommitPolicy(self.target_lag_seconds, self.commit_bytes, self.commit_records)
+        return commit_policy(self.target_lag, self.commit_bytes, self.commit_records)
 
     def query_settings(self) -> dict[str, Any]:
         """These settings alone, to build another model of them from."""

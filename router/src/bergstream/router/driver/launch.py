@@ -111,16 +111,17 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
     app_name = driver_app_name(topics, request.group)
     # Queries that are started again check their topics' access again: it may have changed meanwhile.
     again = prepare if request.restart is not None else None
-    return run_queries(queries, load_checked, driver, request, spark, label=label, app_name=app_name,
-                       conf=conf, strict=strict, again=again)  # fmt: skip
+    return run_queries(queries, load_checked, driver, spark, request.restart, request.available_now,
+                       label=label, app_name=app_name, conf=conf, strict=strict, again=again)  # fmt: skip
 
 
 def run_queries(
     queries: list[DriverSettings],
     load: Callable[[str], RouterConfig],
     driver: QuerySettings,
-    request: Launch,
     spark: SparkSession | None,
+    restart: RestartSettings | None,
+    available_now: bool,
     *,
     label: str,
     app_name: str,
@@ -130,7 +131,8 @@ def run_queries(
 ) -> list[TopicOutcome]:
     """The one way a driver runs, whatever named its topics: its metrics served (`label` names what they
     are of), its SparkSession built from `driver`'s settings with `conf` (unless `spark`, the caller's, left
-    open), and `queries` run by a `Driver` under `request`'s restart policy until they end."""
+    open), and `queries` run by a `Driver` under the `restart` policy until they end (with `available_now`,
+    once they archived what they read)."""
     metrics = RouterMetrics(label)
     port = queries[0].metrics_port
     if port is not None:
@@ -140,8 +142,8 @@ def run_queries(
         driver.catalog, master=driver.spark.master, app_name=app_name, conf={**SPARK_PROMETHEUS_CONF, **conf}
     )
     try:
-        runner = Driver(queries, load, session, metrics, request.restart, strict, again)
-        return runner.run(request.available_now)
+        runner = Driver(queries, load, session, metrics, restart, strict, again)
+        return runner.run(available_now)
     finally:
         if spark is None:
             session.stop()
@@ -160,12 +162,11 @@ def launch_pattern(
     their own, each started again alone after a failure with `restart` (as under `--all`). A topic
     dead-lettered whole is reported as failed, with why."""
     settings.catalog.check_reachable()
-    request = Launch([], load, available_now, every_topic=True, restart=restart)
     conf = {**MANY_TOPICS_SPARK_CONF, **settings.spark.conf}
     app_name = f"bergstream-router-{settings.name}"
     label = settings.pattern or settings.name
-    return run_queries(queries or [settings], load, settings, request, spark, label=label, app_name=app_name,
-                       conf=conf, strict=False)  # fmt: skip
+    return run_queries(queries or [settings], load, settings, spark, restart, available_now, label=label,
+                       app_name=app_name, conf=conf, strict=False)  # fmt: skip
 
 
 def topic_query(
