@@ -5,7 +5,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.UUID;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.SerializableTable;
@@ -16,6 +15,7 @@ import org.apache.iceberg.Table;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.spark.SparkSchemaUtil;
+import org.apache.spark.SparkContext;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -70,26 +70,37 @@ public final class TopicTables {
   /**
    * What the tasks need of each plan and table, broadcast once and kept while they stay the same: a
    * closure holding hundreds of topics' plans and tables would be serialized, checked and shipped again
-   * for every batch.
+   * for every batch. A plan shared by several topics (TopicRows: one schema) is broadcast once, and
+   * destroyed when no topic uses it any more.
    */
-  private static final Map<String, Map.Entry<String, Broadcast<TopicRows>>> PLANS =
-      new ConcurrentHashMap<>();
-  private static final Map<String, Map.Entry<String, Broadcast<Table>>> TABLES = new ConcurrentHashMap<>();
+  private static final Map<String, Broadcast<TopicRows>> PLANS = new HashMap<>();
+  private static final Map<String, String> PLAN_OF_TOPIC = new HashMap<>();
+  private static final Map<String, Map.Entry<String, Broadcast<Table>>> TABLES = new HashMap<>();
+  /** The context the broadcasts belong to: a new one (a session stopped and made again) has none of them. */
+  private static SparkContext broadcastsOf;
 
-  private static Broadcast<TopicRows> plan(JavaSparkContext context, String topic, TopicRows rows) {
-    Map.Entry<String, Broadcast<TopicRows>> known = PLANS.get(topic);
-    if (known != null && known.getKey().equals(rows.id())) {
-      return known.getValue();
+  private static void sameContext(JavaSparkContext context) {
+    if (broadcastsOf != context.sc()) {
+      PLANS.clear();
+      PLAN_OF_TOPIC.clear();
+      TABLES.clear();
+      broadcastsOf = context.sc();
     }
-    Broadcast<TopicRows> made = context.broadcast(rows);
-    PLANS.put(topic, Map.entry(rows.id(), made));
-    if (known != null) {
-      known.getValue().destroy(false);
+  }
+
+  private static synchronized Broadcast<TopicRows> plan(
+      JavaSparkContext context, String topic, TopicRows rows) {
+    sameContext(context);
+    String was = PLAN_OF_TOPIC.put(topic, rows.id());
+    Broadcast<TopicRows> made = PLANS.computeIfAbsent(rows.id(), id -> context.broadcast(rows));
+    if (was != null && !was.equals(rows.id()) && !PLAN_OF_TOPIC.containsValue(was)) {
+      PLANS.remove(was).destroy(false);
     }
     return made;
   }
 
-  private static Broadcast<Table> table(JavaSparkContext context, String name, Table table) {
+  private static synchronized Broadcast<Table> table(JavaSparkContext context, String name, Table table) {
+    sameContext(context);
     // What writing a file needs of a table; its snapshots change with every commit, and do not matter.
     String version =
         table.schema().schemaId() + "/" + table.spec().specId() + "/" + table.sortOrder().orderId()

@@ -8,6 +8,7 @@ import static org.apache.spark.sql.functions.when;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotSame;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -107,8 +108,12 @@ class TopicWriterTest {
   }
 
   static Row record(String value, int partition, long offset, long micros) {
+    return record("plays", value, partition, offset, micros);
+  }
+
+  static Row record(String topic, String value, int partition, long offset, long micros) {
     Timestamp time = new Timestamp(micros / 1000);
-    return RowFactory.create(value.getBytes(StandardCharsets.UTF_8), "plays", partition, offset, time);
+    return RowFactory.create(value.getBytes(StandardCharsets.UTF_8), topic, partition, offset, time);
   }
 
   static final List<String> KEYS = List.of("q", "b", "topic", "cluster", "start", "next");
@@ -190,6 +195,54 @@ class TopicWriterTest {
       var copy = (org.apache.spark.sql.catalyst.expressions.Expression) copied.apply(i);
       assertTrue(expression.semanticEquals(copy), expression + " against " + copy);
       assertNotSame(expression, copy);
+    }
+  }
+
+  @Test
+  void topicsOfOneSchemaShareOnePlanAndEachRecordStillGoesToItsOwnTopicsTables() throws Exception {
+    TopicRows shared = plan();
+    assertSame(shared, plan(), "the same rows planned again: the same plan, compiled once per thread");
+    Dataset<Row> template =
+        spark.createDataFrame(new JavaSparkContext(spark.sparkContext()).<Row>emptyRDD(), RECORDS);
+    TopicRows constant = TopicRows.of(combined(template.withColumn("topic", lit("views"))), "__metadata__",
+        "kafka_ingestion_ts", "partition", "offset", "router_write_ts");
+    assertNotSame(shared, constant, "a plan that computes other rows is a plan of its own");
+
+    // Two topics' records interleaved in one task: one thread, one compiled copy of the shared plan.
+    List<String> topics = List.of("shared_plays", "shared_views");
+    List<Row> rows = new ArrayList<>();
+    for (int i = 0; i < 8; i++) {
+      String topic = topics.get(i % 2);
+      rows.add(record(topic, i == 5 ? "" : topic + "-" + i, 0, 100 + i, START_MICROS + i * 60_000_000L));
+    }
+    List<TopicWrite> writes = new ArrayList<>();
+    for (String topic : topics) {
+      createTables(topic);
+      Map<String, String> properties =
+          Map.of("q", "query-s", "b", "1", "topic", topic, "cluster", "test", "start", "{\"0\":100}",
+              "next", "{\"0\":108}");
+      writes.add(new TopicWrite(topic, plan(), "t.ns." + topic, "t.ns." + topic + "__dlq", false, false,
+          properties));
+    }
+    Dataset<Row> records = spark.createDataFrame(rows, RECORDS).coalesce(1);
+    BatchWrite written =
+        TopicTables.write(spark, records, RECORDS.fieldIndex("topic"), writes, START_MICROS, 2, Map.of(), KEYS);
+    written.commit(null, List.of(0, 1), 2);
+
+    for (String topic : topics) {
+      List<Row> archived =
+          spark.sql("SELECT title, __metadata__.topic FROM t.ns." + topic + " ORDER BY __metadata__.offset")
+              .collectAsList();
+      List<Row> dead = spark.sql("SELECT __metadata__.topic FROM t.ns." + topic + "__dlq").collectAsList();
+      assertEquals(topic.equals("shared_views") ? 3 : 4, archived.size(), topic + ": " + archived);
+      assertEquals(topic.equals("shared_views") ? 1 : 0, dead.size(), topic + "'s dead letters: " + dead);
+      for (Row row : archived) {
+        assertTrue(row.getString(0).startsWith(topic + "-"), topic + " holds " + row);
+        assertEquals(topic, row.getString(1));
+      }
+      for (Row row : dead) {
+        assertEquals(topic, row.getString(0));
+      }
     }
   }
 
