@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +23,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import GroupCommitter
 from bergstream.router.driver.launch import archive_available_now
-from bergstream.router.identity import IDS_FILE, TopicIdentity, TopicRecreated, refuse_another
+from bergstream.router.identity import IDS_FILE, CheckpointFile, TopicIdentity, TopicRecreated, refuse_another
 from bergstream.schemas.batch_range import TOPIC_ID
 from tests.routers import eventually, recreate
 from tests.services import Services
@@ -133,3 +135,41 @@ def test_commits_and_checkpoints_without_an_id_are_accepted_as_unknown() -> None
         TopicRecreated, match="topic plays: Kafka's topic of that name has id AAAA, and table t "
     ):
         refuse_another("plays", "AAAA", "BBBB", "table t")
+
+
+def test_the_ids_file_is_read_whole_while_topics_started_side_by_side_write_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # A pattern's topics start on a pool of threads: each writes its id beside the checkpoint (the file
+    # replaced by a delete and a rename) while others read it. A read between the two once stopped the start
+    # of a thousand topics with "No such file or directory".
+    checkpoint = str(tmp_path / "checkpoint")
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write(first: int) -> None:
+        kept = CheckpointFile(spark, checkpoint)
+        for key in range(first, first + 40):
+            kept.put(f"topic_{key:03d}", f"id-{key}")
+
+    def read() -> None:
+        kept = CheckpointFile(spark, checkpoint)
+        while not done.is_set():
+            try:
+                kept.read()
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(write, range(0, 160, 40)))
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join()
+    assert errors == []
+    assert CheckpointFile(spark, checkpoint).read() == {f"topic_{key:03d}": f"id-{key}" for key in range(160)}

@@ -66,6 +66,12 @@ class CheckpointFile:
         self.location = f"{checkpoint.rstrip('/')}/{name}"
 
     def read(self) -> dict[str, Any]:
+        """The object as it is: read under the lock `put` writes under, as the file is replaced by a delete
+        and a rename, between which a read would find none."""
+        with _lock_of(self.location):
+            return self._read()
+
+    def _read(self) -> dict[str, Any]:
         if not self._fs.exists(self._path):
             return {}
         stream = self._fs.open(self._path)
@@ -88,7 +94,7 @@ class CheckpointFile:
         a file beside it, then renamed over it), one key at a time in this process, as topics of one query
         are added from several threads."""
         with _lock_of(self.location):
-            document = self.read()
+            document = self._read()
             if document.get(key) == value:
                 return
             if value is None:
