@@ -28,7 +28,7 @@ from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import batch_range
 from bergstream.router.registry_topic import topic_parser
-from bergstream.router.together import TogetherWriter, rows_plan
+from bergstream.router.together import TogetherWriter, rows_plan, shared_plan
 from bergstream.router.transform import DEAD_LETTERED, RecordSplitter
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter, Overlap, write_tasks_for
 from bergstream.schemas.batch_range import BatchRange, Origin
@@ -207,11 +207,18 @@ class BatchArchiver:
             self.registry.before_batch(records, batch_id, self.tables.evolve)
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
         if self._rows_plan is None or self._rows_plan[0] is not self.splitter:
-            template = records.sparkSession.createDataFrame([], records.schema)
             # In the tables' column order, which may not be the rows' (a table evolved or made by others).
             columns = self.tables.columns(self.layout)
-            plan = rows_plan(self.splitter.combined_rows(self.splitter.stamp(template), columns))
-            self._rows_plan = (self.splitter, plan)
+            splitter = self.splitter
+
+            def plan() -> Any:
+                template = records.sparkSession.createDataFrame([], records.schema)
+                return rows_plan(splitter.combined_rows(splitter.stamp(template), columns))
+
+            made_of = None
+            if splitter.made_of is not None:
+                made_of = (*splitter.made_of, records.schema.json(), columns[0].json(), columns[1].json())
+            self._rows_plan = (splitter, shared_plan(records.sparkSession, made_of, plan))
         return self._rows_plan[1]
 
     def refuse_second_writer(self, batch_id: int, covered: BatchRange, committed: bool = False) -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -332,6 +334,24 @@ def write_tables(
     if commit_threads is not None:
         written.commit(None, list(range(len(writes))), commit_threads)
     return written
+
+
+_PLANS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
+
+
+def shared_plan(spark: SparkSession, made_of: tuple[Any, ...] | None, plan: Callable[[], Any]) -> Any:
+    """The plan of rows made of `made_of` (a topic's schema, encoding, cluster, limits, records' and tables'
+    columns), made by `plan` once per Spark context for every topic made of the same: planning a topic's
+    rows is Spark's analysis of its parse, about a second of the driver's for a thousand topics' first
+    batch each. None: a plan of the topic's own."""
+    if made_of is None:
+        return plan()
+    with _PLANS_LOCK:
+        plans = _PLANS.setdefault(spark.sparkContext, {})
+        if made_of not in plans:
+            plans[made_of] = plan()
+        return plans[made_of]
 
 
 def rows_plan(frame: DataFrame) -> Any:

@@ -30,6 +30,13 @@ class RecordSplitter:
         wire_schemas: WireSchemas | None = None,
     ) -> None:
         self.layout = layout
+        # What the expressions are made of, for splitters of several topics to share their plan
+        # (router/archiver.py); None with a registry's wire schemas, a topic's own.
+        self.made_of = (
+            None
+            if wire_schemas is not None
+            else (layout.event.name, layout.event.avro_json, encoding, cluster, max_value_bytes)
+        )
         self.parser = Parser(layout, encoding, max_value_bytes, wire_schemas)
         self.metadata = metadata(cluster, self.parser.schema_id)
         self.valid = F.col(ERROR).isNull()
