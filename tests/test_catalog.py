@@ -19,6 +19,10 @@ def test_sqlite_catalog_is_the_same_file_for_spark_and_pyiceberg(tmp_path: Path)
     assert conf["spark.sql.catalog.bergstream"] == "org.apache.iceberg.spark.SparkCatalog"
     assert conf["spark.sql.catalog.bergstream.type"] == "jdbc"
     assert conf["spark.sql.catalog.bergstream.warehouse"] == (tmp_path / "wh").as_uri()
+    # A local warehouse's files are made without Hadoop's chmod per file; a FileIO the settings name is kept.
+    assert conf["spark.sql.catalog.bergstream.io-impl"] == "io.bergstream.router.LocalFileIO"
+    told = CatalogConfig(uri=catalog.uri, warehouse=catalog.warehouse, properties={"io-impl": "x.Y"})
+    assert told.spark_conf()["spark.sql.catalog.bergstream.io-impl"] == "x.Y"
 
 
 def test_postgres_catalog_carries_credentials() -> None:
@@ -30,6 +34,7 @@ def test_postgres_catalog_carries_credentials() -> None:
     assert conf["spark.sql.catalog.bergstream.jdbc.user"] == "u"
     assert conf["spark.sql.catalog.bergstream.jdbc.password"] == "p@ss"
     assert "p@ss" not in repr(catalog)
+    assert "spark.sql.catalog.bergstream.io-impl" not in conf
 
 
 def test_a_postgres_catalog_s_connections_time_out_unless_told_otherwise() -> None:

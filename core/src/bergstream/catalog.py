@@ -26,6 +26,8 @@ SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential")
 # and a router's stop behind it, would wait with it. Bounded unless the URI or the properties say otherwise
 # (seconds; a commit's statements take milliseconds).
 POSTGRESQL_TIMEOUTS = {"connectTimeout": "10", "loginTimeout": "30", "socketTimeout": "60"}
+# The FileIO of a warehouse on a local file system.
+LOCAL_FILE_IO = "io.bergstream.router.LocalFileIO"
 # Iceberg's FileIOs of object stores.
 _OBJECT_STORE_FILE_IO = ("S3FileIO", "GCSFileIO", "ADLSFileIO", "OSSFileIO")
 
@@ -107,6 +109,11 @@ class CatalogConfig(BaseModel):
                 for name, seconds in POSTGRESQL_TIMEOUTS.items():
                     if f"{name}=" not in query:
                         conf[f"{prefix}.jdbc.{name}"] = seconds
+        local = urlparse(self.warehouse).scheme == "file"
+        if self.type == "jdbc" and local and "io-impl" not in self.properties:
+            # Hadoop's local file system starts a chmod for every file it makes: the warehouse's files are
+            # made through java.io instead (LocalFileIO, in router/jvm).
+            conf[f"{prefix}.io-impl"] = LOCAL_FILE_IO
         for key, value in self.properties.items():
             conf[f"{prefix}.{key}"] = value
         return conf

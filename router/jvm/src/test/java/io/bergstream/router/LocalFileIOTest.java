@@ -1,0 +1,98 @@
+package io.bergstream.router;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.iceberg.exceptions.AlreadyExistsException;
+import org.apache.iceberg.io.OutputFile;
+import org.apache.iceberg.io.PositionOutputStream;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** A local warehouse's files made through java.io: where and as HadoopFileIO would make them, no chmod. */
+class LocalFileIOTest {
+  @TempDir Path warehouse;
+
+  LocalFileIO io() {
+    LocalFileIO io = new LocalFileIO();
+    io.setConf(new Configuration());
+    io.initialize(Map.of());
+    return io;
+  }
+
+  @Test
+  void aFileIsMadeInItsNewDirectoryKeepsItsLocationAndIsReadBackByHadoop() throws Exception {
+    LocalFileIO io = io();
+    String location = "file:" + warehouse + "/table/data/hour=1/part-0.parquet";
+    OutputFile output = io.newOutputFile(location);
+    assertEquals(location, output.location(), "recorded as asked, scheme and all");
+    try (PositionOutputStream stream = output.create()) {
+      stream.write("rows".getBytes(StandardCharsets.UTF_8));
+      assertEquals(4, stream.getPos());
+    }
+    Path file = warehouse.resolve("table/data/hour=1/part-0.parquet");
+    assertEquals("rows", Files.readString(file));
+    assertFalse(Files.exists(file.resolveSibling(".part-0.parquet.crc")), "no checksum file: java.io made it");
+    assertEquals(4, output.toInputFile().getLength());
+    try (InputStream in = io.newInputFile(location).newStream()) {
+      assertArrayEquals("rows".getBytes(StandardCharsets.UTF_8), in.readAllBytes());
+    }
+    assertThrows(AlreadyExistsException.class, () -> io.newOutputFile(location).create());
+    try (PositionOutputStream stream = io.newOutputFile(location).createOrOverwrite()) {
+      stream.write('!');
+    }
+    assertEquals("!", Files.readString(file));
+    io.deleteFile(location);
+    assertFalse(Files.exists(file));
+  }
+
+  @Test
+  void tasksMakingFilesOfOneNewDirectorySideBySideAllSucceed() throws Exception {
+    LocalFileIO io = io();
+    ExecutorService pool = Executors.newFixedThreadPool(8);
+    try {
+      List<Future<?>> made = new ArrayList<>();
+      for (int i = 0; i < 64; i++) {
+        String location = "file://" + warehouse + "/t/data/hour=" + (i % 4) + "/part-" + i + ".parquet";
+        made.add(pool.submit(() -> {
+          try (PositionOutputStream stream = io.newOutputFile(location).create()) {
+            stream.write(1);
+          }
+          return null;
+        }));
+      }
+      for (Future<?> future : made) {
+        future.get();
+      }
+    } finally {
+      pool.shutdown();
+    }
+    try (var files = Files.walk(warehouse.resolve("t/data"))) {
+      assertEquals(64, files.filter(Files::isRegularFile).count());
+    }
+  }
+
+  @Test
+  void aLocationOfAnotherFileSystemIsLeftToHadoop() {
+    assertTrue(LocalFileIO.localFile("file:/w/t/f.parquet") != null);
+    assertEquals(null, LocalFileIO.localFile("s3://bucket/w/t/f.parquet"));
+    assertEquals(null, LocalFileIO.localFile("hdfs://nn/w/t/f.parquet"));
+    assertEquals(null, LocalFileIO.localFile("/w/t/f.parquet"), "the default file system's, whichever it is");
+    OutputFile hadoops = io().newOutputFile(warehouse + "/f");
+    assertEquals("HadoopOutputFile", hadoops.getClass().getSimpleName());
+  }
+}
