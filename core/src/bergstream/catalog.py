@@ -112,7 +112,7 @@ class CatalogConfig(BaseModel):
         local = urlparse(self.warehouse).scheme == "file"
         if self.type == "jdbc" and local and "io-impl" not in self.properties:
             # Hadoop's local file system starts a chmod for every file it makes: the warehouse's files are
-            # made through java.io instead (LocalFileIO, in router/jvm).
+            # made by one that does not (LocalFileIO, in router/jvm).
             conf[f"{prefix}.io-impl"] = LOCAL_FILE_IO
         for key, value in self.properties.items():
             conf[f"{prefix}.{key}"] = value

@@ -1,87 +1,85 @@
 package io.bergstream.router;
 
-import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.net.URI;
+import java.nio.file.Files;
+import java.nio.file.attribute.PosixFilePermissions;
+import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.Path;
-import org.apache.iceberg.Files;
+import org.apache.hadoop.fs.RawLocalFileSystem;
+import org.apache.hadoop.fs.permission.FsPermission;
+import org.apache.hadoop.io.nativeio.NativeIO;
 import org.apache.iceberg.hadoop.HadoopFileIO;
-import org.apache.iceberg.io.InputFile;
+import org.apache.iceberg.hadoop.HadoopOutputFile;
 import org.apache.iceberg.io.OutputFile;
-import org.apache.iceberg.io.PositionOutputStream;
 
 /**
- * Iceberg's HadoopFileIO, whose files of a local warehouse ({@code file:} locations) are created through
- * java.io instead of Hadoop's local file system: without Hadoop's native library, that one sets the
- * permissions of every file and directory it creates by running {@code chmod}, a process started for each
- * data, manifest and metadata file and for the checksum file beside each. Reads, deletes and listings stay
- * Hadoop's; a file is recorded under the location it was asked for, as HadoopFileIO records it. Set as
- * the catalog's {@code io-impl} for a warehouse on a local file system (bergstream.catalog).
+ * Iceberg's HadoopFileIO, whose new files of a local warehouse ({@code file:} locations) are created by a
+ * file system of its own: Hadoop's local one without a {@code .crc} file beside each file, its permissions
+ * set through java.nio. Without Hadoop's native library, Hadoop's local file system sets the permissions
+ * of every file and directory it creates by running {@code chmod}, a process started for each data,
+ * manifest and metadata file and for the checksum file beside each. The files are still Hadoop's output
+ * files (Parquet's writer copies their configuration instead of parsing Hadoop's defaults for each), at
+ * the same locations; reads, deletes and listings stay HadoopFileIO's. Set as the catalog's
+ * {@code io-impl} for a warehouse on a local file system (bergstream.catalog).
  */
 public class LocalFileIO extends HadoopFileIO {
   private static final long serialVersionUID = 1L;
+  private transient volatile RawLocalFileSystem local;
 
   public LocalFileIO() {}
 
   @Override
   public OutputFile newOutputFile(String location) {
-    File file = localFile(location);
-    return file == null ? super.newOutputFile(location) : new LocalOutput(location, file, this);
+    Path path = new Path(location);
+    if (!isLocal(path)) {
+      return super.newOutputFile(location);
+    }
+    return HadoopOutputFile.fromPath(path, local(), conf());
   }
 
-  /** The file of a {@code file:} location; null for any other scheme, or none (the default file system's). */
-  static File localFile(String location) {
-    URI uri = new Path(location).toUri();
-    return "file".equals(uri.getScheme()) ? new File(uri.getPath()) : null;
+  /** Whether {@code path} says {@code file:}; one without a scheme is the default file system's. */
+  static boolean isLocal(Path path) {
+    return "file".equals(path.toUri().getScheme());
   }
 
-  /** A new local file, created as Iceberg creates local files; its location the one asked for. */
-  private static final class LocalOutput implements OutputFile {
-    private final String location;
-    private final File file;
-    private final LocalFileIO io;
-
-    LocalOutput(String location, File file, LocalFileIO io) {
-      this.location = location;
-      this.file = file;
-      this.io = io;
-    }
-
-    @Override
-    public PositionOutputStream create() {
-      directory();
-      return Files.localOutput(file).create();
-    }
-
-    @Override
-    public PositionOutputStream createOrOverwrite() {
-      directory();
-      return Files.localOutput(file).createOrOverwrite();
-    }
-
-    /** The file's directory, made if missing: tasks writing files of one new hour make it side by side. */
-    private void directory() {
-      try {
-        java.nio.file.Files.createDirectories(file.toPath().getParent());
-      } catch (IOException error) {
-        throw new UncheckedIOException("making the directory of " + location, error);
+  private RawLocalFileSystem local() {
+    RawLocalFileSystem made = local;
+    if (made == null) {
+      synchronized (this) {
+        made = local;
+        if (made == null) {
+          made = new PermissionsThroughNio();
+          try {
+            made.initialize(URI.create("file:///"), conf());
+          } catch (IOException error) {
+            throw new UncheckedIOException("starting the local file system of LocalFileIO", error);
+          }
+          local = made;
+        }
       }
     }
+    return made;
+  }
 
+  /** Hadoop's raw local file system, permissions set as chmod would set them, without starting it. */
+  static final class PermissionsThroughNio extends RawLocalFileSystem {
     @Override
-    public String location() {
-      return location;
+    public void setPermission(Path path, FsPermission permission) throws IOException {
+      if (NativeIO.isAvailable()) {
+        super.setPermission(path, permission);
+        return;
+      }
+      String symbols = permission.getUserAction().SYMBOL + permission.getGroupAction().SYMBOL
+          + permission.getOtherAction().SYMBOL;
+      Files.setPosixFilePermissions(pathToFile(path).toPath(), PosixFilePermissions.fromString(symbols));
     }
 
     @Override
-    public InputFile toInputFile() {
-      return io.newInputFile(location);
-    }
-
-    @Override
-    public String toString() {
-      return location;
+    public void initialize(URI uri, Configuration conf) throws IOException {
+      super.initialize(uri, conf);
+      setConf(conf);
     }
   }
 }

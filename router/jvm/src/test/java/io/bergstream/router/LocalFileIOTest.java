@@ -10,6 +10,7 @@ import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -46,7 +47,10 @@ class LocalFileIOTest {
     }
     Path file = warehouse.resolve("table/data/hour=1/part-0.parquet");
     assertEquals("rows", Files.readString(file));
-    assertFalse(Files.exists(file.resolveSibling(".part-0.parquet.crc")), "no checksum file: java.io made it");
+    assertFalse(Files.exists(file.resolveSibling(".part-0.parquet.crc")), "no checksum file beside it");
+    assertEquals("rw-r--r--", PosixFilePermissions.toString(Files.getPosixFilePermissions(file)),
+        "the permissions Hadoop gives a new file, without a chmod process");
+    assertEquals("HadoopOutputFile", output.getClass().getSimpleName(), "Parquet copies its configuration");
     assertEquals(4, output.toInputFile().getLength());
     try (InputStream in = io.newInputFile(location).newStream()) {
       assertArrayEquals("rows".getBytes(StandardCharsets.UTF_8), in.readAllBytes());
@@ -87,12 +91,16 @@ class LocalFileIOTest {
   }
 
   @Test
-  void aLocationOfAnotherFileSystemIsLeftToHadoop() {
-    assertTrue(LocalFileIO.localFile("file:/w/t/f.parquet") != null);
-    assertEquals(null, LocalFileIO.localFile("s3://bucket/w/t/f.parquet"));
-    assertEquals(null, LocalFileIO.localFile("hdfs://nn/w/t/f.parquet"));
-    assertEquals(null, LocalFileIO.localFile("/w/t/f.parquet"), "the default file system's, whichever it is");
-    OutputFile hadoops = io().newOutputFile(warehouse + "/f");
-    assertEquals("HadoopOutputFile", hadoops.getClass().getSimpleName());
+  void aLocationOfAnotherFileSystemIsLeftToHadoop() throws Exception {
+    assertTrue(LocalFileIO.isLocal(new org.apache.hadoop.fs.Path("file:/w/t/f.parquet")));
+    assertFalse(LocalFileIO.isLocal(new org.apache.hadoop.fs.Path("s3://bucket/w/t/f.parquet")));
+    assertFalse(LocalFileIO.isLocal(new org.apache.hadoop.fs.Path("hdfs://nn/w/t/f.parquet")));
+    assertFalse(LocalFileIO.isLocal(new org.apache.hadoop.fs.Path("/w/t/f.parquet")),
+        "the default file system's, whichever it is");
+    // Without a scheme, Hadoop's own file system makes it: here the default, the local one, with a .crc.
+    try (PositionOutputStream stream = io().newOutputFile(warehouse + "/f").create()) {
+      stream.write(1);
+    }
+    assertTrue(Files.exists(warehouse.resolve(".f.crc")));
   }
 }
