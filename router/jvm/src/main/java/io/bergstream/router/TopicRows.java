@@ -22,7 +22,6 @@ import org.apache.spark.sql.catalyst.expressions.Attribute;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.plans.logical.LeafNode;
-import org.apache.spark.sql.catalyst.plans.logical.LocalRelation$;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.types.StructType;
@@ -35,9 +34,9 @@ import scala.collection.immutable.Seq;
  *
  * <p>Building a topic's frame over each micro-batch would cost Spark's analysis and planning every batch
  * for every topic with records: for a router of hundreds of topics, most of the driver's time. The plan
- * depends only on the topic's schema; it is kept until that changes. Topics whose plans compute the same
- * rows (one schema, one cluster: a record's topic is a column, not a constant) share one plan, hence one
- * broadcast and one compiled copy per executor thread: a thousand topics of one schema cost what one does.
+ * depends only on the topic's schema; it is kept until that changes. Topics planned alike share one plan
+ * (bergstream.router.together.shared_plan: a record's topic is a column, not a constant), hence one
+ * broadcast (TopicTables) and one compiled copy per executor thread.
  */
 public final class TopicRows implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -64,21 +63,6 @@ public final class TopicRows implements Serializable {
                 }
               });
   private static final int MOST_COMPILED = 4096;
-  /**
-   * The plans made in this JVM by what they compute: Spark's canonical form of the plan (expression ids and
-   * aliases' names normalized, as {@code sameResult} compares plans), with the rows' type and the names the
-   * layout reads. Bounded: plans of schemas since replaced fall out.
-   */
-  private static final Map<Shape, TopicRows> MADE =
-      Collections.synchronizedMap(
-          new LinkedHashMap<>(16, 0.75f, true) {
-            @Override
-            protected boolean removeEldestEntry(Map.Entry<Shape, TopicRows> eldest) {
-              return size() > MOST_COMPILED;
-            }
-          });
-
-  private record Shape(LogicalPlan canonical, StructType output, List<String> names) {}
 
   private TopicRows(
       List<Seq<Expression>> expressions, List<Seq<Attribute>> inputs, StructType output, String[] names) {
@@ -101,28 +85,20 @@ public final class TopicRows implements Serializable {
     // Optimized, as Spark runs a frame: projections collapsed where that parses nothing twice, constants
     // folded (the write time among them: TopicTables sets it per batch).
     LogicalPlan plan = template.queryExecution().optimizedPlan();
-    List<Project> projects = new ArrayList<>();
+    List<Seq<Expression>> expressions = new ArrayList<>();
+    List<Seq<Attribute>> inputs = new ArrayList<>();
     while (plan instanceof Project project) {
-      projects.add(project);
+      expressions.add((Seq<Expression>) (Seq<?>) project.projectList());
+      inputs.add(project.child().output());
       plan = project.child();
     }
-    if (!(plan instanceof LeafNode) || projects.isEmpty()) {
+    if (!(plan instanceof LeafNode) || expressions.isEmpty()) {
       throw new IllegalArgumentException(
           "a topic's rows must be projections of the records alone, not " + plan.nodeName());
     }
-    Collections.reverse(projects);
-    List<Seq<Expression>> expressions = new ArrayList<>();
-    List<Seq<Attribute>> inputs = new ArrayList<>();
-    // What the plan computes, whatever relation the template was made over (a local one, an RDD's):
-    // the projections over an empty local relation of the records' columns, in Spark's canonical form.
-    LogicalPlan computes = LocalRelation$.MODULE$.apply(plan.output());
-    for (Project project : projects) {
-      expressions.add((Seq<Expression>) (Seq<?>) project.projectList());
-      inputs.add(project.child().output());
-      computes = new Project(project.projectList(), computes);
-    }
-    Shape shape = new Shape(computes.canonicalized(), template.schema(), List.of(names));
-    return MADE.computeIfAbsent(shape, same -> new TopicRows(expressions, inputs, template.schema(), names));
+    Collections.reverse(expressions);
+    Collections.reverse(inputs);
+    return new TopicRows(expressions, inputs, template.schema(), names);
   }
 
   String id() {
