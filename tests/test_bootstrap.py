@@ -250,6 +250,67 @@ def test_a_bootstrap_killed_in_the_archive_phase_at_the_switch_and_after_it_resu
     assert output_rows(spark, "killed_bootstrap") == output_rows(spark, "killed_plain")
 
 
+def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pending_equal_those_made_after(
+    stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
+) -> None:
+    """A router on an hour's target lag writes the newest records' files, records them pending beside its
+    checkpoint, commits none and is killed. A bootstrap made then hands over to Kafka where the table ends
+    and reads the pending records from Kafka; a backfill plan of the archived hours reads what it read
+    before. After a drain commits the pending files, the same bootstrap hands over further on and writes
+    the same output, and the same plan reads the same files."""
+    from bergstream.backfill.read.handover import pin_handover
+    from bergstream.backfill.read.order import BoundedOrder, Window
+    from bergstream.backfill.read.planner import plan, table_ref
+    from bergstream.router.pending import RECORDS_DIR
+    from tests.routers import eventually, start_router, write_config
+    from tests.test_pending_commits import killed, recorded_tables
+
+    topic = topics.names["playback"]
+    ref = table_ref(topic, stack.catalog)
+    more = ProduceRequest(topic=topic, schema="playback", count=800, partitions=4, seed=11,
+                          late_fraction=0.05, bad_fraction=0.02,
+                          ingestion_start=topics.start + timedelta(hours=2, minutes=40),
+                          ingestion_span=timedelta(minutes=10), timestamp_jitter=JITTER)  # fmt: skip
+    produce(more, stack.bootstrap_servers, show_progress=False)
+    before = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
+    # A checkpoint of its own: the router starts where the table ends.
+    config = write_config(stack, tmp_path, topic, cluster=CLUSTERS["playback"], target_lag="1h")
+    checkpoint = tmp_path / "checkpoints" / topic
+    router = start_router(topic, config, tmp_path / "router.log")
+    try:
+        eventually(lambda: ref.identifier in recorded_tables(checkpoint / RECORDS_DIR),
+                   "the newest records' files recorded pending", timeout=240)  # fmt: skip
+    finally:
+        killed(router)
+    pending = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
+    assert pending == before, "the router committed nothing: its files are pending"
+
+    window = Window(to_micros(topics.start), to_micros(topics.start + timedelta(hours=2)))
+    archived_hours = plan(stack.catalog, [topic], window, BoundedOrder(timedelta(minutes=15)))
+    backfill = {"start": topics.start, "max_misalignment": "15m"}
+    while_pending = settings(stack, topics, "sessionizer", tmp_path / "while", "pending_bootstrap",
+                             mode="bootstrap", backfill=backfill)  # fmt: skip
+    first = run_app(spark, while_pending, available_now=True, show_progress=False)
+    assert first.handovers["playback"].offsets == pending.offsets, "handed over where the table ends"
+
+    drain = topics.routers["playback"].model_copy(update={"checkpoint_location": str(checkpoint)})
+    archive_available_now(spark, drain)
+    assert not list((checkpoint / RECORDS_DIR).glob("*.json")), "the pending files are committed"
+    committed = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
+    assert all(committed.offsets[p] >= o for p, o in pending.offsets.items())
+    assert sum(committed.offsets.values()) - sum(pending.offsets.values()) >= more.count
+    after = settings(stack, topics, "sessionizer", tmp_path / "after", "committed_bootstrap",
+                     mode="bootstrap", backfill=backfill)  # fmt: skip
+    second = run_app(spark, after, available_now=True, show_progress=False)
+    assert second.handovers["playback"].offsets == committed.offsets
+    rows = output_rows(spark, "committed_bootstrap")
+    assert len(rows) > 10
+    assert output_rows(spark, "pending_bootstrap") == rows
+    replanned = plan(stack.catalog, [topic], window, BoundedOrder(timedelta(minutes=15)))
+    assert replanned.tables[0].snapshot_id != archived_hours.tables[0].snapshot_id
+    assert replanned.splits == archived_hours.splits and replanned.epochs == archived_hours.epochs
+
+
 def test_a_bootstrap_refuses_a_hand_over_kafka_no_longer_holds(
     stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
 ) -> None:
