@@ -21,12 +21,16 @@ import org.apache.iceberg.io.OutputFile;
  * of every file and directory it creates by running {@code chmod}, a process started for each data,
  * manifest and metadata file and for the checksum file beside each. The files are still Hadoop's output
  * files (Parquet's writer copies their configuration instead of parsing Hadoop's defaults for each), at
- * the same locations; reads, deletes and listings stay HadoopFileIO's. Set as the catalog's
+ * the same locations; reads, deletes and listings stay HadoopFileIO's. Iceberg's Parquet writer does not
+ * use the output file's own file system: it asks Hadoop for the one of the file's path under the file's
+ * configuration, so that configuration names this file system for {@code file:}, uncached (Hadoop's cache
+ * of file systems is by scheme alone, and holds its local one already). Set as the catalog's
  * {@code io-impl} for a warehouse on a local file system (bergstream.catalog).
  */
 public class LocalFileIO extends HadoopFileIO {
   private static final long serialVersionUID = 1L;
   private transient volatile RawLocalFileSystem local;
+  private transient volatile Configuration localConf;
 
   public LocalFileIO() {}
 
@@ -36,7 +40,8 @@ public class LocalFileIO extends HadoopFileIO {
     if (!isLocal(path)) {
       return super.newOutputFile(location);
     }
-    return HadoopOutputFile.fromPath(path, local(), conf());
+    RawLocalFileSystem made = local();
+    return HadoopOutputFile.fromPath(path, made, localConf);
   }
 
   /** Whether {@code path} says {@code file:}; one without a scheme is the default file system's. */
@@ -50,12 +55,17 @@ public class LocalFileIO extends HadoopFileIO {
       synchronized (this) {
         made = local;
         if (made == null) {
+          Configuration own = new Configuration(conf());
+          own.setClassLoader(PermissionsThroughNio.class.getClassLoader());
+          own.set("fs.file.impl", PermissionsThroughNio.class.getName());
+          own.setBoolean("fs.file.impl.disable.cache", true);
           made = new PermissionsThroughNio();
           try {
-            made.initialize(URI.create("file:///"), conf());
+            made.initialize(URI.create("file:///"), own);
           } catch (IOException error) {
             throw new UncheckedIOException("starting the local file system of LocalFileIO", error);
           }
+          localConf = own;
           local = made;
         }
       }
@@ -63,8 +73,13 @@ public class LocalFileIO extends HadoopFileIO {
     return made;
   }
 
-  /** Hadoop's raw local file system, permissions set as chmod would set them, without starting it. */
-  static final class PermissionsThroughNio extends RawLocalFileSystem {
+  /**
+   * Hadoop's raw local file system, permissions set as chmod would set them, without starting it. Public, as
+   * Hadoop makes the file systems its configuration names.
+   */
+  public static final class PermissionsThroughNio extends RawLocalFileSystem {
+    public PermissionsThroughNio() {}
+
     @Override
     public void setPermission(Path path, FsPermission permission) throws IOException {
       if (NativeIO.isAvailable()) {

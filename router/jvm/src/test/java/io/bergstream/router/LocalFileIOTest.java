@@ -18,7 +18,11 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.LocalFileSystem;
 import org.apache.iceberg.exceptions.AlreadyExistsException;
+import org.apache.iceberg.hadoop.HadoopOutputFile;
 import org.apache.iceberg.io.OutputFile;
 import org.apache.iceberg.io.PositionOutputStream;
 import org.junit.jupiter.api.Test;
@@ -62,6 +66,25 @@ class LocalFileIOTest {
     assertEquals("!", Files.readString(file));
     io.deleteFile(location);
     assertFalse(Files.exists(file));
+  }
+
+  @Test
+  void parquetsWayToAFileOfItsPathMakesItWithoutChmodOrChecksum() throws Exception {
+    // Iceberg's Parquet writer opens a Hadoop output file by its path and configuration alone
+    // (org.apache.parquet.hadoop.util.HadoopOutputFile.fromPath(path, conf)): Hadoop's file system for it.
+    String location = "file:" + warehouse + "/t/data/part-0.parquet";
+    HadoopOutputFile output = (HadoopOutputFile) io().newOutputFile(location);
+    FileSystem fileSystem = output.getPath().getFileSystem(output.getConf());
+    assertEquals(LocalFileIO.PermissionsThroughNio.class, fileSystem.getClass());
+    try (FSDataOutputStream stream = fileSystem.create(output.getPath(), false)) {
+      stream.write(1);
+    }
+    Path file = warehouse.resolve("t/data/part-0.parquet");
+    assertEquals(1, Files.size(file));
+    assertFalse(Files.exists(file.resolveSibling(".part-0.parquet.crc")), "no checksum file beside it");
+    // Other paths of the JVM keep Hadoop's local file system, from its cache.
+    FileSystem others = new org.apache.hadoop.fs.Path("file:" + warehouse).getFileSystem(new Configuration());
+    assertEquals(LocalFileSystem.class, others.getClass());
   }
 
   @Test
