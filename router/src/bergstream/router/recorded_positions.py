@@ -18,8 +18,9 @@ ids, so that they are appended once whatever happened before.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bergstream.router.write import BATCH_ID, QUERY_ID
 from bergstream.schemas.batch_range import (
@@ -50,34 +51,47 @@ class Recorded:
         return self.query_id, self.batch_id
 
 
-def _newest_of_topic(spark: SparkSession, identifier: str, topic: str, cluster: str, having: str) -> Any:
-    """The newest snapshot in `identifier`'s current history whose summary records `topic` read from
-    `cluster` and the property `having` (snapshot_id, summary); None when there is none."""
-    rows = spark.sql(
-        f"""
-        SELECT s.snapshot_id, s.summary FROM {identifier}.snapshots s
-        JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id
-        WHERE h.is_current_ancestor AND s.summary['{having}'] IS NOT NULL
-          AND s.summary['{TOPIC}'] = {_sql_string(topic)} AND s.summary['{CLUSTER}'] = {_sql_string(cluster)}
-        ORDER BY h.made_current_at DESC, s.committed_at DESC
-        LIMIT 1
-        """
-    ).collect()
-    return rows[0] if rows else None
+@dataclass(frozen=True)
+class RecordedHistory:
+    """What the router's commits record in a table's current history, read in one walk of its metadata
+    (RecordedHistory, router/jvm), newest snapshot first: the topics they name, and per summary key, topic
+    and cluster the newest snapshot whose summary has that key (snapshot_id, summary)."""
+
+    topics: frozenset[str]
+    newest: dict[tuple[str, str, str], tuple[int, dict[str, str]]]
+
+    def newest_of(self, key: str, topic: str, cluster: str) -> tuple[int, dict[str, str]] | None:
+        return self.newest.get((key, topic, cluster))
+
+
+def recorded_history(spark: SparkSession, identifier: str) -> RecordedHistory:
+    """The current history of table `identifier` as the router's commits record it; the table as it is now
+    (Iceberg's metadata read again, not a catalog's cached copy)."""
+    jvm = spark._jvm
+    assert jvm is not None
+    keys = spark.sparkContext._gateway.new_array(jvm.java.lang.String, 2)  # type: ignore[union-attr]
+    keys[0], keys[1] = NEXT_OFFSETS, TOPIC_ID
+    answer = json.loads(jvm.io.bergstream.router.RecordedHistory.of(spark._jsparkSession, identifier, TOPIC,
+                                                                     CLUSTER, keys))  # fmt: skip
+    newest = {
+        (entry["key"], entry["topic"], entry["cluster"]): (int(entry["snapshot_id"]), dict(entry["summary"]))
+        for entry in answer["newest"]
+    }
+    return RecordedHistory(frozenset(answer["topics"]), newest)
 
 
 def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: str) -> Recorded | None:
     """The newest snapshot in `identifier`'s current history that records a position of `topic` read from
     `cluster`; None when there is none."""
-    row = _newest_of_topic(spark, identifier, topic, cluster, NEXT_OFFSETS)
-    if row is None:
+    newest = recorded_history(spark, identifier).newest_of(NEXT_OFFSETS, topic, cluster)
+    if newest is None:
         return None
-    summary = dict(row.summary)
+    snapshot_id, summary = newest
     recorded = BatchRange.recorded(summary, topic, cluster)
     assert recorded is not None, "selected for its position"
     return Recorded(
         identifier=identifier,
-        snapshot_id=int(row.snapshot_id),
+        snapshot_id=snapshot_id,
         query_id=summary[QUERY_ID],
         batch_id=int(summary[BATCH_ID]),
         range=recorded,
@@ -87,24 +101,13 @@ def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: s
 def recorded_topic_id(spark: SparkSession, identifier: str, topic: str, cluster: str) -> str | None:
     """The Kafka topic id of the newest commit in `identifier`'s current history that records one for
     `topic` read from `cluster`; None when none does."""
-    row = _newest_of_topic(spark, identifier, topic, cluster, TOPIC_ID)
-    return None if row is None else str(row.summary[TOPIC_ID])
+    newest = recorded_history(spark, identifier).newest_of(TOPIC_ID, topic, cluster)
+    return None if newest is None else newest[1][TOPIC_ID]
 
 
 def recorded_topics(spark: SparkSession, identifier: str) -> set[str]:
     """The topics the commits of `identifier`'s current history record rows of."""
-    rows = spark.sql(
-        f"""
-        SELECT DISTINCT s.summary['{TOPIC}'] AS topic FROM {identifier}.snapshots s
-        JOIN {identifier}.history h ON s.snapshot_id = h.snapshot_id
-        WHERE h.is_current_ancestor AND s.summary['{TOPIC}'] IS NOT NULL
-        """
-    ).collect()
-    return {str(row.topic) for row in rows}
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return set(recorded_history(spark, identifier).topics)
 
 
 def resume_offsets(recorded: list[Recorded], partitions: list[int]) -> dict[int, int]:
