@@ -21,6 +21,9 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.internal.SQLConf$;
+import scala.jdk.javaapi.CollectionConverters;
 import org.apache.spark.sql.catalyst.plans.logical.LeafNode;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
@@ -132,9 +135,17 @@ public final class TopicRows implements Serializable {
                   // (a decoder and the record it reuses), and the plan is shared by the executor's threads.
                   TopicRows own = copied();
                   List<UnsafeProjection> made = new ArrayList<>(expressions.size());
-                  for (int i = 0; i < expressions.size(); i++) {
-                    made.add(UnsafeProjection.create(own.expressions.get(i), own.inputs.get(i)));
-                  }
+                  // Compiled whichever way the job reads Kafka's rows (TopicTables.write): they run for
+                  // every row of the thread's tasks.
+                  SQLConf generated = new SQLConf();
+                  CollectionConverters.asJava(SQLConf.get().getAllConfs()).forEach(generated::setConfString);
+                  generated.setConfString(TopicTables.FACTORY_MODE, "FALLBACK");
+                  SQLConf$.MODULE$.withExistingConf(generated, () -> {
+                    for (int i = 0; i < expressions.size(); i++) {
+                      made.add(UnsafeProjection.create(own.expressions.get(i), own.inputs.get(i)));
+                    }
+                    return made;
+                  });
                   return made;
                 });
     for (UnsafeProjection projection : compiled) {

@@ -50,6 +50,8 @@ public final class TopicTables {
   private TopicTables() {}
 
   static final long MICROS_PER_HOUR = 3_600_000_000L;
+  /** Spark's choice of generated or interpreted code for the projections a task makes. */
+  static final String FACTORY_MODE = "spark.sql.codegen.factoryMode";
   /** What a kept row costs beyond its bytes: its object, its array and its place in the list. */
   static final long ROW_OVERHEAD = 64;
   /** The Spark setting of the bytes of rows a task holds before it writes them. */
@@ -191,16 +193,29 @@ public final class TopicTables {
           new DispatchTask(topicColumn, writable, plans, archiveCopies, deadLetterCopies, operation,
               writeMicros);
       JavaRDD<InternalRow> read = records.queryExecution().toRdd().toJavaRDD();
+      boolean interpreted = TopicGroups.smallReads(read.rdd().partitions());
       if (read.getNumPartitions() > 1) {
         // A task per core at most, each topic read by as many tasks as its records are worth.
         read = read.rdd()
             .coalesce(Math.max(1, tasks), false, Option.apply(new TopicGroups(shares)), null)
             .toJavaRDD();
       }
-      for (Written part : read.mapPartitionsWithIndex(task, false).collect()) {
-        outcomes.get(part.topic).add(part.counts);
-        archiveFiles.get(part.topic).addAll(part.archive);
-        deadLetterFiles.get(part.topic).addAll(part.deadLetters);
+      SparkContext sparkContext = spark.sparkContext();
+      String mode = sparkContext.getLocalProperty(FACTORY_MODE);
+      if (interpreted) {
+        // Spark's Kafka source generates and looks up the code of its rows' projection for every partition
+        // it reads, milliseconds each: a batch of many small partitions (many quiet topics) reads them
+        // through Spark's interpreted projection instead. The rows' own plans stay compiled (TopicRows).
+        sparkContext.setLocalProperty(FACTORY_MODE, "NO_CODEGEN");
+      }
+      try {
+        for (Written part : read.mapPartitionsWithIndex(task, false).collect()) {
+          outcomes.get(part.topic).add(part.counts);
+          archiveFiles.get(part.topic).addAll(part.archive);
+          deadLetterFiles.get(part.topic).addAll(part.deadLetters);
+        }
+      } finally {
+        sparkContext.setLocalProperty(FACTORY_MODE, mode);
       }
     }
     for (int i = 0; i < count; i++) {

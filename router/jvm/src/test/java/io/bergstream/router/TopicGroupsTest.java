@@ -1,6 +1,8 @@
 package io.bergstream.router;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.bergstream.router.TopicGroups.Part;
 import java.util.ArrayList;
@@ -87,5 +89,14 @@ class TopicGroupsTest {
     assertEquals(2, groups.size());
     assertEquals(2, groups.get(0).size());
     assertEquals(2, groups.get(1).size());
+  }
+
+  @Test
+  void aBatchOfManySmallReadsIsReadInterpretedOneOfFewOrLargeOnesCompiled() {
+    assertTrue(TopicGroups.smallReads(200 * 500L, 200), "100 quiet topics' 200 partitions, 500 records each");
+    assertFalse(TopicGroups.smallReads(2 * 50_000L, 2), "one busy topic");
+    assertFalse(TopicGroups.smallReads(10, 1), "a single read: its code is generated once either way");
+    assertFalse(TopicGroups.smallReads(200L * TopicGroups.SMALL_READ, 200));
+    assertTrue(TopicGroups.smallReads(200L * TopicGroups.SMALL_READ - 1, 200));
   }
 }
