@@ -322,6 +322,11 @@ def test_a_bootstrap_refuses_a_hand_over_kafka_no_longer_holds(
 
     topic = topics.names["playback"]
     handover = pin_handover(stack.catalog, table_ref(topic, stack.catalog), topic, CLUSTERS["playback"])
+    # Records beyond where the archive ends, whatever the tests before archived.
+    later = ProduceRequest(topic=topic, schema="playback", count=200, partitions=4, seed=12,
+                           ingestion_start=topics.start + timedelta(hours=2, minutes=55),
+                           ingestion_span=timedelta(minutes=1))  # fmt: skip
+    produce(later, stack.bootstrap_servers, show_progress=False)
     beyond = handover.offsets[0] + 1
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for future in admin.delete_records([TopicPartition(topic, 0, beyond)]).values():
