@@ -7,6 +7,7 @@ from bergstream.router.commit_policy import (
     COMMIT_BYTES,
     COMMIT_RECORDS,
     SPREAD,
+    Cadence,
     CommitPolicy,
     Held,
     Written,
@@ -81,3 +82,17 @@ def test_a_quiet_topic_s_files_are_committed_a_trigger_before_they_would_pass_it
     assert overdue(60, 10, since=0, now=50, spread=0.0)
     assert overdue(None, 10, since=0, now=0, spread=0.0), "a topic without a lag never waits"
     assert overdue(60, 10, since=0, now=60 * (1 - SPREAD * 0.5) - 10, spread=0.5)
+
+
+def test_batches_longer_than_the_trigger_put_the_next_one_and_a_topic_s_commit_further_off() -> None:
+    cadence = Cadence(10)
+    cadence.began(100)
+    assert cadence.seconds == 10, "one batch: the trigger"
+    cadence.began(125)
+    assert cadence.seconds == 25, "the last batch took 25 s"
+    lag = CommitPolicy(target_lag=60)
+    # Pending for 20 s: held on a 10 s cadence (20 + 2 x 10 < 60), due on a 25 s one (20 + 2 x 25 >= 60).
+    assert commit_reason(lag, 10, held(since=105), written(), "p1", now=125) is None
+    assert commit_reason(lag, cadence.seconds, held(since=105), written(), "p1", now=125) == "lag"
+    cadence.began(131)
+    assert cadence.seconds == 10, "batches on the trigger again: never shorter than it"

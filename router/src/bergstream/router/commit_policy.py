@@ -61,6 +61,23 @@ class Written:
     plan: str  # the id of its rows' plan: another one is a schema change
 
 
+class Cadence:
+    """How long from one batch of a query to the next: its trigger, or, while its batches take longer than
+    the trigger (many topics, a backlog), the time the last one took. A topic commits when its oldest
+    record would pass its target lag by the next batch, so the next batch's distance is this."""
+
+    def __init__(self, trigger: float) -> None:
+        self.trigger = trigger
+        self.seconds = trigger
+        self._began: float | None = None
+
+    def began(self, now: float) -> None:
+        """A batch starts at monotonic `now`."""
+        if self._began is not None:
+            self.seconds = max(self.trigger, now - self._began)
+        self._began = now
+
+
 def phase(topic: str) -> float:
     """The topic's place in [0, 1), the same in every driver: what spreads the commits of topics that began
     holding files in the same batch."""

@@ -34,7 +34,15 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from bergstream.router.commit_policy import CommitPolicy, Held, Written, commit_reason, overdue, phase
+from bergstream.router.commit_policy import (
+    Cadence,
+    CommitPolicy,
+    Held,
+    Written,
+    commit_reason,
+    overdue,
+    phase,
+)
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.write import BATCH_ID, QUERY_ID
 from bergstream.schemas.batch_range import BatchRange
@@ -52,7 +60,7 @@ class PendingCommits:
     ) -> None:
         self.spark = spark
         self.metrics = metrics
-        self._trigger = trigger_seconds
+        self.cadence = Cadence(trigger_seconds)
         jvm = spark._jvm
         assert jvm is not None
         self.files = getattr(jvm, _PENDING_FILES)()
@@ -71,6 +79,9 @@ class PendingCommits:
         held = self._held.get(topic)
         return covered if held is None else covered.after(held.range)
 
+    def batch_began(self) -> None:
+        self.cadence.began(time.monotonic())
+
     def due(self, topic: str, policy: CommitPolicy, written: Written, now: float | None = None) -> str | None:
         """Why `topic` commits in this batch, having written `written`; None: its files are held."""
         self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)
@@ -78,7 +89,7 @@ class PendingCommits:
         self._plans[topic] = written.plan
         now = time.monotonic() if now is None else now
         held = self._held.get(topic)
-        return commit_reason(policy, self._trigger, held, written, previous_plan, now, phase(topic))
+        return commit_reason(policy, self.cadence.seconds, held, written, previous_plan, now, phase(topic))
 
     def overdue(self, lags: dict[str, float | None], busy: set[str], now: float | None = None) -> list[str]:
         """The topics not in this batch (`busy`) whose pending files are due by their target lag (`lags`):
@@ -89,7 +100,7 @@ class PendingCommits:
                 topic
                 for topic, held in sorted(self._held.items())
                 if topic not in busy
-                and overdue(lags.get(topic), self._trigger, held.since, now, phase(topic))
+                and overdue(lags.get(topic), self.cadence.seconds, held.since, now, phase(topic))
             ]
 
     def hold(

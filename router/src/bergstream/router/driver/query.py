@@ -232,6 +232,7 @@ class TopicsQuery:
 
     def _archive(self, records: DataFrame, batch_id: int) -> None:
         self._started.wait()
+        self.pending.batch_began()
         query = self._query
         assert query is not None
         previous = self._previous[1] if self._previous and self._previous[0] == batch_id - 1 else None
