@@ -86,13 +86,25 @@ def test_a_quiet_topic_s_files_are_committed_a_trigger_before_they_would_pass_it
 
 def test_batches_longer_than_the_trigger_put_the_next_one_and_a_topic_s_commit_further_off() -> None:
     cadence = Cadence(10)
+    assert cadence.seconds == 10, "no batch yet: the trigger"
     cadence.began(100)
-    assert cadence.seconds == 10, "one batch: the trigger"
-    cadence.began(125)
+    cadence.ended(125)
     assert cadence.seconds == 25, "the last batch took 25 s"
     lag = CommitPolicy(target_lag=60)
     # Pending for 20 s: held on a 10 s cadence (20 + 2 x 10 < 60), due on a 25 s one (20 + 2 x 25 >= 60).
     assert commit_reason(lag, 10, held(since=105), written(), "p1", now=125) is None
     assert commit_reason(lag, cadence.seconds, held(since=105), written(), "p1", now=125) == "lag"
     cadence.began(131)
+    cadence.ended(134)
     assert cadence.seconds == 10, "batches on the trigger again: never shorter than it"
+
+
+def test_time_without_batches_is_not_taken_for_a_long_batch() -> None:
+    cadence = Cadence(1)
+    cadence.began(100)
+    cadence.ended(102)
+    # No records for an hour: no batch ran. The next one is as far off as the last one took, not an hour.
+    cadence.began(3700)
+    assert cadence.seconds == 2
+    cadence.ended(3701)
+    assert cadence.seconds == 1

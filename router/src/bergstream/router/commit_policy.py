@@ -63,8 +63,10 @@ class Written:
 
 class Cadence:
     """How long from one batch of a query to the next: its trigger, or, while its batches take longer than
-    the trigger (many topics, a backlog), the time the last one took. A topic commits when its oldest
-    record would pass its target lag by the next batch, so the next batch's distance is this."""
+    the trigger (many topics, a backlog), the time the last one took from its start to its end. A topic
+    commits when its oldest record would pass its target lag by the next batch, so the next batch's distance
+    is this. The time between batches' starts is not it: no batch runs while no records come, and an hour
+    without records says nothing of how far off the next batch is once they do."""
 
     def __init__(self, trigger: float) -> None:
         self.trigger = trigger
@@ -73,9 +75,13 @@ class Cadence:
 
     def began(self, now: float) -> None:
         """A batch starts at monotonic `now`."""
+        self._began = now
+
+    def ended(self, now: float) -> None:
+        """The batch begun last ends at monotonic `now`."""
         if self._began is not None:
             self.seconds = max(self.trigger, now - self._began)
-        self._began = now
+            self._began = None
 
 
 def phase(topic: str) -> float:

@@ -82,6 +82,9 @@ class PendingCommits:
     def batch_began(self) -> None:
         self.cadence.began(time.monotonic())
 
+    def batch_ended(self) -> None:
+        self.cadence.ended(time.monotonic())
+
     def due(self, topic: str, policy: CommitPolicy, written: Written, now: float | None = None) -> str | None:
         """Why `topic` commits in this batch, having written `written`; None: its files are held."""
         self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)

@@ -233,6 +233,12 @@ class TopicsQuery:
     def _archive(self, records: DataFrame, batch_id: int) -> None:
         self._started.wait()
         self.pending.batch_began()
+        try:
+            self._archive_batch(records, batch_id)
+        finally:
+            self.pending.batch_ended()
+
+    def _archive_batch(self, records: DataFrame, batch_id: int) -> None:
         query = self._query
         assert query is not None
         previous = self._previous[1] if self._previous and self._previous[0] == batch_id - 1 else None
