@@ -293,7 +293,10 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     first = run_app(spark, while_pending, available_now=True, show_progress=False)
     assert first.handovers["playback"].offsets == pending.offsets, "handed over where the table ends"
 
-    drain = topics.routers["playback"].model_copy(update={"checkpoint_location": str(checkpoint)})
+    router = topics.routers["playback"]
+    drain = router.model_copy(
+        update={"query": router.query.model_copy(update={"checkpoint_location": str(checkpoint)})}
+    )
     archive_available_now(spark, drain)
     assert not list((checkpoint / RECORDS_DIR).glob("*.json")), "the pending files are committed"
     committed = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])

@@ -179,12 +179,12 @@ def test_site_settings_make_a_valid_router_of_every_topic() -> None:
     site = read_site(SITE)
     for path in TOPICS:
         config = load_router_config(path.stem, path, defaults=router_defaults(SITE, path.stem), overrides={})
-        assert config.kafka["kafka.bootstrap.servers"] == site["kafka"]["kafka.bootstrap.servers"]
-        assert config.catalog.type == "rest"
-        assert config.catalog.warehouse == "archive"
-        assert config.catalog.properties["credential"] == "bergstream:bergstream-secret"
-        assert config.checkpoint_location == f"/var/lib/bergstream/checkpoints/{path.stem}"
-        assert config.spark.master == "spark://spark-master:7077"
+        assert config.query.kafka["kafka.bootstrap.servers"] == site["kafka"]["kafka.bootstrap.servers"]
+        assert config.query.catalog.type == "rest"
+        assert config.query.catalog.warehouse == "archive"
+        assert config.query.catalog.properties["credential"] == "bergstream:bergstream-secret"
+        assert config.query.checkpoint_location == f"/var/lib/bergstream/checkpoints/{path.stem}"
+        assert config.query.spark.master == "spark://spark-master:7077"
 
 
 @pytest.mark.usefixtures("compose_environment")

@@ -109,20 +109,22 @@ def test_kubernetes_manifests_hang_together(tmp_path: Path) -> None:
     assert pod["volumes"][0]["secret"]["secretName"] == objects["Secret"]["metadata"]["name"]
     (tmp_path / file_name).write_text(settings)
     inside = load_router_config("Playback.EU", tmp_path / file_name, defaults={}, overrides={})
-    assert inside.spark.master == "k8s://https://kubernetes.default.svc"
-    conf = inside.spark.conf
+    assert inside.query.spark.master == "k8s://https://kubernetes.default.svc"
+    conf = inside.query.spark.conf
     assert conf["spark.driver.host"] == f"{name}.archive.svc"
     assert conf["spark.driver.port"] == str(DRIVER_PORT)
     assert conf["spark.executor.instances"] == "6"
     assert conf["spark.executor.memoryOverhead"] == "1g"  # the topic's own Spark settings survive
     assert "schema_dir" not in yaml.safe_load(settings)  # the image's own schemas, not this machine's path
-    assert inside.catalog.password is not None and inside.catalog.password.get_secret_value() == "pw"
-    assert (inside.kafka, inside.catalog, inside.checkpoint_location) == (
-        config.kafka,
-        config.catalog,
-        config.checkpoint_location,
+    assert (
+        inside.query.catalog.password is not None and inside.query.catalog.password.get_secret_value() == "pw"
     )
-    assert inside.metrics_port == metrics_port
+    assert (inside.query.kafka, inside.query.catalog, inside.query.checkpoint_location) == (
+        config.query.kafka,
+        config.query.catalog,
+        config.query.checkpoint_location,
+    )
+    assert inside.query.metrics_port == metrics_port
 
 
 def test_bad_deploy_settings_are_refused_with_the_key(tmp_path: Path) -> None:
@@ -169,7 +171,7 @@ def test_the_rendered_spark_submit_command_archives_the_topic(
     arguments = shlex.split(rendered.replace("\\\n", " "))
     config = load_router_config(topic_name, config_file, defaults={}, overrides={})
     assert arguments[0] == "spark-submit"
-    assert arguments[arguments.index("--master") + 1] == config.spark.master
+    assert arguments[arguments.index("--master") + 1] == config.query.spark.master
     assert arguments[arguments.index("--metrics-port") + 1] == str(metrics_port)
 
     spark_home_bin = str(Path(sys.executable).parent)
@@ -190,12 +192,12 @@ def test_spark_submit_carries_every_session_setting(tmp_path: Path) -> None:
     command = spark_submit(config, tmp_path / "playback.yaml")
     confs = dict(command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--conf")
     assert confs["spark.sql.extensions"].endswith("IcebergSparkSessionExtensions")
-    assert confs["spark.sql.defaultCatalog"] == config.catalog.name
+    assert confs["spark.sql.defaultCatalog"] == config.query.catalog.name
     assert confs["spark.executor.memoryOverhead"] == "1g"
     assert confs["spark.pyspark.driver.python"] == sys.executable
     assert "spark.master" not in confs
     # The catalog's password stays off the command line: the driver reads it from the settings file.
-    assert f"spark.sql.catalog.{config.catalog.name}.jdbc.password" not in confs
+    assert f"spark.sql.catalog.{config.query.catalog.name}.jdbc.password" not in confs
     assert not any(part.endswith("=pw") for part in command)
     entry = command.index("router") - 1
     assert Path(command[entry]).is_file()
@@ -211,7 +213,7 @@ def group_configs(**deploy: Any) -> list[RouterConfig]:
         update={
             "topic": "Impression.EU",
             "table": "impression_eu",
-            "checkpoint_location": "s3a://archive/c/i",
+            "query": first.query.model_copy(update={"checkpoint_location": "s3a://archive/c/i"}),
         }
     )
     return [first, second]
@@ -243,10 +245,13 @@ def test_a_group_of_topics_renders_one_deployment_whose_driver_runs_them_all(tmp
         inside = load_router_config(
             config.topic, tmp_path / f"{config.topic}.yaml", defaults={}, overrides={}
         )
-        assert inside.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
-        assert inside.spark.conf["spark.kubernetes.executor.podNamePrefix"] == name
-        assert inside.spark.conf["spark.executor.instances"] == "4"
-        assert (inside.table, inside.checkpoint_location) == (config.table, config.checkpoint_location)
+        assert inside.query.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
+        assert inside.query.spark.conf["spark.kubernetes.executor.podNamePrefix"] == name
+        assert inside.query.spark.conf["spark.executor.instances"] == "4"
+        assert (inside.table, inside.query.checkpoint_location) == (
+            config.table,
+            config.query.checkpoint_location,
+        )
 
     # One topic per driver stays as it was, under its own name: both shapes can run side by side.
     (single,) = [m for m in kubernetes_manifests(configs[0]) if m["kind"] == "Deployment"]
@@ -267,7 +272,8 @@ def test_a_group_s_spark_submit_runs_every_topic_in_one_fair_driver(tmp_path: Pa
 
 def test_a_group_refuses_topics_that_cannot_share_a_driver() -> None:
     first, second = group_configs()
-    other = second.model_copy(update={"deploy": second.deploy.model_copy(update={"executor_instances": 9})})
+    deploy = second.query.deploy.model_copy(update={"executor_instances": 9})
+    other = second.model_copy(update={"query": second.query.model_copy(update={"deploy": deploy})})
     with pytest.raises(
         ConfigError, match=r"topic Impression\.EU: its deploy settings differ from those of topic"
     ):
@@ -405,9 +411,14 @@ def test_a_spark_application_runs_the_router_through_the_spark_operator(tmp_path
     (tmp_path / file_name).write_text(settings)
     inside = load_router_config("Playback.EU", tmp_path / file_name, defaults={}, overrides={})
     # The submission gives the driver pod its address: the Deployment's settings for it are not carried.
-    assert "spark.driver.host" not in inside.spark.conf and "spark.driver.port" not in inside.spark.conf
-    assert inside.spark.conf["spark.kubernetes.container.image"] == spec["image"]
-    assert inside.catalog.password is not None and inside.catalog.password.get_secret_value() == "pw"
+    assert (
+        "spark.driver.host" not in inside.query.spark.conf
+        and "spark.driver.port" not in inside.query.spark.conf
+    )
+    assert inside.query.spark.conf["spark.kubernetes.container.image"] == spec["image"]
+    assert (
+        inside.query.catalog.password is not None and inside.query.catalog.password.get_secret_value() == "pw"
+    )
 
 
 def test_without_the_prometheus_operator_the_service_annotations_alone_remain() -> None:

@@ -176,7 +176,7 @@ def test_named_topics_share_a_query_per_set_of_query_settings(tmp_path: Path) ->
     assert one.source_options(every_topic_exists=False) == ("subscribePattern", "a|b")
     # A topic alone keeps its own query and checkpoint: `router run --topic a` as it always ran.
     (alone,) = group_queries(["a"], [a], None, None)
-    assert (alone.name, alone.checkpoint_location) == ("a", a.checkpoint_location)
+    assert (alone.name, alone.checkpoint_location) == ("a", a.query.checkpoint_location)
     # Another trigger, another query; a topic whose settings did not load joins the first, dead-lettered.
     first, second = group_queries(["a", "slow", "b", "broken"], [a, slow, b], "all", 9000)
     assert first.topics == ("a", "b", "broken") and second.topics == ("slow",)
@@ -191,6 +191,25 @@ def test_named_topics_share_a_query_per_set_of_query_settings(tmp_path: Path) ->
     # A defaults file's checkpoint is the query's.
     (given,) = group_queries(["a", "b"], [a, b], "all", None, str(tmp_path / "mine"))
     assert given.checkpoint_location == str(tmp_path / "mine")
+
+
+def test_a_topic_in_a_query_of_several_runs_with_the_query_s_settings_and_its_own(tmp_path: Path) -> None:
+    a = settings_of(tmp_path, "a", lag_refresh_seconds=5)
+    b = settings_of(
+        tmp_path, "b", lag_refresh_seconds=2, commit_retry={"give_up_after_seconds": 5}, target_lag="30s"
+    )
+    assert (b.query.lag_refresh_seconds, b.query.commit_retry.give_up_after_seconds) == (2, 5)
+    (one,) = group_queries(["a", "b"], [a, b], "g", None)
+    inside = b.in_query(one)
+    # The query's settings are the query's (the first topic's, where its topics' files differ)...
+    assert (
+        inside.query.model_dump()
+        == a.query.model_copy(update={"checkpoint_location": one.checkpoint_location}).model_dump()
+    )
+    assert (inside.query.lag_refresh_seconds, inside.query.commit_retry) == (5, a.query.commit_retry)
+    # ...the topic's are its own, and a dead-lettered topic's target lag is the first topic's.
+    assert (inside.table, inside.target_lag, inside.commit_policy.target_lag) == ("b", "30s", 30)
+    assert one.commit_policy.target_lag is None
 
 
 @pytest.mark.integration

@@ -218,7 +218,7 @@ def test_restart_after_expiry_neither_doubles_nor_loses(
     assert router_snapshots(spark, archive) == ["0", "1", "2"]
     assert router_snapshots(spark, dead_letters) == ["0", "1", "2"]
     # The crash: batch 2 is in the tables, not in the checkpoint's commit log.
-    commits = Path(config.checkpoint_location) / "commits"
+    commits = Path(config.query.checkpoint_location) / "commits"
     for name in ("2", ".2.crc"):
         (commits / name).unlink(missing_ok=True)
 

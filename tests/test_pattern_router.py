@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
-from bergstream.router.config import table_for_topic
+from bergstream.router.config import QuerySettings, table_for_topic
 from bergstream.router.driver.settings import (
     load_pattern_settings,
     pattern_name,
@@ -132,10 +132,12 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
     for topic in ("orders.slow", "orders.slower", "orders.capped", "payments.slow"):
         assert not pattern.regex.fullmatch(topic), topic
     assert pattern.regex.fullmatch("orders.slow2")  # excluded by whole name only
-    # Each topic's commits and floors are kept beside its own query's checkpoint.
+    # Each topic runs with its own query's settings: its commits and floors are kept beside that query's
+    # checkpoint; its own settings are its file's.
     load = pattern_topic_settings(config, *sources, queries)
-    assert load("orders.slow").checkpoint_location == slow.checkpoint_location
-    assert load("orders.same").checkpoint_location == config.checkpoint_location
+    assert load("orders.slow").query.model_dump() == QuerySettings(**slow.query_settings()).model_dump()
+    assert load("orders.same").query.model_dump() == QuerySettings(**config.query_settings()).model_dump()
+    assert load("orders.slow").schema_name == "playback" and load("orders.slow").table == "orders_slow"
 
 
 def metric(text: str, name: str, topic: str) -> float:

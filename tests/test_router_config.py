@@ -69,8 +69,8 @@ def test_kafka_options_written_as_yaml_numbers_and_booleans_are_the_strings_spar
     kafka = {**SETTINGS["kafka"], "kafka.fetch.max.wait.ms": 10, "failOnDataLoss": True}
     config = load_router_config("playback", settings_file(tmp_path, "playback", kafka=kafka), defaults={},
                                 overrides={})  # fmt: skip
-    assert config.kafka["kafka.fetch.max.wait.ms"] == "10"
-    assert config.kafka["failOnDataLoss"] == "true"
+    assert config.query.kafka["kafka.fetch.max.wait.ms"] == "10"
+    assert config.query.kafka["failOnDataLoss"] == "true"
 
 
 @pytest.mark.parametrize("topic", ["..", ".", "a/b", "../../etc/passwd", "a\\b", "x" * 250, "", "a\n"])
@@ -200,7 +200,7 @@ def test_conf_flags_lay_spark_settings_over_the_files(tmp_path: Path) -> None:
     path = settings_file(tmp_path, "playback", spark=spark)
     flags = ("spark.sql.shuffle.partitions=2", "spark.driver.extraJavaOptions=-Da=b -Dc=d=e")
     config = load_router_config("playback", path, defaults={}, overrides={"spark": spark_overrides(flags)})
-    assert config.spark.conf == {
+    assert config.query.spark.conf == {
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.enabled": "false",
         "spark.driver.extraJavaOptions": "-Da=b -Dc=d=e",

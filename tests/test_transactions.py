@@ -16,7 +16,7 @@ import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.backfill.read.handover import Handover, agreed_isolation_level, refuse_lost_handover
-from bergstream.router.config import RouterConfig
+from bergstream.router.config import RouterConfig, flat_settings
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.runtime.run import run_app
 from bergstream.schemas.batch_range import ISOLATION_LEVEL
@@ -270,14 +270,13 @@ def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_u
     writer.transaction(400, "commit")
     writer.transaction(200, "abort")
     config = router(stack, topic, tmp_path / "checkpoint")
-    uncommitted = config.model_copy(
-        update={"kafka": {**config.kafka, "kafka.isolation.level": "read_uncommitted"}}
-    )
+    kafka = {**config.query.kafka, "kafka.isolation.level": "read_uncommitted"}
+    uncommitted = config.model_copy(update={"query": config.query.model_copy(update={"kafka": kafka})})
     archive_available_now(spark, uncommitted)
     assert {name for name, _, _ in archived(spark, stack, topic)} == sent.committed | sent.aborted
 
     settings = tmp_path / f"{topic}.yaml"
-    settings.write_text(yaml.safe_dump(uncommitted.model_dump(mode="json", by_alias=True)))
+    settings.write_text(yaml.safe_dump(flat_settings(uncommitted, mode="json")))
     command = [sys.executable, "-m", "bergstream", "router", "aborted", "--topic", topic, "--config",
                str(settings), "--json"]  # fmt: skip
     found = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)

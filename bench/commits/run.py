@@ -199,7 +199,7 @@ class Windows:
 def router_appends(spark: SparkSession, config: RouterConfig, windows: Windows) -> tuple[str, int]:
     """Run the router over the topic, one record per batch; (query id, last batch id) of its appends."""
     original = BatchTableWriter.append
-    archive = config.catalog.table_identifier(config.table)
+    archive = config.query.catalog.table_identifier(config.table)
     seen: dict[str, Any] = {}
 
     def timed(writer: BatchTableWriter, rows: DataFrame, batch_id: int) -> Appended | None:

@@ -121,11 +121,11 @@ def run_plain(
 ) -> tuple[int, int, list[float], dict[str, list[int]]]:
     """The hand-written job (d) over the same topic, same batch size, availableNow; its seconds per batch are
     Spark's `triggerExecution`."""
-    identifier = config.catalog.table_identifier(config.table)
+    identifier = config.query.catalog.table_identifier(config.table)
     create_plain_table(spark, identifier, config.schema_name)
     query = start_plain_job(
         spark, bootstrap, config.topic, config.schema_name, config.encoding, identifier,
-        Path(config.checkpoint_location), config.max_offsets_per_trigger or 0, None,
+        Path(config.query.checkpoint_location), config.query.max_offsets_per_trigger or 0, None,
     )  # fmt: skip
     query.awaitTermination()
     progress = [p for p in query.recentProgress if p.numInputRows]

@@ -107,9 +107,13 @@ def layered(
     return merged
 
 
-def problems(error: ValidationError, prefix: str = "") -> str:
-    """Every problem pydantic found, as `key.path: message`, on one line."""
-    return "; ".join(
-        f"{prefix}{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
-        for problem in error.errors()
-    )
+def problems(error: ValidationError, prefix: str = "", flat: frozenset[str] = frozenset()) -> str:
+    """Every problem pydantic found, as `key.path: message`, on one line. `flat`: the model's fields whose
+    keys a file has at its top level (a topic's file holds its query's settings beside its own)."""
+
+    def where(loc: tuple[int | str, ...]) -> str:
+        if len(loc) > 1 and loc[0] in flat:
+            loc = loc[1:]
+        return ".".join(str(part) for part in loc) or "settings"
+
+    return "; ".join(f"{prefix}{where(problem['loc'])}: {problem['msg']}" for problem in error.errors())

@@ -307,7 +307,7 @@ def router_maintain(
     configure_logging()
     overrides = {"table": table, "spark": spark_overrides(spark_conf)}
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
-    with spark_session(config.catalog, config.spark, f"bergstream-maintain-{topic}") as spark:
+    with spark_session(config.query.catalog, config.query.spark, f"bergstream-maintain-{topic}") as spark:
         now = datetime.now(UTC)
         results = maintain(spark, config, now)
     lines = []
@@ -346,7 +346,7 @@ def router_aborted(
     configure_logging()
     overrides = {"table": table, "spark": spark_overrides(spark_conf)}
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
-    with spark_session(config.catalog, config.spark, f"bergstream-aborted-{topic}") as spark:
+    with spark_session(config.query.catalog, config.query.spark, f"bergstream-aborted-{topic}") as spark:
         report = find_aborted(spark, config, delete)
     echo_report(as_json, "router aborted", report.to_json(), report.lines())
 
@@ -385,6 +385,6 @@ def router_redrive(
     configure_logging()
     overrides = {"schema": schema, "table": table, "spark": spark_overrides(spark_conf)}
     config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
-    with spark_session(config.catalog, config.spark, f"bergstream-redrive-{topic}") as spark:
+    with spark_session(config.query.catalog, config.query.spark, f"bergstream-redrive-{topic}") as spark:
         report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
     echo_report(as_json, "router redrive", report.to_json(), report.lines())

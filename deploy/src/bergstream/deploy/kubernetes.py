@@ -24,7 +24,7 @@ from bergstream.deploy.render import (
     settings_file,
 )
 from bergstream.errors import ConfigError
-from bergstream.router.config import RouterConfig
+from bergstream.router.config import QuerySettings, RouterConfig
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.spark import REDACTION_REGEX
 
@@ -92,8 +92,8 @@ def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
     name = object_name(config.topic)
     arguments = ["--topic", config.topic, "--config", f"{CONFIG_MOUNT}/{config.topic}.yaml"]
-    inside = kubernetes_config(config, name)
-    return _manifests(name, inside, {f"{config.topic}.yaml": settings_file(inside)}, arguments)
+    inside = config.in_query(kubernetes_config(config.query, name))
+    return _manifests(name, inside.query, {f"{config.topic}.yaml": settings_file(inside)}, arguments)
 
 
 def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
@@ -101,12 +101,12 @@ def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, A
     each topic's settings file."""
     check_group(configs)
     name = group_object_name(group)
-    inside = [kubernetes_config(config, name) for config in configs]
+    inside = [config.in_query(kubernetes_config(config.query, name)) for config in configs]
     arguments = ["--group", group]
     for config in configs:
         arguments += ["--topic", config.topic]
     files = {f"{config.topic}.yaml": settings_file(config) for config in inside}
-    return _manifests(name, inside[0], files, [*arguments, "--topics-dir", CONFIG_MOUNT])
+    return _manifests(name, inside[0].query, files, [*arguments, "--topics-dir", CONFIG_MOUNT])
 
 
 def pattern_manifests(
@@ -140,7 +140,7 @@ def pattern_manifests(
 
 
 def _manifests(
-    name: str, inside: RouterConfig | DriverSettings, files: dict[str, str], arguments: list[str]
+    name: str, inside: QuerySettings, files: dict[str, str], arguments: list[str]
 ) -> list[dict[str, Any]]:
     """`files`: the settings files the Secret holds and the pod finds in CONFIG_MOUNT, by name."""
     deploy = inside.deploy
@@ -221,7 +221,7 @@ def _manifests(
 
 def _deployment(
     metadata: dict[str, Any],
-    inside: RouterConfig | DriverSettings,
+    inside: QuerySettings,
     command: list[str],
     ports: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -265,7 +265,7 @@ def _deployment(
 
 def _spark_application(
     metadata: dict[str, Any],
-    inside: RouterConfig | DriverSettings,
+    inside: QuerySettings,
     command: list[str],
     ports: list[dict[str, Any]],
 ) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import TypeVar
 import yaml
 
 from bergstream.errors import ConfigError
-from bergstream.router.config import RouterConfig
+from bergstream.router.config import QuerySettings, RouterConfig, flat_settings
 from bergstream.router.driver.launch import MANY_TOPICS_SPARK_CONF
 from bergstream.router.driver.named import check_shared_driver, driver_app_name, driver_spark_conf
 from bergstream.router.driver.settings import DriverSettings
@@ -37,7 +37,7 @@ DEFAULTS_FILE = "defaults.yaml"
 
 
 # The settings of one driver: a topic's router (or a group's first topic), or a pattern's query.
-Driver = TypeVar("Driver", RouterConfig, DriverSettings)
+Driver = TypeVar("Driver", bound=QuerySettings)
 
 
 def app_name(topic: str) -> str:
@@ -58,14 +58,14 @@ def check_group(configs: list[RouterConfig]) -> None:
         raise ConfigError(f"a topic is named twice: {', '.join(topics)}")
     for config in configs[1:]:
         check_shared_driver(config, first)
-        if config.deploy != first.deploy:
+        if config.query.deploy != first.query.deploy:
             raise ConfigError(
                 f"topic {config.topic}: its deploy settings differ from those of topic {first.topic}; "
                 "the topics of a group share one driver's pod and executors: make them the same"
             )
 
 
-def metrics_port(config: RouterConfig | DriverSettings) -> int:
+def metrics_port(config: QuerySettings) -> int:
     """The router's own metrics_port when it sets one, else the deployment's."""
     return config.metrics_port if config.metrics_port is not None else config.deploy.metrics_port
 
@@ -76,7 +76,9 @@ def spark_submit(config: RouterConfig, config_file: Path | None, available_now: 
         "--topic", config.topic,
         *(["--config", str(config_file.absolute())] if config_file is not None else []),
     ]  # fmt: skip
-    return _spark_submit(config, app_name(config.topic), config.spark.conf, arguments, available_now)
+    return _spark_submit(
+        config.query, app_name(config.topic), config.query.spark.conf, arguments, available_now
+    )
 
 
 def spark_submit_group(
@@ -89,8 +91,8 @@ def spark_submit_group(
     for config in configs:
         arguments += ["--topic", config.topic]
     arguments += ["--topics-dir", str(topics_dir.absolute())]
-    conf = {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(first.spark.conf)}
-    return _spark_submit(first, group_app_name(group), conf, arguments, available_now)
+    conf = {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(first.query.spark.conf)}
+    return _spark_submit(first.query, group_app_name(group), conf, arguments, available_now)
 
 
 def spark_submit_pattern(
@@ -112,7 +114,7 @@ def pattern_app_name(name: str) -> str:
 
 
 def _spark_submit(
-    config: RouterConfig | DriverSettings,
+    config: QuerySettings,
     name: str,
     spark_conf: dict[str, str],
     arguments: list[str],
@@ -150,14 +152,14 @@ def shell_command(command: list[str]) -> str:
 
 
 def settings_file(config: RouterConfig) -> str:
-    """A router's settings as the YAML file `bergstream router run --config` reads."""
-    dumped = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    """A router's settings as the YAML file `bergstream router run --config` reads: flat, as written."""
+    dumped = flat_settings(config, mode="json", exclude_none=True)
     # What the file is of first, then the query's settings, then the topic's own.
     data = {key: dumped[key] for key in ("topic", "schema") if key in dumped} | dumped
     if config.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
         del data["schema_dir"]
-    if config.catalog.password is not None:
-        data["catalog"]["password"] = config.catalog.password.get_secret_value()
+    if config.query.catalog.password is not None:
+        data["catalog"]["password"] = config.query.catalog.password.get_secret_value()
     registry = config.schema_registry
     if registry is not None and registry.basic_auth_user_info is not None:
         data["schema_registry"]["basic.auth.user.info"] = registry.basic_auth_user_info.get_secret_value()

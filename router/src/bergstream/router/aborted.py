@@ -90,7 +90,9 @@ class AbortedReport:
 def find_aborted(spark: SparkSession, config: RouterConfig, delete: bool = False) -> AbortedReport:
     """The rows of aborted transactions in `config.topic`'s archive and dead-letter tables; with `delete`,
     removed."""
-    kafka = GroupCommitter(config.topic, config.consumer_group, config.kafka_client_config(), READ_COMMITTED)
+    kafka = GroupCommitter(
+        config.topic, config.consumer_group, config.query.kafka_client_config(), READ_COMMITTED
+    )
     try:
         kafka.require_topic()
         checked = {p: (low, high) for p, (low, high) in kafka.watermarks().items()}
@@ -98,15 +100,15 @@ def find_aborted(spark: SparkSession, config: RouterConfig, delete: bool = False
         kafka.close()
     topic = config.topic
     ending = json.dumps({topic: {str(p): high for p, (_, high) in checked.items()}})
-    options = {**config.kafka, ISOLATION_OPTION: READ_COMMITTED}
+    options = {**config.query.kafka, ISOLATION_OPTION: READ_COMMITTED}
     committed = (
         kafka_range(spark, topic, options, "earliest", ending)
         .select(F.col("partition").alias("p"), F.col("offset").alias("o"))
         .localCheckpoint()
     )
-    report = AbortedReport(topic, config.cluster, checked, [], delete)
+    report = AbortedReport(topic, config.query.cluster, checked, [], delete)
     for name in (config.table, config.table + DEAD_LETTER_SUFFIX):
-        identifier = config.catalog.table_identifier(name)
+        identifier = config.query.catalog.table_identifier(name)
         report.tables.append(_in_table(spark, config, identifier, checked, committed, delete))
     return report
 
@@ -120,7 +122,7 @@ def _in_table(
     delete: bool,
 ) -> TableAborted:
     found = TableAborted(identifier)
-    rows = spark.table(identifier).where(F.col(f"{METADATA}.cluster") == config.cluster)
+    rows = spark.table(identifier).where(F.col(f"{METADATA}.cluster") == config.query.cluster)
     keys = rows.select(F.col(f"{METADATA}.partition").alias("p"), F.col(f"{METADATA}.offset").alias("o"))
     bounds = spark.createDataFrame(
         [(p, low, high) for p, (low, high) in checked.items()], "p int, low long, high long"
@@ -140,7 +142,7 @@ def _in_table(
         until_committed(
             spark, identifier, "removing aborted records",
             lambda: spark.sql(
-                f"DELETE FROM {identifier} WHERE {METADATA}.cluster = '{config.cluster}' AND "
+                f"DELETE FROM {identifier} WHERE {METADATA}.cluster = '{config.query.cluster}' AND "
                 f"({METADATA}.partition, {METADATA}.offset) IN (SELECT p, o FROM {view})"
             ).collect(),
         )  # fmt: skip

@@ -44,9 +44,9 @@ class ArchiveTables:
             described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
             described[SUBJECT_PROPERTY] = config.subject
         properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
-        ensure_tables(self.spark, config.catalog, layout, config.target_file_size_bytes, properties)
+        ensure_tables(self.spark, config.query.catalog, layout, config.target_file_size_bytes, properties)
         for table in (layout.table, layout.dead_letter_table):
-            identifier = config.catalog.table_identifier(table)
+            identifier = config.query.catalog.table_identifier(table)
             others = sorted(recorded_topics(self.spark, identifier) - {config.topic})
             if others:
                 raise ConfigError(
@@ -56,23 +56,23 @@ class ArchiveTables:
                 )
         warn_of_long_history(config)
         self.evolve(layout)
-        evolve_metadata(self.spark, config.catalog.table_identifier(layout.dead_letter_table))
+        evolve_metadata(self.spark, config.query.catalog.table_identifier(layout.dead_letter_table))
 
     def evolve(self, layout: ArchiveLayout) -> None:
         """Add the columns of a newer event schema to the archive table."""
-        evolve_table(self.spark, self.config.catalog.table_identifier(layout.table), layout)
+        evolve_table(self.spark, self.config.query.catalog.table_identifier(layout.table), layout)
 
     def columns(self, layout: ArchiveLayout) -> tuple[T.StructType, T.StructType]:
         """The archive table's columns and the dead-letter table's, as they are now: a table made by other
         hands, or evolved since, may hold them in another order than the rows are made in."""
-        catalog = self.config.catalog
+        catalog = self.config.query.catalog
         tables = (layout.table, layout.dead_letter_table)
         schemas = [self.spark.table(catalog.table_identifier(table)).schema for table in tables]
         return schemas[0], schemas[1]
 
     def writers(self, layout: ArchiveLayout, query_id: str) -> tuple[BatchTableWriter, BatchTableWriter]:
         """The archive table's writer and the dead-letter table's, each idempotent per (query, batch)."""
-        catalog = self.config.catalog
+        catalog = self.config.query.catalog
         return (
             BatchTableWriter(self.spark, catalog.table_identifier(layout.table), query_id),
             BatchTableWriter(self.spark, catalog.table_identifier(layout.dead_letter_table), query_id),

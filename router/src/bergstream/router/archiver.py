@@ -244,7 +244,9 @@ class BatchArchiver:
         batch's own commit."""
         assert self._writers is not None
         writer = self._writers[0]
-        where = f"topic {self.config.topic} (cluster {self.config.cluster}): another router writes it into "
+        where = (
+            f"topic {self.config.topic} (cluster {self.config.query.cluster}): another router writes it into "
+        )
         if committed:
             return SecondWriter(
                 f"{where}{writer.identifier}: its {commit}, and this router's batch {batch_id} (query "

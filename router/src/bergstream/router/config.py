@@ -164,8 +164,10 @@ def commit_policy(target_lag: str | None, commit_bytes: int, commit_records: int
 
 
 class QuerySettings(BaseModel):
-    """The settings of the query that reads a topic, declared once: a topic's file sets them
-    (`RouterConfig`), and a query's own settings are them (router/driver/settings.py's `DriverSettings`)."""
+    """The settings of a query that reads topics: its Kafka connection and source options, trigger, rate
+    limit, checkpoint, catalog, Spark session, metrics, commit retries and deployment. A topic's file may set
+    them (`RouterConfig.query`: a `--topic` router's query is its topic's), and a query's own settings are
+    them (router/driver/settings.py's `DriverSettings`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -180,47 +182,26 @@ class QuerySettings(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     lag_refresh_seconds: float = Field(default=15.0, gt=0)
-    # How stale a topic's archive may get: its files are committed before its oldest record not committed
-    # would be older than this at the next batch (`60s`, `5m`), or sooner when they add up to a commit's
-    # worth (router/commit_policy.py). Unset: a commit every batch that has records.
-    target_lag: str | None = None
-    # A commit's worth: a topic's files are committed once this much is pending, whatever its target lag.
-    commit_bytes: int = Field(default=COMMIT_BYTES, gt=0)
-    commit_records: int = Field(default=COMMIT_RECORDS, gt=0)
     commit_retry: CommitRetrySettings = Field(default_factory=CommitRetrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
-
-    @field_validator("target_lag", mode="before")
-    @classmethod
-    def _target_lag(cls, lag: object) -> str | None:
-        if lag is None:
-            return None
-        return duration_at_least(
-            str(lag),
-            "target_lag",
-            MIN_TARGET_LAG,
-            "such as 60s or 5m",
-            "or leave it out for a commit every batch",
-        )
 
     @property
     def trigger_seconds(self) -> float:
         return parse_duration(self.trigger_interval, "trigger_interval").total_seconds()
 
-    @property
-    def target_lag_seconds(self) -> float | None:
-        return None if self.target_lag is None else parse_duration(self.target_lag).total_seconds()
-
-    @property
-    def commit_policy(self) -> CommitPolicy:
-        return commit_policy(self.target_lag, self.commit_bytes, self.commit_records)
-
     def query_settings(self) -> dict[str, Any]:
         """These settings alone, to build another model of them from."""
         return {name: getattr(self, name) for name in QuerySettings.model_fields}
 
+    def kafka_client_config(self) -> dict[str, str]:
+        """The connection settings among the `kafka.*` options, for the router's own (librdkafka) clients."""
+        return librdkafka_settings(self.kafka, prefix="kafka.")
 
-class RouterConfig(QuerySettings):
+
+class TopicSettings(BaseModel):
+    """A topic's own settings: its schema and encoding, its table and files, when its files are committed,
+    its maintenance. The same whichever query reads the topic."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     topic: str
@@ -242,6 +223,13 @@ class RouterConfig(QuerySettings):
     # Values over this go to the dead-letter table; Kafka's own default limit is about 1 MiB.
     max_value_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    # How stale a topic's archive may get: its files are committed before its oldest record not committed
+    # would be older than this at the next batch (`60s`, `5m`), or sooner when they add up to a commit's
+    # worth (router/commit_policy.py). Unset: a commit every batch that has records.
+    target_lag: str | None = None
+    # A commit's worth: a topic's files are committed once this much is pending, whatever its target lag.
+    commit_bytes: int = Field(default=COMMIT_BYTES, gt=0)
+    commit_records: int = Field(default=COMMIT_RECORDS, gt=0)
 
     @field_validator("topic")
     @classmethod
@@ -256,8 +244,13 @@ class RouterConfig(QuerySettings):
             raise ValueError(f"{table!r} ends in {DEAD_LETTER_SUFFIX}, which names the dead-letter tables")
         return table
 
+    @field_validator("target_lag", mode="before")
+    @classmethod
+    def _target_lag(cls, lag: object) -> str | None:
+        return check_target_lag(lag)
+
     @model_validator(mode="after")
-    def _schema_exists(self) -> RouterConfig:
+    def _schema_exists(self) -> TopicSettings:
         if self.schema_registry is not None:
             return self
         try:
@@ -267,7 +260,7 @@ class RouterConfig(QuerySettings):
         return self
 
     @model_validator(mode="after")
-    def _pending_not_orphans(self) -> RouterConfig:
+    def _pending_not_orphans(self) -> TopicSettings:
         lag = self.target_lag_seconds
         retention = self.maintenance.orphan_retention_hours
         if lag is not None and lag > retention * 3600 / 4:
@@ -279,13 +272,12 @@ class RouterConfig(QuerySettings):
         return self
 
     @property
-    def snapshot_retention_hours(self) -> float:
-        """How long snapshots are kept: as set, else 72 hours, or as long as MANY_SNAPSHOTS triggers take
-        when that is shorter (about 2.8 hours at a 1-second trigger): the commit cost stays bounded."""
-        retention = self.maintenance.snapshot_retention_hours
-        if retention is not None:
-            return retention
-        return min(DEFAULT_SNAPSHOT_RETENTION_HOURS, MANY_SNAPSHOTS * self.trigger_seconds / 3600)
+    def target_lag_seconds(self) -> float | None:
+        return None if self.target_lag is None else parse_duration(self.target_lag).total_seconds()
+
+    @property
+    def commit_policy(self) -> CommitPolicy:
+        return commit_policy(self.target_lag, self.commit_bytes, self.commit_records)
 
     @property
     def subject(self) -> str | None:
@@ -296,14 +288,65 @@ class RouterConfig(QuerySettings):
     def consumer_group(self) -> str:
         return f"bergstream-router.{self.topic}"
 
+
+class RouterConfig(TopicSettings):
+    """A topic's settings with those of the query that reads it (`query`): a `--topic` router's query is
+    its topic's own, and a topic in a query of several runs with that query's. A topic's file is flat: the
+    query's keys in it are `query`'s (`split_query_keys`)."""
+
+    query: QuerySettings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        return split_query_keys(data) if isinstance(data, dict) else data
+
+    @property
+    def snapshot_retention_hours(self) -> float:
+        """How long snapshots are kept: as set, else 72 hours, or as long as MANY_SNAPSHOTS triggers take
+        when that is shorter (about 2.8 hours at a 1-second trigger): the commit cost stays bounded."""
+        retention = self.maintenance.snapshot_retention_hours
+        if retention is not None:
+            return retention
+        return min(DEFAULT_SNAPSHOT_RETENTION_HOURS, MANY_SNAPSHOTS * self.query.trigger_seconds / 3600)
+
     @property
     def origin(self) -> Origin:
         """Where the router's rows come from; the topic's Kafka id is learnt from Kafka at start."""
-        return Origin(self.topic, self.cluster, isolation_level(self.kafka))
+        return Origin(self.topic, self.query.cluster, isolation_level(self.query.kafka))
 
-    def kafka_client_config(self) -> dict[str, str]:
-        """The connection settings among the `kafka.*` options, for the router's own (librdkafka) clients."""
-        return librdkafka_settings(self.kafka, prefix="kafka.")
+    def in_query(self, query: QuerySettings) -> RouterConfig:
+        """The topic's settings as the query of `query`'s settings reads it."""
+        return self.model_copy(update={"query": QuerySettings.model_validate(query.query_settings())})
+
+
+def check_target_lag(lag: object) -> str | None:
+    if lag is None:
+        return None
+    return duration_at_least(
+        str(lag),
+        "target_lag",
+        MIN_TARGET_LAG,
+        "such as 60s or 5m",
+        "or leave it out for a commit every batch",
+    )
+
+
+# The field of a topic's settings that its file holds flat.
+FLAT = frozenset({"query"})
+
+
+def split_query_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """A topic's settings as its file has them, flat, with the query's keys moved into `query`."""
+    if "query" in flat:
+        return flat
+    query = {key: value for key, value in flat.items() if key in QuerySettings.model_fields}
+    return {**{key: value for key, value in flat.items() if key not in query}, "query": query}
+
+
+def flat_settings(config: RouterConfig, **dump: Any) -> dict[str, Any]:
+    """A topic's settings flat, as its file has them (`dump`: pydantic's `model_dump` options)."""
+    return {**config.query.model_dump(**dump), **config.model_dump(by_alias=True, exclude={"query"}, **dump)}
 
 
 def check_kafka_options(options: dict[str, str]) -> dict[str, str]:
@@ -378,4 +421,4 @@ def load_router_config(
     try:
         return RouterConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(f"{path}: {problems(error)}") from error
+        raise ConfigError(f"{path}: {problems(error, flat=FLAT)}") from error

@@ -133,7 +133,7 @@ def maintain(
 ) -> list[MaintenanceResult]:
     now = now or datetime.now(UTC)
     settings = config.maintenance
-    catalog = config.catalog
+    catalog = config.query.catalog
     closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
     results = []
     for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
@@ -203,7 +203,7 @@ def _compact(spark: SparkSession, config: RouterConfig, identifier: str, closed:
     """Rewrite the closed hours' files into few; the groups whose commit lost to the router's appends (they
     failed their retries, and partial progress kept the others) are rewritten again, a few times at most."""
     statement = (
-        f"CALL {config.catalog.name}.system.rewrite_data_files("
+        f"CALL {config.query.catalog.name}.system.rewrite_data_files("
         f"table => '{identifier}', strategy => 'sort', "
         # The order bergstream's tables declare, said here for a table made without it (made by hand).
         f"sort_order => '{INGESTION_TS_COLUMN} ASC NULLS LAST', "

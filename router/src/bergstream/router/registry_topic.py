@@ -53,7 +53,7 @@ def topic_parser(
         registry = RegistryTopic(config, stop)
         return registry.layout, registry.splitter, registry
     layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
-    return layout, RecordSplitter(layout, config.encoding, config.cluster, config.max_value_bytes), None
+    return layout, RecordSplitter(layout, config.encoding, config.query.cluster, config.max_value_bytes), None
 
 
 class RegistryTopic:
@@ -84,7 +84,7 @@ class RegistryTopic:
         wire_schemas = WireSchemas(self.subject, writers, dict(self._unresolved))
         config = self.config
         return RecordSplitter(
-            self.layout, config.encoding, config.cluster, config.max_value_bytes, wire_schemas
+            self.layout, config.encoding, config.query.cluster, config.max_value_bytes, wire_schemas
         )
 
     def before_batch(

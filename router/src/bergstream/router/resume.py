@@ -39,7 +39,7 @@ def starting_offsets(
 ) -> dict[int, int] | None:
     """Per partition, where the router starts when its checkpoint holds no batch and its tables record a
     position (EARLIEST for a partition they do not); None otherwise: the settings' startingOffsets hold."""
-    if checkpoint_has_batches(spark, config.checkpoint_location):
+    if checkpoint_has_batches(spark, config.query.checkpoint_location):
         return None
     offsets = recorded_positions(spark, config, origin, layout, splitter, kafka)
     if offsets is None:
@@ -47,7 +47,8 @@ def starting_offsets(
     listed = ", ".join(f"p{p}: {'earliest' if o == EARLIEST else o}" for p, o in sorted(offsets.items()))
     log.warning(
         "%s: the checkpoint %s holds no batch; resuming where the tables' snapshots say the archive ends "
-        "(%s), not from the settings' startingOffsets", config.topic, config.checkpoint_location, listed,
+        "(%s), not from the settings' startingOffsets",
+        config.topic, config.query.checkpoint_location, listed,
     )  # fmt: skip
     return offsets
 
@@ -63,11 +64,11 @@ def recorded_positions(
     """Per partition, where the topic's tables say its archive ends (EARLIEST for a partition they do not);
     None when they record no position. The dead letters of the archive's newest batch are appended first
     if the dead-letter table may lack them."""
-    catalog = config.catalog
+    catalog = config.query.catalog
     archive_id = catalog.table_identifier(layout.table)
     dead_letter_id = catalog.table_identifier(layout.dead_letter_table)
-    archived = newest_recorded(spark, archive_id, config.topic, config.cluster)
-    dead_lettered = newest_recorded(spark, dead_letter_id, config.topic, config.cluster)
+    archived = newest_recorded(spark, archive_id, config.topic, config.query.cluster)
+    dead_lettered = newest_recorded(spark, dead_letter_id, config.topic, config.query.cluster)
     recorded = [position for position in (archived, dead_lettered) if position is not None]
     if not recorded:
         return None
@@ -108,7 +109,7 @@ def _append_dead_letters(
     else:
         starting = json.dumps({topic: {str(p): batch.start.get(p, end[p]) for p in partitions}})
     ending = json.dumps({topic: {str(p): offset for p, offset in end.items()}})
-    records = kafka_range(spark, topic, config.kafka, starting, ending)
+    records = kafka_range(spark, topic, config.query.kafka, starting, ending)
     writer = BatchTableWriter(spark, dead_letter_id, archived.query_id)
     found = 0
     if writer.last_committed < archived.batch_id:

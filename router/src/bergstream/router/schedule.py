@@ -108,12 +108,12 @@ class MaintenanceSchedule:
 
 def warn_of_long_history(config: RouterConfig) -> None:
     """Say so when the snapshot retention keeps a long history at the router's trigger interval."""
-    retained = config.snapshot_retention_hours * 3600 / max(config.trigger_seconds, 1e-3)
+    retained = config.snapshot_retention_hours * 3600 / max(config.query.trigger_seconds, 1e-3)
     if retained > MANY_SNAPSHOTS:
         log.warning(
             "%s: a commit every %s kept for %gh is about %d snapshots that every commit lists again; "
             "a shorter maintenance.snapshot_retention_hours keeps commits fast",
-            config.topic, config.trigger_interval, config.snapshot_retention_hours, retained,
+            config.topic, config.query.trigger_interval, config.snapshot_retention_hours, retained,
         )  # fmt: skip
 
 

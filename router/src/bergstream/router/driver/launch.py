@@ -74,7 +74,7 @@ class Launch:
 
 def prepare(config: RouterConfig) -> None:
     """Refuse a topic that Kafka does not let the router read and commit for."""
-    require_access(config.topic, config.consumer_group, config.kafka_client_config())
+    require_access(config.topic, config.consumer_group, config.query.kafka_client_config())
 
 
 def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutcome]:
@@ -85,7 +85,8 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
     topics = request.topics
     strict = not request.every_topic
     loaded = load_topics(topics, request.load, strict)
-    driver = loaded[0]
+    first = loaded[0]
+    driver = first.query
     # A catalog that does not answer, a refused login, an untrusted certificate or a missing ACL is told
     # before Spark starts.
     driver.catalog.check_reachable()
@@ -97,10 +98,10 @@ def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutc
 
     def load_checked(topic: str) -> RouterConfig:
         config = request.load(topic)
-        check_shared_driver(config, driver)
-        # A topic's commits, ids and floors are its query's, kept beside the query's checkpoint.
-        query = owner.get(topic, queries[0])
-        return config.model_copy(update={"checkpoint_location": query.checkpoint_location})
+        check_shared_driver(config, first)
+        # A topic runs with its query's settings: its commits, ids and floors are kept beside the query's
+        # checkpoint.
+        return config.in_query(owner.get(topic, queries[0]))
 
     conf = (
         driver.spark.conf

@@ -42,7 +42,7 @@ class SharedDriverMismatch(ConfigError):
 def check_shared_driver(config: RouterConfig, driver: RouterConfig) -> None:
     """The topics of one driver share its SparkSession: the same catalog and the same `spark` block."""
     for key in ("catalog", "spark"):
-        if getattr(config, key) != getattr(driver, key):
+        if getattr(config.query, key) != getattr(driver.query, key):
             raise SharedDriverMismatch(
                 f"topic {config.topic}: its {key} settings differ from those of topic {driver.topic}, "
                 f"whose settings started this driver; the topics of one driver share their catalog and "
@@ -108,7 +108,7 @@ def group_queries(
     each after `name` and its trigger and rate limit."""
     groups: dict[str, list[RouterConfig]] = {}
     for config in loaded:
-        groups.setdefault(query_key(config), []).append(config)
+        groups.setdefault(query_key(config.query), []).append(config)
     base = group_name(topics, name)
     failed = [topic for topic in topics if topic not in {config.topic for config in loaded}]
     queries = []
@@ -116,9 +116,9 @@ def group_queries(
         first = configs[0]
         named = base
         if len(groups) > 1:
-            rate = first.max_offsets_per_trigger or "unlimited"
-            digest = hashlib.sha256(query_key(first).encode()).hexdigest()[:6]
-            named = f"{base}-{first.trigger_interval.replace(' ', '')}-{rate}-{digest}"
+            rate = first.query.max_offsets_per_trigger or "unlimited"
+            digest = hashlib.sha256(query_key(first.query).encode()).hexdigest()[:6]
+            named = f"{base}-{first.query.trigger_interval.replace(' ', '')}-{rate}-{digest}"
         where = checkpoint
         if where is not None and len(groups) > 1:
             where = sibling(where, named)

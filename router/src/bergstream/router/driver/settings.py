@@ -28,10 +28,13 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bergstream.errors import ConfigError
+from bergstream.router.commit_policy import COMMIT_BYTES, COMMIT_RECORDS, CommitPolicy
 from bergstream.router.config import (
     QuerySettings,
     RouterConfig,
+    check_target_lag,
     check_topic_name,
+    commit_policy,
     load_router_config,
     topic_file,
 )
@@ -44,6 +47,9 @@ log = logging.getLogger("bergstream.router.driver")
 # are the pattern's: its topics' files may set the others (PATTERN_QUERY_KEYS).
 QUERY_KEYS = ("kafka", "cluster", "trigger_interval", "max_offsets_per_trigger")
 PATTERN_QUERY_KEYS = QUERY_KEYS[2:]
+# The settings of a topic's file that are the whole query's, whichever of its topics sets them: under
+# --pattern the defaults' (a topic's file setting others is warned of).
+QUERY_WIDE = ("spark", "metrics_port", "metrics_host", "lag_refresh_seconds", "commit_retry")
 
 
 class DriverSettings(QuerySettings):
@@ -61,6 +67,19 @@ class DriverSettings(QuerySettings):
     topics: tuple[str, ...] | None = None
     # How many topics of one batch are appended at once; unset, the driver's cores.
     parallel_topics: int | None = Field(default=None, gt=0)
+    # The target lag of the topics it dead-letters whole, whose own settings do not load: the defaults
+    # file's under --pattern, the first topic's for named topics.
+    target_lag: str | None = None
+
+    @field_validator("target_lag", mode="before")
+    @classmethod
+    def _target_lag(cls, lag: object) -> str | None:
+        return check_target_lag(lag)
+
+    @property
+    def commit_policy(self) -> CommitPolicy:
+        """When the files of a topic it dead-letters whole are committed."""
+        return commit_policy(self.target_lag, COMMIT_BYTES, COMMIT_RECORDS)
 
     @field_validator("name")
     @classmethod
@@ -143,14 +162,16 @@ def named_topics_settings(
     one's checkpoint."""
     first = topics[0]
     if checkpoint is None:
-        checkpoint = first.checkpoint_location
+        checkpoint = first.query.checkpoint_location
         if len(topics) > 1 or name != first.topic:
-            checkpoint = sibling(first.checkpoint_location, name)
-    query = first.query_settings()
+            checkpoint = sibling(first.query.checkpoint_location, name)
+    query = first.query.query_settings()
     query["checkpoint_location"] = checkpoint
     if metrics_port is not None:
         query["metrics_port"] = metrics_port
-    return DriverSettings(name=name, topics=tuple(config.topic for config in topics), **query)
+    return DriverSettings(
+        name=name, topics=tuple(config.topic for config in topics), target_lag=first.target_lag, **query
+    )
 
 
 def sibling(location: str, name: str) -> str:
@@ -236,8 +257,9 @@ def pattern_topic_settings(
     queries: list[DriverSettings] | None = None,
 ) -> Callable[[str], RouterConfig]:
     """Reads a matching topic's settings: its own file over `defaults_file` over `endpoints(topic)`, or the
-    defaults file alone; the cluster is the pattern's, the checkpoint that of the query of `queries` that
-    reads the topic (the pattern's when none names it)."""
+    defaults file alone, in the query of `queries` that reads the topic (the pattern's when none names it):
+    the topic runs with that query's settings. Without `queries`, its query-level settings are its file's
+    (the cluster the pattern's), to find which queries there are (`pattern_queries`)."""
     warned: set[str] = set()
     owner = {topic: query for query in queries or () for topic in query.topics or ()}
 
@@ -246,12 +268,12 @@ def pattern_topic_settings(
         forced = {"checkpoint_location": query.checkpoint_location, "cluster": config.cluster}
         settings = topic_settings(topic, defaults_file, topics_dir, endpoints, {**overrides, **forced})
         path = topic_file(topic, topics_dir) if topic_file(topic, topics_dir).is_file() else defaults_file
-        if settings.catalog != config.catalog:
+        if settings.query.catalog != config.catalog:
             raise ConfigError(
                 f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "
                 "topics of one query share their catalog"
             )
-        ignored = [key for key in PATTERN_QUERY_KEYS if getattr(settings, key) != getattr(query, key)]
+        ignored = [key for key in PATTERN_QUERY_KEYS if getattr(settings.query, key) != getattr(query, key)]
         if ignored and queries is not None and topic not in warned:
             warned.add(topic)
             log.warning(
@@ -259,7 +281,14 @@ def pattern_topic_settings(
                 "start puts the topic in a query of its own", topic, path, " and ".join(ignored),
                 config.pattern,
             )  # fmt: skip
-        return settings
+        shared = [key for key in QUERY_WIDE if getattr(settings.query, key) != getattr(query, key)]
+        if shared and queries is not None and f"{topic} shared" not in warned:
+            warned.add(f"{topic} shared")
+            log.warning(
+                "topic %s: %s sets %s, which are its query's settings: the query %s runs with those of "
+                "its defaults; set them there", topic, path, " and ".join(shared), query.name,
+            )  # fmt: skip
+        return settings if queries is None else settings.in_query(query)
 
     return load
 
@@ -281,8 +310,10 @@ def pattern_queries(
             settings = load(topic)
         except ConfigError:
             continue
-        if query_key(settings, PATTERN_QUERY_KEYS) != query_key(config, PATTERN_QUERY_KEYS):
-            own.setdefault(tuple(getattr(settings, key) for key in PATTERN_QUERY_KEYS), []).append(topic)
+        if query_key(settings.query, PATTERN_QUERY_KEYS) != query_key(config, PATTERN_QUERY_KEYS):
+            own.setdefault(tuple(getattr(settings.query, key) for key in PATTERN_QUERY_KEYS), []).append(
+                topic
+            )
     queries = []
     for values, topics in own.items():
         digest = hashlib.sha256(repr(values).encode()).hexdigest()[:8]

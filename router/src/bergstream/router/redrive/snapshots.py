@@ -55,8 +55,8 @@ class RedriveTables:
 
     def __init__(self, session: SparkSession, config: RouterConfig, layout: ArchiveLayout) -> None:
         self.session = session
-        self.archive = config.catalog.table_identifier(layout.table)
-        self.dead_letters = config.catalog.table_identifier(layout.dead_letter_table)
+        self.archive = config.query.catalog.table_identifier(layout.table)
+        self.dead_letters = config.query.catalog.table_identifier(layout.dead_letter_table)
         for identifier in (self.archive, self.dead_letters):
             if not session.catalog.tableExists(identifier):
                 raise RedriveError(

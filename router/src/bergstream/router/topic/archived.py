@@ -46,12 +46,12 @@ class ArchivedTopic:
         self.expired = ExpiredOffsets(config.topic, kafka, metrics)
         self.accounting = BatchAccounting(config.topic, metrics, self.expired)
         self.tables = ArchiveTables(spark, config)
-        self.retry = CommitRetry(config.topic, config.commit_retry, metrics, stopping)
+        self.retry = CommitRetry(config.topic, config.query.commit_retry, metrics, stopping)
         self.archiver = BatchArchiver(spark, config, metrics, self.tables, self.retry, self.accounting)
         self.together: BatchTables = self.archiver
         self.follower = ProgressFollower(
             config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
-            config.lag_refresh_seconds, cluster=config.cluster,
+            config.query.lag_refresh_seconds, cluster=config.query.cluster,
         )  # fmt: skip
         self.tables.prepare(self.archiver.layout)
 
@@ -94,8 +94,10 @@ class ArchivedTopic:
         otherwise; the tables' commits record it from then on."""
         archiver = self.archiver
         layout = archiver.layout
-        tables = [self.config.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)]
-        identity = TopicIdentity(self.topic, self.config.cluster, self.kafka)
+        tables = [
+            self.config.query.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)
+        ]
+        identity = TopicIdentity(self.topic, self.config.query.cluster, self.kafka)
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
 
     def replayed(self, batch_id: int) -> bool:
