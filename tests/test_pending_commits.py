@@ -1,7 +1,8 @@
 """Topics that commit on their target lag (router/pending.py): the files a batch writes for them are kept
 pending and recorded beside the checkpoint, and each record is in the archive once whatever step the router
 is killed at: after the record and before the commit, after the commit and before the record is cleared,
-between the commits of two topics; a graceful stop and a drain commit everything pending."""
+between the commits of two topics; a graceful stop and a drain commit everything pending; a topic's tables
+dropped while files are pending for them hold, made again, what no commit held before."""
 
 from __future__ import annotations
 
@@ -175,6 +176,22 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
     shutil.rmtree(tmp_path / "checkpoint")
     drained()
     exactly_once()
+
+    # A topic's tables dropped while files are pending for them (its archive started over, the router
+    # stopped; PURGE deletes the committed files only): they are made again, and hold what no commit held
+    # before the drop, each once, from the pending batches on; the other topic is as it was.
+    send(seed=5)
+    killed_once_recorded("files recorded pending before the tables are dropped")
+    committed = set(archived(topics[0]))
+    pending = sent[topics[0]] - committed
+    assert pending, "files pending for the topic whose tables are dropped"
+    for identifier in (identifiers[topics[0]], f"{identifiers[topics[0]]}__dlq"):
+        spark.sql(f"DROP TABLE {identifier} PURGE")
+    drained()
+    counted = archived(topics[0])
+    assert set(counted) == pending and max(counted.values()) == 1, f"{len(counted)} of {len(pending)}"
+    assert set(archived(topics[1])) == sent[topics[1]] and max(archived(topics[1]).values()) == 1
+    assert not list(records.glob("*.json"))
 
 
 def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_carrying_several_batches(
