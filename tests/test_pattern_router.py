@@ -89,7 +89,7 @@ def test_the_query_settings_are_refused_with_what_to_fix(tmp_path: Path) -> None
 
 
 def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_of_them(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     endpoints = {
         "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
@@ -98,7 +98,9 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
     }
     defaults = tmp_path / "defaults.yaml"
     defaults.write_text(
-        yaml.safe_dump({"schema": "playback", "encoding": "json", "trigger_interval": "1 second"})
+        yaml.safe_dump(
+            {"schema": "playback", "encoding": "json", "trigger_interval": "1 second", "metrics_port": 9999}
+        )
     )
     topics_dir = tmp_path / "topics"
     topics_dir.mkdir()
@@ -107,12 +109,14 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
         "orders.slower": {"trigger_interval": "10 seconds"},
         "orders.capped": {"max_offsets_per_trigger": 500},
         "orders.same": {"trigger_interval": "1 second"},
+        "orders.retry": {"commit_retry": {"give_up_after_seconds": 5}},  # the query's: warned of
         "orders.broken": {"trigger_interval": "often"},  # dead-lettered whole by the pattern's query
         "payments.slow": {"trigger_interval": "10 seconds"},  # not matched
     }
     for topic, settings in files.items():
         (topics_dir / f"{topic}.yaml").write_text(yaml.safe_dump(settings))
-    config = load_pattern_settings(r"orders\..*", "orders", defaults, endpoints, {})
+    # The flag's metrics port is the pattern's query's, over the defaults file's (as `router run` gives it).
+    config = load_pattern_settings(r"orders\..*", "orders", defaults, endpoints, {"metrics_port": 9000})
     sources = (defaults, topics_dir, lambda topic: endpoints, {})
     queries = pattern_queries(config, topics_dir, pattern_topic_settings(config, *sources))
     *own, pattern = queries
@@ -138,6 +142,17 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
     assert load("orders.slow").query.model_dump() == QuerySettings(**slow.query_settings()).model_dump()
     assert load("orders.same").query.model_dump() == QuerySettings(**config.query_settings()).model_dump()
     assert load("orders.slow").schema_name == "playback" and load("orders.slow").table == "orders_slow"
+    caplog.clear()
+    retry = load("orders.retry")
+    assert retry.query.commit_retry == config.commit_retry and retry.query.metrics_port == 9000
+    warned = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warned == [
+        f"topic orders.retry: {topics_dir / 'orders.retry.yaml'} sets commit_retry, which are its query's "
+        "settings: the query orders runs with those of its defaults; set them there"
+    ]
+    load("orders.same")  # its file sets nothing of the query's
+    load("orders.new")  # no file: the defaults file's metrics_port is not the topic's to set
+    assert [record for record in caplog.records if record.levelname == "WARNING"] == caplog.records[:1]
 
 
 def metric(text: str, name: str, topic: str) -> float:

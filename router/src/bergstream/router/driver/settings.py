@@ -281,12 +281,21 @@ def pattern_topic_settings(
                 "start puts the topic in a query of its own", topic, path, " and ".join(ignored),
                 config.pattern,
             )  # fmt: skip
-        shared = [key for key in QUERY_WIDE if getattr(settings.query, key) != getattr(query, key)]
-        if shared and queries is not None and f"{topic} shared" not in warned:
+        own = topic_file(topic, topics_dir)
+        if queries is not None and own.is_file() and f"{topic} shared" not in warned:
             warned.add(f"{topic} shared")
+            set_here = read_mapping(own).keys()
+            shared = [
+                key
+                for key in QUERY_WIDE
+                if key in set_here and getattr(settings.query, key) != getattr(query, key)
+            ]
+        else:
+            shared = []
+        if shared:
             log.warning(
                 "topic %s: %s sets %s, which are its query's settings: the query %s runs with those of "
-                "its defaults; set them there", topic, path, " and ".join(shared), query.name,
+                "its defaults; set them there", topic, own, " and ".join(shared), query.name,
             )  # fmt: skip
         return settings if queries is None else settings.in_query(query)
 
