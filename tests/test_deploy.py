@@ -26,6 +26,7 @@ from bergstream.errors import ConfigError
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import RouterConfig, load_router_config
+from bergstream.router.driver.launch import MANY_TOPICS_JAVA_OPTIONS, many_topics_conf
 from bergstream.spark import REDACTION_REGEX
 from tests.routers import ROOT, archived_offsets, write_config
 from tests.services import Services
@@ -262,12 +263,22 @@ def test_a_group_s_spark_submit_runs_every_topic_in_one_fair_driver(tmp_path: Pa
     command = spark_submit_group("eu", group_configs(), tmp_path)
     confs = dict(command[i + 1].split("=", 1) for i, part in enumerate(command) if part == "--conf")
     assert confs["spark.scheduler.mode"] == "FAIR"
+    # A driver of many topics gives back the heap it does not use; bergstream's own options stay.
+    options = confs["spark.driver.extraJavaOptions"]
+    assert MANY_TOPICS_JAVA_OPTIONS in options and "org.apache.avro.limits.string.maxLength" in options
     assert command[command.index("--name") + 1] == "bergstream-routers-eu"
     entry = command.index("router") - 1
     assert command[entry + 1 :] == [
         "router", "run", "--group", "eu", "--topic", "Playback.EU", "--topic", "Impression.EU",
         "--topics-dir", str(tmp_path.absolute()), "--metrics-port", "9464",
     ]  # fmt: skip
+
+
+def test_java_options_of_the_topics_settings_come_after_a_many_topic_driver_s_own() -> None:
+    conf = many_topics_conf({"spark.driver.extraJavaOptions": "-XX:MaxHeapFreeRatio=70", "spark.x": "y"})
+    assert conf["spark.driver.extraJavaOptions"] == f"{MANY_TOPICS_JAVA_OPTIONS} -XX:MaxHeapFreeRatio=70"
+    assert conf["spark.x"] == "y" and conf["spark.kafka.consumer.cache.capacity"] == "4096"
+    assert many_topics_conf({})["spark.driver.extraJavaOptions"] == MANY_TOPICS_JAVA_OPTIONS
 
 
 def test_a_group_refuses_topics_that_cannot_share_a_driver() -> None:

@@ -22,7 +22,7 @@ import yaml
 
 from bergstream.errors import ConfigError
 from bergstream.router.config import QuerySettings, RouterConfig, flat_settings
-from bergstream.router.driver.launch import MANY_TOPICS_SPARK_CONF
+from bergstream.router.driver.launch import many_topics_conf
 from bergstream.router.driver.named import check_shared_driver, driver_app_name, driver_spark_conf
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.schemas.event_schema import AVRO_DIR
@@ -91,7 +91,7 @@ def spark_submit_group(
     for config in configs:
         arguments += ["--topic", config.topic]
     arguments += ["--topics-dir", str(topics_dir.absolute())]
-    conf = {**MANY_TOPICS_SPARK_CONF, **driver_spark_conf(first.query.spark.conf)}
+    conf = many_topics_conf(driver_spark_conf(first.query.spark.conf))
     return _spark_submit(first.query, group_app_name(group), conf, arguments, available_now)
 
 
@@ -105,7 +105,7 @@ def spark_submit_pattern(
         arguments += ["--defaults", str(defaults_file.absolute())]
     if topics_dir is not None:
         arguments += ["--topics-dir", str(topics_dir.absolute())]
-    conf = {**MANY_TOPICS_SPARK_CONF, **config.spark.conf}
+    conf = many_topics_conf(config.spark.conf)
     return _spark_submit(config, pattern_app_name(config.name), conf, arguments, available_now)
 
 
