@@ -109,7 +109,7 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
         "orders.slower": {"trigger_interval": "10 seconds"},
         "orders.capped": {"max_offsets_per_trigger": 500},
         "orders.same": {"trigger_interval": "1 second"},
-        "orders.retry": {"commit_retry": {"give_up_after_seconds": 5}},  # the query's: warned of
+        "orders.retry": {"commit_retry": {"give_up_after_seconds": 5}, "deploy": {"executor_instances": 9}},
         "orders.broken": {"trigger_interval": "often"},  # dead-lettered whole by the pattern's query
         "payments.slow": {"trigger_interval": "10 seconds"},  # not matched
     }
@@ -147,12 +147,12 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
     assert retry.query.commit_retry == config.commit_retry and retry.query.metrics_port == 9000
     warned = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
     assert warned == [
-        f"topic orders.retry: {topics_dir / 'orders.retry.yaml'} sets commit_retry, which are its query's "
-        "settings: the query orders runs with those of its defaults; set them there"
+        f"topic orders.retry: {topics_dir / 'orders.retry.yaml'} sets commit_retry and deploy, which are its "
+        "query's settings: the query orders runs with those of its defaults; set them there"
     ]
     load("orders.same")  # its file sets nothing of the query's
     load("orders.new")  # no file: the defaults file's metrics_port is not the topic's to set
-    assert [record for record in caplog.records if record.levelname == "WARNING"] == caplog.records[:1]
+    assert [record.getMessage() for record in caplog.records if record.levelname == "WARNING"] == warned
 
 
 def metric(text: str, name: str, topic: str) -> float:

@@ -49,7 +49,7 @@ QUERY_KEYS = ("kafka", "cluster", "trigger_interval", "max_offsets_per_trigger")
 PATTERN_QUERY_KEYS = QUERY_KEYS[2:]
 # The settings of a topic's file that are the whole query's, whichever of its topics sets them: under
 # --pattern the defaults' (a topic's file setting others is warned of).
-QUERY_WIDE = ("spark", "metrics_port", "metrics_host", "lag_refresh_seconds", "commit_retry")
+QUERY_WIDE = ("spark", "metrics_port", "metrics_host", "lag_refresh_seconds", "commit_retry", "deploy")
 
 
 class DriverSettings(QuerySettings):
