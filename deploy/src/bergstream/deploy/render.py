@@ -36,7 +36,8 @@ _SUBMIT_FLAGS = {"spark.master", "spark.app.name"}
 DEFAULTS_FILE = "defaults.yaml"
 
 
-# The settings of one driver: a topic's router (or a group's first topic), or a pattern's query.
+# The settings of one driver's query: a topic's router's (`RouterConfig.query`, a group's first topic's), or a
+# pattern's query's (`DriverSettings`).
 Driver = TypeVar("Driver", bound=QuerySettings)
 
 

@@ -260,44 +260,46 @@ def pattern_topic_settings(
     defaults file alone, in the query of `queries` that reads the topic (the pattern's when none names it):
     the topic runs with that query's settings. Without `queries`, its query-level settings are its file's
     (the cluster the pattern's), to find which queries there are (`pattern_queries`)."""
+    # Each warning is given once a topic: of query-level settings its query does not run with yet, and of
+    # the query's own settings its file sets.
     warned: set[str] = set()
+    warned_shared: set[str] = set()
     owner = {topic: query for query in queries or () for topic in query.topics or ()}
 
     def load(topic: str) -> RouterConfig:
         query = owner.get(topic, config)
         forced = {"checkpoint_location": query.checkpoint_location, "cluster": config.cluster}
         settings = topic_settings(topic, defaults_file, topics_dir, endpoints, {**overrides, **forced})
-        path = topic_file(topic, topics_dir) if topic_file(topic, topics_dir).is_file() else defaults_file
+        own = topic_file(topic, topics_dir)
+        path = own if own.is_file() else defaults_file
         if settings.query.catalog != config.catalog:
             raise ConfigError(
                 f"topic {topic}: {path} names another catalog than the router of {config.pattern!r}; the "
                 "topics of one query share their catalog"
             )
+        if queries is None:
+            return settings
         ignored = [key for key in PATTERN_QUERY_KEYS if getattr(settings.query, key) != getattr(query, key)]
-        if ignored and queries is not None and topic not in warned:
+        if ignored and topic not in warned:
             warned.add(topic)
             log.warning(
                 "topic %s: %s sets %s, which the query of %r takes from its defaults until the router's next "
                 "start puts the topic in a query of its own", topic, path, " and ".join(ignored),
                 config.pattern,
             )  # fmt: skip
-        own = topic_file(topic, topics_dir)
-        if queries is not None and own.is_file() and f"{topic} shared" not in warned:
-            warned.add(f"{topic} shared")
-            set_here = read_mapping(own).keys()
-            shared = [
-                key
-                for key in QUERY_WIDE
-                if key in set_here and getattr(settings.query, key) != getattr(query, key)
-            ]
-        else:
-            shared = []
+        set_here = read_mapping(own).keys() if own.is_file() and topic not in warned_shared else ()
+        shared = [
+            key
+            for key in QUERY_WIDE
+            if key in set_here and getattr(settings.query, key) != getattr(query, key)
+        ]
         if shared:
+            warned_shared.add(topic)
             log.warning(
                 "topic %s: %s sets %s, which are its query's settings: the query %s runs with those of "
                 "its defaults; set them there", topic, own, " and ".join(shared), query.name,
             )  # fmt: skip
-        return settings if queries is None else settings.in_query(query)
+        return settings.in_query(query)
 
     return load
 
