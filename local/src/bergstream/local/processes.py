@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,15 +39,45 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports that nothing listens on now (all held open until all are chosen)."""
-    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    """`count` distinct ports that nothing listens on now (all held open until all are chosen).
+
+    They are drawn at random below the kernel's ephemeral range when it leaves room: a port of that range,
+    free when chosen, can be taken a moment later by any outgoing connection before its server binds it.
+    """
+    probes: list[socket.socket] = []
+    chosen: list[int] = []
+    candidates = _unassigned_ports()
     try:
-        for probe in probes:
-            probe.bind((host, 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
+        while len(chosen) < count:
+            probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            probes.append(probe)
+            port = next(candidates, 0)
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE or port == 0:
+                    raise
+                continue
+            chosen.append(int(probe.getsockname()[1]))
+        return chosen
     finally:
         for probe in probes:
             probe.close()
+
+
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+
+
+def _unassigned_ports() -> Iterator[int]:
+    """Ports below the ephemeral range in a random order, a few hundred at most; none if it leaves no room."""
+    try:
+        below = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return iter(())
+    if below - _LOWEST_PORT < 1000:
+        return iter(())
+    return (random.randrange(_LOWEST_PORT, below) for _ in range(300))
 
 
 def alive(pid: int) -> bool:
