@@ -41,8 +41,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct ports that nothing listens on now (all held open until all are chosen).
 
-    They are drawn at random below the kernel's ephemeral range when it leaves room: a port of that range,
-    free when chosen, can be taken a moment later by any outgoing connection before its server binds it.
+    They are drawn at random below the kernel's ephemeral range: a port of that range, free when chosen, can
+    be taken a moment later by any outgoing connection before its server binds it.
     """
     probes: list[socket.socket] = []
     chosen: list[int] = []
@@ -65,19 +65,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             probe.close()
 
 
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_LOWEST_PORT = 10000
+# Below the ephemeral ranges of Linux (32768 on) and macOS (49152 on): no outgoing connection takes one.
+_UNASSIGNED = range(10000, 32768)
 
 
 def _unassigned_ports() -> Iterator[int]:
-    """Ports below the ephemeral range in a random order, a few hundred at most; none if it leaves no room."""
-    try:
-        below = int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return iter(())
-    if below - _LOWEST_PORT < 1000:
-        return iter(())
-    return (random.randrange(_LOWEST_PORT, below) for _ in range(300))
+    """A few hundred ports below the kernels' ephemeral ranges, in a random order."""
+    return (random.choice(_UNASSIGNED) for _ in range(300))
 
 
 def alive(pid: int) -> bool:
