@@ -109,8 +109,9 @@ def app_run(
     }
     if start_from is not None:
         overrides["backfill"] = {"start": start_from, "max_misalignment": max_misalignment}
-    defaults = Endpoints.resolve(data_dir).app_defaults(app)
-    settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        settings = load_app_settings(app, config_file, endpoints.app_defaults(app), overrides)
     if start_from is not None:
         checkpoint = checkpoint or bootstrap_checkpoint(settings)
     if checkpoint is not None:

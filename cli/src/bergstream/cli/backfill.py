@@ -158,8 +158,9 @@ def backfill_run(
     }
     overrides = {"mode": "backfill", "entry": entry, "output_table": output_table, "backfill": window,
                  "spark": spark_overrides(spark_conf)}  # fmt: skip
-    defaults = Endpoints.resolve(data_dir).app_defaults(app)
-    settings = load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        settings = load_app_settings(app, config_file, endpoints.app_defaults(app), overrides)
     if branch is not None:
         # The window is the correction's; the read window is widened by the output's warm-up and settle.
         settings = check_new_correction(correction(settings, branch, start_over=start_over), checkpoint)

@@ -63,8 +63,9 @@ def correction_settings(
         "mode": "backfill", "output_table": output_table, "spark": spark_overrides(spark_conf),
         "backfill": {"start": "1970-01-01T00:00:00Z", "end": "1970-01-01T00:00:01Z"},
     }  # fmt: skip
-    defaults = Endpoints.resolve(data_dir).app_defaults(app)
-    return load_app_settings(app, config_file, defaults=defaults, overrides=overrides)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        return load_app_settings(app, config_file, defaults=endpoints.app_defaults(app), overrides=overrides)
 
 
 @contextmanager

@@ -6,6 +6,8 @@ The site settings when BERGSTREAM_SITE names them; else the local stack in --dat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,12 @@ from bergstream.home import default_data_dir
 from bergstream.kafka_settings import librdkafka_settings, read_properties
 from bergstream.local import LocalStack
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
+from bergstream.site import ENVIRONMENT as SITE_ENVIRONMENT
 from bergstream.site import app_defaults, read_site, router_defaults, site_catalog, site_file
+
+# What the site settings or the local stack give every topic and application: a settings file's error naming
+# one of them, with neither there, comes of running before the stack is up.
+ENDPOINT_KEYS = ("kafka", "catalog", "checkpoint_location")
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,32 @@ class Endpoints:
                 "or name a broker with --bootstrap-servers"
             )
         return stack
+
+    def none_found(self) -> str | None:
+        """What to do when there is nothing to run over (no site settings named, no local stack running);
+        None when there is."""
+        if self.site is not None or self.stack.status().running:
+            return None
+        up = "bergstream local up"
+        if self.data_dir != default_data_dir():
+            up += f" --data-dir {self.data_dir}"
+        return (
+            f"no site settings and no local stack found ({SITE_ENVIRONMENT} is not set; no stack runs in "
+            f"{self.data_dir}): start the stack with `{up}`, or set {SITE_ENVIRONMENT} to your site's "
+            "settings file"
+        )
+
+    @contextmanager
+    def explained(self) -> Iterator[None]:
+        """A settings error that comes of running before the stack is up (Kafka, the catalog or the checkpoint
+        missing, with no site settings and no stack to give them) said so first, with the command that
+        mends it."""
+        try:
+            yield
+        except ConfigError as error:
+            if not any(key in str(error) for key in ENDPOINT_KEYS) or (found := self.none_found()) is None:
+                raise
+            raise ConfigError(f"{found}. Without them: {error}") from error
 
     def router_defaults(self, topic: str) -> dict[str, Any]:
         """A topic's router: Kafka (on a secured local stack, logged in as the topic's own user), the

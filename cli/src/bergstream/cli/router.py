@@ -52,7 +52,7 @@ def topic_loader(
         if defaults_file is not None:
             return topic_settings(topic, defaults_file, topics_dir, endpoints.router_defaults, overrides)
         path = config_file if config_file is not None else topic_file(topic, topics_dir)
-        return load_router_config(topic, path, defaults=endpoints.router_defaults(topic), overrides=overrides)
+        return load_router_config(topic, path, endpoints.router_defaults(topic), overrides)
 
     return load
 
@@ -197,9 +197,10 @@ def router_run(
         "maintenance": None if maintain_every is None else {"every": maintain_every},
         "spark": spark_overrides(spark_conf),
     }  # fmt: skip
+    endpoints = Endpoints.resolve(data_dir)
     request = Launch(
         topics=topics_in(topics_folder(topics_dir)) if all_topics else list(topics),
-        load=topic_loader(Endpoints.resolve(data_dir), config_file, topics_dir, overrides, defaults_file),
+        load=topic_loader(endpoints, config_file, topics_dir, overrides, defaults_file),
         available_now=available_now,
         every_topic=all_topics,
         restart=None if alone else RestartSettings(
@@ -209,7 +210,9 @@ def router_run(
         group=group if group is not None or not all_topics else "all",
         checkpoint=defaults_checkpoint(defaults_file),
     )  # fmt: skip
-    report_outcomes(launch(request), as_json)
+    with endpoints.explained():
+        outcomes = launch(request)
+    report_outcomes(outcomes, as_json)
 
 
 def defaults_checkpoint(defaults_file: Path | None) -> str | None:
@@ -267,10 +270,11 @@ def run_pattern(
     endpoints = Endpoints.resolve(data_dir)
     named = name or pattern_name(pattern)
     defaults = defaults_file if defaults_file is not None else site_topic_defaults()
-    settings = load_pattern_settings(
-        pattern, named, defaults, endpoints.router_defaults(named),
-        {"metrics_port": metrics_port, "spark": spark_overrides(spark_conf)},
-    )  # fmt: skip
+    with endpoints.explained():
+        settings = load_pattern_settings(
+            pattern, named, defaults, endpoints.router_defaults(named),
+            {"metrics_port": metrics_port, "spark": spark_overrides(spark_conf)},
+        )  # fmt: skip
     # Every topic's maintenance, one topic at a time in one thread of the driver (RotatingMaintenance).
     overrides = {
         "spark": spark_overrides(spark_conf),
@@ -306,7 +310,9 @@ def router_maintain(
 
     configure_logging()
     overrides = {"table": table, "spark": spark_overrides(spark_conf)}
-    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        config = topic_loader(endpoints, config_file, None, overrides)(topic)
     with spark_session(config.query.catalog, config.query.spark, f"bergstream-maintain-{topic}") as spark:
         now = datetime.now(UTC)
         results = maintain(spark, config, now)
@@ -345,7 +351,9 @@ def router_aborted(
 
     configure_logging()
     overrides = {"table": table, "spark": spark_overrides(spark_conf)}
-    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        config = topic_loader(endpoints, config_file, None, overrides)(topic)
     with spark_session(config.query.catalog, config.query.spark, f"bergstream-aborted-{topic}") as spark:
         report = find_aborted(spark, config, delete)
     echo_report(as_json, "router aborted", report.to_json(), report.lines())
@@ -384,7 +392,9 @@ def router_redrive(
         raise click.BadParameter("give some text of the reason", param_hint="--reason")
     configure_logging()
     overrides = {"schema": schema, "table": table, "spark": spark_overrides(spark_conf)}
-    config = topic_loader(Endpoints.resolve(data_dir), config_file, None, overrides)(topic)
+    endpoints = Endpoints.resolve(data_dir)
+    with endpoints.explained():
+        config = topic_loader(endpoints, config_file, None, overrides)(topic)
     with spark_session(config.query.catalog, config.query.spark, f"bergstream-redrive-{topic}") as spark:
         report = redrive(spark, config, reason, dry_run=dry_run, show_progress=sys.stderr.isatty())
     echo_report(as_json, "router redrive", report.to_json(), report.lines())
