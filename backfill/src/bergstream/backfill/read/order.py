@@ -16,7 +16,7 @@ and none above it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -186,7 +186,3 @@ def ordering(max_misalignment: timedelta | None, strict: bool = False) -> Orderi
 def selected(ts: Micros, epoch: Epoch, window: Window) -> bool:
     """Whether a row with ingestion time `ts` belongs to `epoch` of `window`: the reader's one filter."""
     return epoch.lower <= ts < epoch.upper and ts in window
-
-
-def splits_of(epochs: Iterable[Epoch]) -> set[Split]:
-    return {split for epoch in epochs for split in epoch.splits}
