@@ -175,6 +175,11 @@ def test_bad_corrections_are_refused_before_spark_starts_naming_what_to_fix(
     for command in ("audit", "publish", "unpublish"):
         unknown = refused(command, "--branch", "nope")
         assert "has no correction in branch nope (its corrections: fix)" in unknown, unknown
+    assert "has no correction in branch nope: nothing to release" in refused("release", "--branch", "nope")
+    # Every command on a correction takes its output table as a flag too, over the file's.
+    for command in ("audit", "publish", "unpublish", "verify", "release"):
+        elsewhere = refused(command, "--branch", "fix", "--output-table", "apps.no_such")
+        assert "no output table bergstream.apps.no_such" in elsewhere, (command, elsewhere)
     # A backfill that has not covered its window is neither audited nor published.
     assert "has not covered its window yet" in refused("publish", "--branch", "fix")
     # Nor one whose application's watermark ended before the window's end: rows ending past it are missing.

@@ -180,6 +180,11 @@ for command in CORRECTION_COMMANDS:
               help="Release only this table (default: every table of the namespace it holds).")  # fmt: skip
 @click.option("--app", default=None, help="With --branch: the application whose correction is released.")
 @click.option("--branch", default=None, help="Remove this correction's branch, its tags and its record.")
+@click.option(
+    "--output-table", default=None,
+    help="With --branch: the application's output table (default: its file's), as a correction's other "
+    "commands take it.",
+)  # fmt: skip
 @CATALOG_CONFIG
 @SPARK_CONF
 @DATA_DIR
@@ -188,6 +193,7 @@ def backfill_release(
     tables: tuple[str, ...],
     app: str | None,
     branch: str | None,
+    output_table: str | None,
     config_file: Path | None,
     spark_conf: tuple[str, ...],
     data_dir: Path | None,
@@ -205,9 +211,11 @@ def backfill_release(
         raise click.UsageError(
             "give --checkpoint (a backfill's snapshots) or --app and --branch (a correction)"
         )
+    if output_table is not None and branch is None:
+        raise click.UsageError("--output-table names a correction's table: it goes with --app and --branch")
     if branch is not None:
         assert app is not None
-        release_correction(app, branch, None, config_file, spark_conf, data_dir)
+        release_correction(app, branch, output_table, config_file, spark_conf, data_dir)
         return
     assert checkpoint is not None
     configure_logging()
