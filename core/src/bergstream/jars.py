@@ -1,5 +1,6 @@
 """The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
-project's own Java (the backfill source, the router's partition ranges) against the same Spark and Iceberg.
+project's own Java (the router's writer of many topics, the strict JSON reader, the backfill source) against
+the same Spark and Iceberg.
 
 An installed bergstream ships its own Java built, as jvm/bergstream-spark.jar (setup.py builds it with
 Maven); a checkout compiles it from its sources once per version of them. Spark and the broker read the
