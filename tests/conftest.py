@@ -53,6 +53,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         start_drivers_quicker(session.config, make_archive=True)
 
 
+# What a test needs that makes it an integration test: a broker, a catalog, a Spark session, a registry.
+STACK_FIXTURES = frozenset({"stack", "spark", "registry"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the stack is an integration test whether or not its module says so: `-m "not
+    integration"` (make test-unit, the other Pythons' run) leaves it out. Runs before pytest's own selection
+    by marker."""
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     build_in_background(needed_by(session.items))
     config = session.config

@@ -179,7 +179,7 @@ def test_one_big_topic_and_tiny_ones_on_a_catalog_taking_2_s_a_commit(
         services = Services(stack.bootstrap_servers, catalog, None)
         defaults = write_defaults(
             services, tmp_path, schema="playback", encoding="json", cluster="test",
-            trigger_interval="1 second", target_lag="20s", metrics_port=port, metrics_host="127.0.0.1",
+            trigger_interval="1 second", target_lag="40s", metrics_port=port, metrics_host="127.0.0.1",
         )  # fmt: skip
         log = tmp_path / "router.log"
         router = start_command(pattern_command(rf"{prefix}\..*", defaults, topics_dir), log)

@@ -132,12 +132,14 @@ class PendingCommits:
                     held.newest = max(held.newest or written.newest, written.newest)
                 for identifier in identifiers:
                     tables[identifier] = {"topic": topic, "properties": properties}
+            if tables:
+                document = {"batch": batch_id, "query": query_id, "tables": tables}
+                self.files.record(self.spark._jsparkSession, self._path(batch_id), json.dumps(document))
+                self._records[batch_id] = set(tables)
+            # The gauges say what is pending once it is recorded: a router killed after reading them leaves
+            # those files to the next start.
+            for topic in topics:
                 self._gauge(topic)
-            if not tables:
-                return
-            document = {"batch": batch_id, "query": query_id, "tables": tables}
-            self.files.record(self.spark._jsparkSession, self._path(batch_id), json.dumps(document))
-            self._records[batch_id] = set(tables)
 
     def committed(self, topic: str) -> Held | None:
         """`topic`'s pending files were committed (with a batch's, or flushed): its records lose it."""
