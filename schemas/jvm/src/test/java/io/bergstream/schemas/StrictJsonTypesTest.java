@@ -147,6 +147,9 @@ class StrictJsonTypesTest {
     assertEquals((int) LocalDate.of(2026, 1, 2).toEpochDay(), x(DataTypes.DateType, "\"2026-1-2\""));
     assertEquals(day, x(DataTypes.DateType, "\"2026-11-22GMT\""));
     assertEquals(99, x(DataTypes.DateType, "\"99\""));
+    // Four digits or more are a year, as Spark's reading of a date takes them, not days.
+    assertEquals((int) LocalDate.of(12345, 1, 1).toEpochDay(), x(DataTypes.DateType, "\"12345\""));
+    assertEquals((int) LocalDate.of(-354290, 1, 1).toEpochDay(), x(DataTypes.DateType, "\"-354290\""));
     for (String json : List.of("\"\"", "\"x\"", "\"2026-02-30\"", "20000", "true")) {
       assertTrue(refused(DataTypes.DateType, json), json);
     }
