@@ -148,7 +148,8 @@ class StrictJsonTimestampTest {
         "2026-11-22 05:06:07Z", "2026-11-22T05:06:60Z", "2026-11-22T23:59:59.9999999Z", "2100-02-29T00:00:00Z",
         "2000-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-00-10T00:00:00Z", "2026-11-00T00:00:00Z",
         "+2026-11-22T05:06:07Z", "2026-11-22T05:06:07.12a456Z", "2026-11-22T05:06:07,5Z", "2026/11/22T05:06:07Z",
-        "2026-11-22T05-06:07Z", "20261-11-22T05:06:07Z", "2026-11-22T05:06:07.Z"));
+        "2026-11-22T05-06:07Z", "20261-11-22T05:06:07Z", "2026-11-22T05:06:07.Z", "GMT2026-11-22T05:06:07Z",
+        "2026-11-22GMT 05:06:07"));
     for (String text : texts) {
       for (String zone : ZONES) {
         assertEquals(spark(text, zone), at("\"" + text + "\"", zone), text + " in " + zone);
@@ -195,6 +196,7 @@ class StrictJsonTimestampTest {
   void theFirstPositionOutOfRangeCountsWhateverTheOrderOfTheMembers() {
     assertEquals(2, status("{\"c\": 5, \"b\": 5, \"a\": 1700000000}"));
     assertEquals(1, status("{\"c\": 5, \"b\": 5, \"a\": 5}"));
+    assertEquals(1, status("{\"a\": 5, \"c\": 5}"));
     assertEquals(3, status("{\"c\": 5, \"b\": \"1990-01-01T00:00:00Z\", \"a\": null}"));
   }
 
