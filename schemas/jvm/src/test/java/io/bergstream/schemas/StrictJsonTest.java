@@ -265,7 +265,7 @@ class StrictJsonTest {
   void fewerThanFourHexadecimalDigitsAreNoEscapeAndUndecodable() {
     for (String escaped : List.of("\\ud83", "\\ud83d\\ude0", "\\ude0")) {
       assertEquals(StrictJson.UNDECODABLE, status(country(escaped)), escaped);
-      assertEquals(false, StrictJson.hasLoneSurrogate(country(escaped).getBytes(UTF_8)), escaped);
+      assertEquals(false, JsonBytes.hasLoneSurrogate(country(escaped).getBytes(UTF_8)), escaped);
     }
   }
 

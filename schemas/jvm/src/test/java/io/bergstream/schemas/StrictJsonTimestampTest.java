@@ -161,15 +161,15 @@ class StrictJsonTimestampTest {
   void theFormProducersSendIsReadWithoutSparksParser() {
     for (String text : List.of("2026-11-22T05:06:07Z", "2026-11-22T05:06:07.1Z", "2026-11-22T05:06:07.123456Z")) {
       char[] padded = ("\"" + text + "\"").toCharArray();
-      long read = StrictJson.utcMicros(padded, 1, text.length());
-      assertNotEquals(StrictJson.NOT_UTC, read, text);
+      long read = JsonTimestamps.utcMicros(padded, 1, text.length());
+      assertNotEquals(JsonTimestamps.NOT_UTC, read, text);
       assertEquals(micros(text), read, text);
     }
-    assertEquals(StrictJson.NOT_UTC, StrictJson.utcMicros("2026-11-22T05:06:07".toCharArray(), 0, 19));
-    assertEquals(StrictJson.NOT_UTC, StrictJson.utcMicros("2026-11-22T05:06:07+00:00".toCharArray(), 0, 25));
+    assertEquals(JsonTimestamps.NOT_UTC, JsonTimestamps.utcMicros("2026-11-22T05:06:07".toCharArray(), 0, 19));
+    assertEquals(JsonTimestamps.NOT_UTC, JsonTimestamps.utcMicros("2026-11-22T05:06:07+00:00".toCharArray(), 0, 25));
     // A date that does not exist is no text the fast path reads, not an error.
-    assertEquals(StrictJson.NOT_UTC, StrictJson.utcMicros("2026-02-29T00:00:00Z".toCharArray(), 0, 20));
-    assertEquals(StrictJson.NOT_UTC, StrictJson.utcMicros("2026-04-31T00:00:00Z".toCharArray(), 0, 20));
+    assertEquals(JsonTimestamps.NOT_UTC, JsonTimestamps.utcMicros("2026-02-29T00:00:00Z".toCharArray(), 0, 20));
+    assertEquals(JsonTimestamps.NOT_UTC, JsonTimestamps.utcMicros("2026-04-31T00:00:00Z".toCharArray(), 0, 20));
   }
 
   private static int status(String json) {
