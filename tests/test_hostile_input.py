@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from bergstream.loadgen.events import EventModel
 from bergstream.schemas import load_event_schema
 from bergstream.schemas.event_schema import Encoding, EventSchema
-from bergstream.schemas.parse import MAX_JSON_DEPTH
+from bergstream.schemas.json_decode import MAX_JSON_DEPTH
 from tests.routers import ROOT, router_command, write_config
 from tests.services import Services
 

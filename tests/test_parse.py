@@ -20,17 +20,10 @@ from bergstream.router.batch_counts import observed_columns
 from bergstream.router.transform import RecordSplitter, in_table_order
 from bergstream.schemas import ArchiveLayout, load_event_schema, wire
 from bergstream.schemas.event_schema import Encoding
-from bergstream.schemas.parse import (
-    CORRUPT_RECORD,
-    ERROR,
-    EVENT,
-    MAX_JSON_DEPTH,
-    StrictJson,
-    WireSchemas,
-    lenient_json,
-    parse_and_explain,
-)
+from bergstream.schemas.json_decode import CORRUPT_RECORD, MAX_JSON_DEPTH, StrictJson, lenient_json
+from bergstream.schemas.parse import ERROR, EVENT, parse_and_explain
 from bergstream.schemas.spark_types import record_to_struct
+from bergstream.schemas.wire import WireSchemas
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -32,13 +32,13 @@ from bergstream.router.transform import RecordSplitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
-from bergstream.schemas.parse import WireSchemas
 from bergstream.schemas.schema_registry import (
     Outage,
     RegistryUnavailable,
     SubjectSchemas,
     refresh_waiting,
 )
+from bergstream.schemas.wire import WireSchemas
 
 log = logging.getLogger("bergstream.router")
 

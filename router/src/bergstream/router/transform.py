@@ -8,8 +8,9 @@ from pyspark.sql import types as T
 
 from bergstream.schemas.archive import METADATA, REDRIVE_ID, REDRIVEN_AT, ArchiveLayout
 from bergstream.schemas.event_schema import Encoding
-from bergstream.schemas.parse import ERROR, Parser, WireSchemas, explain
+from bergstream.schemas.parse import ERROR, Parser, explain
 from bergstream.schemas.stamp import archive_columns, metadata
+from bergstream.schemas.wire import WireSchemas
 
 DEAD_LETTERED = "dead_lettered"
 

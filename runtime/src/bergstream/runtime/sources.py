@@ -49,9 +49,10 @@ from bergstream.runtime.settings import AppSettings
 from bergstream.runtime.subject import LiveSubject
 from bergstream.schemas.archive import METADATA, METADATA_TYPE, ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
-from bergstream.schemas.parse import ERROR, Parser, UnknownSchemaId, WireSchemas
+from bergstream.schemas.parse import ERROR, Parser
 from bergstream.schemas.spark_types import optional
 from bergstream.schemas.stamp import archive_columns, metadata
+from bergstream.schemas.wire import UnknownSchemaId, WireSchemas
 from bergstream.timeparse import parse_duration
 
 if TYPE_CHECKING:

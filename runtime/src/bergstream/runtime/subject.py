@@ -22,8 +22,8 @@ from bergstream.backfill.errors import BackfillConfigError
 from bergstream.errors import ConfigError
 from bergstream.runtime.settings import SourceSettings
 from bergstream.schemas.archive import ArchiveLayout
-from bergstream.schemas.parse import WireSchemas
 from bergstream.schemas.schema_registry import Outage, SubjectSchemas, refresh_waiting
+from bergstream.schemas.wire import WireSchemas
 
 log = logging.getLogger("bergstream.backfill")
 

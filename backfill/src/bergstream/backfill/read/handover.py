@@ -34,7 +34,7 @@ from bergstream.schemas.batch_range import ISOLATION_LEVEL, TOPIC_ID, BatchRange
 from bergstream.timeparse import format_instant
 
 log = logging.getLogger(__name__)
-# A bootstrap's archive phase is planned up to here (parse.py's latest event time), then cut at the newest
+# A bootstrap's archive phase is planned up to here (checks.py's latest event time), then cut at the newest
 # row of its pinned snapshots. Kafka's own timestamps are not bounded: see refuse_rows_past.
 END_OF_TIME: Micros = 7_258_118_400 * 1_000_000
 _PARTITION_COLUMN = f"{METADATA}.partition"
