@@ -14,6 +14,7 @@ import signal
 import subprocess
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -209,6 +210,10 @@ def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_car
     router = start_command(pattern_command(rf"{topic_name[:40]}\.lagged", defaults, topics_dir),
                            tmp_path / "router.log")  # fmt: skip
     sent: set[tuple[int, int]] = set()
+
+    def read_at_least(count: int) -> Callable[[], bool]:
+        return lambda: metric_total(port, "bergstream_router_records_read_total", topic) >= count
+
     try:
         # Records in every batch for a while: the topic's commits come on its lag, not every batch.
         for seed in range(8):
@@ -219,8 +224,7 @@ def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_car
             sent |= produced_offsets(report.offsets)
             # Read by a batch before the next are sent: a batch for each (pending records alone are no sign:
             # on a slow machine, what a batch held may be due and committed before the next look).
-            eventually(lambda: metric_total(port, "bergstream_router_records_read_total", topic) >= len(sent),
-                       "the records read")  # fmt: skip
+            eventually(read_at_least(len(sent)), "the records read")
         eventually(lambda: Counter(archived_offsets(stack, table_for_topic(topic))).keys() == sent,
                    "every record committed on the topic's lag", timeout=120)  # fmt: skip
         assert max(Counter(archived_offsets(stack, table_for_topic(topic))).values()) == 1
