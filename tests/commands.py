@@ -1,16 +1,23 @@
-"""bergstream's command line run in the test's own process, for the commands that a test expects to be
-refused before Spark starts: a Spark session started by one of them fails the command, and the test."""
+"""bergstream's command line run in the test's own process: the commands that a test expects to be refused
+before Spark starts (a Spark session started by one of them fails the command, and the test), and those a
+test runs whole on its own Spark session."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner
 
 from bergstream import spark as spark_module
+from bergstream.catalog import CatalogConfig
 from bergstream.cli import cli
+from bergstream.errors import BergstreamError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)
@@ -37,3 +44,44 @@ def refused_before_spark(monkeypatch: pytest.MonkeyPatch, *arguments: str) -> Re
     assert result.exit_code != 0, result.output
     message = result.output if error is None or isinstance(error, SystemExit) else str(error)
     return Refusal(result.exit_code, message)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A command run to its end, as `subprocess.run` reports one."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(spark: SparkSession, *arguments: str) -> Ran:
+    """`bergstream ARGUMENTS` run to its end in the test's own process, on the test's Spark session instead
+    of a driver of its own: for the commands a test runs whole and never kills (an audit, a publish), whose
+    work takes a fraction of a driver's start. The command's catalog must be the session's; the session
+    outlives the command."""
+    from pyspark.sql import SparkSession as Session
+
+    def shared(catalog: CatalogConfig, *_: Any, **__: Any) -> SparkSession:
+        uri = spark.conf.get(f"spark.sql.catalog.{catalog.name}.uri", None)
+        assert uri == catalog.uri, (
+            f"bergstream {' '.join(arguments)}: catalog {catalog.uri}, the session's {uri}"
+        )
+        return spark
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(spark_module, "build_spark_session", shared)
+            patched.setattr(Session, "stop", lambda _: None)
+            result = CliRunner().invoke(cli, list(arguments))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    error, stderr = result.exception, result.stderr
+    if isinstance(error, BergstreamError):
+        stderr += f"bergstream: error: {error}\n"  # as `bergstream` prints it (cli.main)
+    elif error is not None and not isinstance(error, SystemExit):
+        raise error
+    return Ran(result.exit_code, result.stdout, stderr)

@@ -37,6 +37,7 @@ from bergstream.runtime.correct.edges import EDGES
 from bergstream.runtime.correct.state import QUERY_ID, recorded
 from bergstream.runtime.correct.writer import COPIED
 from bergstream.schemas.event_schema import load_event_schema
+from tests.commands import Ran, run_in_process
 from tests.routers import eventually
 from tests.services import Services
 
@@ -392,11 +393,6 @@ def last_offsets(checkpoint: Path) -> dict[str, int]:
     return found
 
 
-def bergstream(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bergstream", *arguments], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, check=False)  # fmt: skip
-
-
 def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario: Scenario) -> None:
     """The proof for `scenario`'s application (the attribution's in test_corrections_two_sources.py, so
     that the two run side by side)."""
@@ -428,6 +424,11 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
 
     def rows(table: str, where: str, version: str | int | None = None) -> Counter[Row]:
         return table_rows(spark, scenario, table, where, version)
+
+    def in_process(*arguments: str) -> Ran:
+        """A command the proof runs whole, on this process's Spark session; the live query, the killed run
+        and its resumption are commands of their own."""
+        return run_in_process(spark, *arguments)
 
     live_log = tmp_path / "live.log"
     with live_log.open("wb") as out:
@@ -503,7 +504,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         assert len(edges) <= 2 and all(EDGES in found for found in edges[: len(edges) - 1]), since
 
         # The audit, against counts made here from main's rows and the true ones.
-        audited = bergstream("backfill", "audit", *app, "--branch", "fix", "--json")
+        audited = in_process("backfill", "audit", *app, "--branch", "fix", "--json")
         assert audited.returncode == 0, audited.stderr[-3000:]
         report = json.loads(audited.stdout)
         assert max(lived.values()) == 1 and max(expected.values()) == 1
@@ -516,7 +517,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         }
         assert report["counts"] == counts
         assert report["match"] == pytest.approx(counts["equal"] / sum(counts.values()))
-        below = bergstream("backfill", "audit", *app, "--branch", "fix", "--min-match", "0.999")
+        below = in_process("backfill", "audit", *app, "--branch", "fix", "--min-match", "0.999")
         assert below.returncode != 0 and "below --min-match" in below.stderr
 
         # Published while the live query goes on reading new events and committing.
@@ -542,7 +543,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         producer = threading.Thread(target=keep_producing, daemon=True)
         producer.start()
         eventually(lambda: live_commits() >= before + 2, "the live query committing new batches")
-        published = bergstream("backfill", "publish", *app, "--branch", "fix", "--json")
+        published = in_process("backfill", "publish", *app, "--branch", "fix", "--json")
         assert published.returncode == 0, published.stderr[-3000:]
         publish = json.loads(published.stdout)
         after = live_commits()
@@ -550,7 +551,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         producing.set()
         producer.join()
         assert not failures, failures
-        again = bergstream("backfill", "publish", *app, "--branch", "fix", "--json")
+        again = in_process("backfill", "publish", *app, "--branch", "fix", "--json")
         assert again.returncode == 0 and json.loads(again.stdout)["already"] is True, again.stderr[-3000:]
     finally:
         producing.set()
@@ -569,18 +570,18 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
     assert max(rows(identifier, "true").values()) == 1, "a row twice"
 
     # Unpublished: the window's rows are the live query's again, what it appended since kept.
-    undone = bergstream("backfill", "unpublish", *app, "--branch", "fix", "--json")
+    undone = in_process("backfill", "unpublish", *app, "--branch", "fix", "--json")
     assert undone.returncode == 0, undone.stderr[-3000:]
     assert rows(identifier, in_window) == lived
     assert rows(identifier, outside) == live_outside
 
     # Published again, then released: the branch, the tags and the record go; what is published stays.
-    republished = bergstream("backfill", "publish", *app, "--branch", "fix", "--json")
+    republished = in_process("backfill", "publish", *app, "--branch", "fix", "--json")
     assert republished.returncode == 0, republished.stderr[-3000:]
     assert json.loads(republished.stdout)["tag"] != tag
     assert rows(identifier, in_window) == expected
     assert rows(identifier, outside) == live_outside
-    released = bergstream("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
+    released = in_process("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
     assert released.returncode == 0, released.stderr[-3000:]
     table = stack.catalog.load().load_table(("apps", output))
     assert sorted(table.metadata.refs) == ["main"]
