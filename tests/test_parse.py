@@ -19,7 +19,7 @@ from bergstream.loadgen.malformed import MALFORMATIONS, malform
 from bergstream.router.batch_counts import observed_columns
 from bergstream.router.transform import RecordSplitter, in_table_order
 from bergstream.schemas import ArchiveLayout, load_event_schema, wire
-from bergstream.schemas.event_schema import Encoding
+from bergstream.schemas.event_schema import Encoding, EventSchema
 from bergstream.schemas.json_decode import CORRUPT_RECORD, MAX_JSON_DEPTH, StrictJson, lenient_json
 from bergstream.schemas.parse import ERROR, EVENT, parse_and_explain
 from bergstream.schemas.spark_types import record_to_struct
@@ -409,3 +409,34 @@ def test_a_row_is_made_in_its_table_s_column_order_a_column_it_lacks_null(spark:
     assert frame.select(in_table_order(row, have, required).alias("r")).schema["r"].dataType == have
     narrower = T.StructType([want.fields[0]])
     assert frame.select(in_table_order(row, have, narrower).alias("r")).schema["r"].dataType == have
+
+
+def test_a_nested_timestamp_out_of_range_is_dead_lettered_with_its_path(spark: SparkSession) -> None:
+    """A timestamp inside a nested record is range-checked as a top-level one is: milliseconds sent as a
+    JSON number for it land tens of thousands of years away, and go to the dead-letter table by name."""
+    playback = load_event_schema("playback").avro
+    watched = {"type": "record", "name": "Watched", "fields": [
+        {"name": "until", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ]}  # fmt: skip
+    avro = dict(playback, fields=[*playback["fields"], {"name": "watched", "type": ["null", watched],
+                                                        "default": None}])  # fmt: skip
+    schema = EventSchema(name="playback", avro=avro, source="a test's schema")
+    layout = ArchiveLayout(schema, table="playback")
+    event = next(EventModel(seed=1).events("playback")).event
+    at = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    out_of_range = "field 'watched.until' is out of range: before 2000 or after 2200"
+    as_text = json.loads(schema.encode({**event, "watched": {"until": at}}, "json"))
+    json_cases = {
+        json.dumps(as_text).encode(): None,
+        json.dumps({**as_text, "watched": {"until": int(at.timestamp() * 1000)}}).encode(): out_of_range,
+        json.dumps({**as_text, "watched": None}).encode(): None,
+    }
+    far = datetime(9000, 1, 1, tzinfo=UTC)
+    avro_cases = {
+        schema.encode({**event, "watched": {"until": at}}, "avro"): None,
+        schema.encode({**event, "watched": {"until": far}}, "avro"): out_of_range,
+    }
+    for encoding, cases in (("json", json_cases), ("avro", avro_cases)):
+        records = spark.createDataFrame([(v,) for v in cases], "value binary")
+        rows = parse_and_explain(records, layout, encoding).select("value", ERROR).collect()  # type: ignore[arg-type]
+        assert {bytes(r.value): r[ERROR] for r in rows} == cases, encoding
