@@ -393,9 +393,13 @@ def last_offsets(checkpoint: Path) -> dict[str, int]:
     return found
 
 
-def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario: Scenario) -> None:
+def correct_live(
+    stack: Services, spark: SparkSession, tmp_path: Path, scenario: Scenario, own_processes: bool = False
+) -> None:
     """The proof for `scenario`'s application (the attribution's in test_corrections_two_sources.py, so
-    that the two run side by side)."""
+    that the two run side by side). With `own_processes`, the audit that falls below its match, the unpublish
+    and the release run as an operator runs them, each a process and a driver of its own; the other
+    commands the proof runs whole run in this process."""
     t0 = scenario.start
     output = f"{scenario.app}_{next(iter(scenario.topics.values()))}"
     identifier = f"{stack.catalog.name}.apps.{output}"
@@ -429,6 +433,12 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         """A command the proof runs whole, on this process's Spark session; the live query, the killed run
         and its resumption are commands of their own."""
         return run_in_process(spark, *arguments)
+
+    def as_operator(*arguments: str) -> Ran | subprocess.CompletedProcess[str]:
+        if not own_processes:
+            return in_process(*arguments)
+        return subprocess.run([sys.executable, "-m", "bergstream", *arguments], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, check=False)  # fmt: skip
 
     live_log = tmp_path / "live.log"
     with live_log.open("wb") as out:
@@ -517,7 +527,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
         }
         assert report["counts"] == counts
         assert report["match"] == pytest.approx(counts["equal"] / sum(counts.values()))
-        below = in_process("backfill", "audit", *app, "--branch", "fix", "--min-match", "0.999")
+        below = as_operator("backfill", "audit", *app, "--branch", "fix", "--min-match", "0.999")
         assert below.returncode != 0 and "below --min-match" in below.stderr
 
         # Published while the live query goes on reading new events and committing.
@@ -570,7 +580,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
     assert max(rows(identifier, "true").values()) == 1, "a row twice"
 
     # Unpublished: the window's rows are the live query's again, what it appended since kept.
-    undone = in_process("backfill", "unpublish", *app, "--branch", "fix", "--json")
+    undone = as_operator("backfill", "unpublish", *app, "--branch", "fix", "--json")
     assert undone.returncode == 0, undone.stderr[-3000:]
     assert rows(identifier, in_window) == lived
     assert rows(identifier, outside) == live_outside
@@ -581,7 +591,7 @@ def correct_live(stack: Services, spark: SparkSession, tmp_path: Path, scenario:
     assert json.loads(republished.stdout)["tag"] != tag
     assert rows(identifier, in_window) == expected
     assert rows(identifier, outside) == live_outside
-    released = in_process("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
+    released = as_operator("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
     assert released.returncode == 0, released.stderr[-3000:]
     table = stack.catalog.load().load_table(("apps", output))
     assert sorted(table.metadata.refs) == ["main"]

@@ -28,4 +28,4 @@ def late_plays(stack: Services, spark: SparkSession, tmp_path_factory: pytest.Te
 def test_a_late_partition_s_window_is_corrected_in_a_branch_audited_published_and_unpublished_live(
     stack: Services, spark: SparkSession, tmp_path: Path, late_plays: Scenario
 ) -> None:
-    correct_live(stack, spark, tmp_path, late_plays)
+    correct_live(stack, spark, tmp_path, late_plays, own_processes=True)
