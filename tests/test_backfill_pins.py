@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from bergstream.cli import cli
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.query import progress_events
-from bergstream.router.config import MaintenanceSettings, RouterConfig
+from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
+from bergstream.router.maintenance_settings import MaintenanceSettings
 from bergstream.runtime.pins import pin, tag_of
 from bergstream.runtime.run import run_app
 from tests.services import Services

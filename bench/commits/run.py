@@ -48,9 +48,10 @@ from bench.router.run import machine, percentile
 from bench.stack import bench_parser, throwaway_stack
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router import archive_tables
-from bergstream.router.config import MaintenanceSettings, RouterConfig
+from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import maintain
+from bergstream.router.maintenance_settings import MaintenanceSettings
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended, BatchTableWriter
 from bergstream.spark import build_spark_session
 

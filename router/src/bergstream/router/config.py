@@ -30,6 +30,12 @@ from bergstream.errors import ConfigError
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import isolation_level
 from bergstream.router.commit_policy import COMMIT_BYTES, COMMIT_RECORDS, CommitPolicy
+from bergstream.router.maintenance_settings import (
+    DEFAULT_SNAPSHOT_RETENTION_HOURS,
+    MANY_SNAPSHOTS,
+    MaintenanceSettings,
+    duration_at_least,
+)
 from bergstream.router.retry import CommitRetrySettings
 from bergstream.schemas.archive import DEAD_LETTER_SUFFIX
 from bergstream.schemas.batch_range import Origin
@@ -38,7 +44,7 @@ from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from bergstream.settings_file import OptionValue, layered, problems
 from bergstream.site import settings_dir
 from bergstream.spark import SparkSettings
-from bergstream.timeparse import format_duration, parse_duration
+from bergstream.timeparse import parse_duration
 
 log = logging.getLogger(__name__)
 TOPICS_DIR = Path("deploy/topics")
@@ -63,69 +69,12 @@ _SOURCE_OPTIONS = {
 _INTERVAL = re.compile(r"^\d+ +(milliseconds?|seconds?|minutes?|hours?|days?)$")
 # Kafka's rule for topic names. A topic's name also names its settings file and checkpoint folder.
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-MIN_MAINTENANCE_INTERVAL = timedelta(seconds=1)
 MIN_TARGET_LAG = timedelta(seconds=1)
-DEFAULT_MAINTENANCE_INTERVAL = "1h"
-# What turns maintenance inside the router off.
-NEVER = frozenset({"never", "off", "none", "no"})
-DEFAULT_SNAPSHOT_RETENTION_HOURS = 72.0
-# A retention that keeps more snapshots than this makes every commit rewrite a long list: metadata.json
-# holds about 1 KB per retained snapshot, written whole by every commit (bench/commits).
-MANY_SNAPSHOTS = 10_000
 
 
 # The options of Spark's Kafka source a router may set, and a processing-time trigger's interval.
 KafkaOptions = Annotated[dict[str, OptionValue], AfterValidator(lambda options: check_kafka_options(options))]
 TriggerInterval = Annotated[str, AfterValidator(lambda interval: check_trigger_interval(interval))]
-
-
-def duration_at_least(text: str, what: str, least: timedelta, examples: str, otherwise: str) -> str:
-    """`text` when it is a duration of at least `least`; else the ValueError a settings field gives, with
-    `examples` of one and what else the field takes (`otherwise`)."""
-    try:
-        span = parse_duration(text, what)
-    except ConfigError as error:
-        raise ValueError(f"{error}; {otherwise}") from error
-    if span < least:
-        least_text = format_duration(least)
-        raise ValueError(f"{text!r}: give a duration of at least {least_text}, {examples}; {otherwise}")
-    return text
-
-
-class MaintenanceSettings(BaseModel):
-    """How `bergstream router maintain` treats the topic's tables, and how often the router runs it itself."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # An hour is compacted once it ended this long ago: later records of it are rare by then.
-    compaction_grace_minutes: int = Field(default=15, ge=0)
-    # Snapshots younger than this are kept for time travel. Every commit rewrites the list of retained
-    # snapshots, so unset it is 72 hours, or less where the trigger would commit more than MANY_SNAPSHOTS
-    # snapshots in 72 hours (RouterConfig.snapshot_retention_hours).
-    snapshot_retention_hours: float | None = Field(default=None, gt=0)
-    retain_last_snapshots: int = Field(default=100, gt=0)
-    # Files younger than this are never orphans: a batch may have written them and not committed yet.
-    orphan_retention_hours: int = Field(default=72, ge=1)
-    # `router run` maintains the tables itself this often (`1h`, `30m`), so that snapshots, manifests and
-    # small files stay bounded without another job; `never` (or null) leaves it to `router maintain`.
-    every: str | None = DEFAULT_MAINTENANCE_INTERVAL
-
-    @field_validator("every", mode="before")
-    @classmethod
-    def _every(cls, every: object) -> str | None:
-        # YAML reads a bare `off` or `no` as false.
-        if every is None or every is False or (isinstance(every, str) and every.strip().lower() in NEVER):
-            return None
-        if not isinstance(every, str):
-            raise ValueError(f"{every!r}: give a duration such as 1h or 30m, or never")
-        return duration_at_least(
-            every, "maintenance every", MIN_MAINTENANCE_INTERVAL, "such as 1h or 30m",
-            "or never, to leave maintenance to `router maintain`",
-        )  # fmt: skip
-
-    @property
-    def every_seconds(self) -> float | None:
-        return None if self.every is None else parse_duration(self.every).total_seconds()
 
 
 class DeploySettings(BaseModel):

@@ -18,8 +18,9 @@ from datetime import timedelta
 from pyspark.sql import SparkSession
 
 from bergstream.errors import first_line
-from bergstream.router.config import MANY_SNAPSHOTS, RouterConfig
+from bergstream.router.config import RouterConfig
 from bergstream.router.maintain import maintain
+from bergstream.router.maintenance_settings import MANY_SNAPSHOTS
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import Backoff, java_causes
 from bergstream.timeparse import format_duration
