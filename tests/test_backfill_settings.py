@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from bergstream.backfill.errors import BackfillConfigError
-from bergstream.runtime.settings import backfill_checkpoint, load_app_settings
+from bergstream.runtime.checkpoint_names import backfill_checkpoint
+from bergstream.runtime.settings import load_app_settings
 
 CATALOG = {"uri": "jdbc:sqlite:/tmp/catalog.db", "warehouse": "file:///tmp/warehouse"}
 DEFAULTS = {"kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"}, "catalog": CATALOG,

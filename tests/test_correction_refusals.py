@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 
 from bergstream.backfill.errors import BackfillConfigError
+from bergstream.runtime.checkpoint_names import backfill_checkpoint
 from bergstream.runtime.correct.identity import identity_of
 from bergstream.runtime.correct.state import Correction, property_name, recorded
-from bergstream.runtime.settings import backfill_checkpoint, correction, load_app_settings
+from bergstream.runtime.settings import correction, load_app_settings
 from tests.commands import refused_before_spark
 from tests.services import Services
 from tests.test_backfill_settings import DEFAULTS

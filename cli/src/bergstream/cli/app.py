@@ -96,7 +96,8 @@ def app_run(
     """Run an application live until stopped (or until caught up with --available-now); with --from,
     bootstrap it from the archive first."""
     from bergstream.cli.endpoints import Endpoints
-    from bergstream.runtime.settings import bootstrap_checkpoint, load_app_settings
+    from bergstream.runtime.checkpoint_names import bootstrap_checkpoint
+    from bergstream.runtime.settings import load_app_settings
 
     configure_logging()
     if max_misalignment is not None and start_from is None:

@@ -141,8 +141,9 @@ def backfill_run(
 ) -> None:
     """Run an application over a window of its archive; the same command resumes a stopped run."""
     from bergstream.cli.endpoints import Endpoints
+    from bergstream.runtime.checkpoint_names import backfill_checkpoint
     from bergstream.runtime.correct.checks import check_new_correction
-    from bergstream.runtime.settings import UNORDERED, backfill_checkpoint, correction, load_app_settings
+    from bergstream.runtime.settings import UNORDERED, correction, load_app_settings
 
     configure_logging()
     if unordered and (max_misalignment or strict):

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 
 from bergstream.backfill.errors import BackfillConfigError
 from bergstream.runtime.app import output_identifier
+from bergstream.runtime.checkpoint_names import backfill_checkpoint
 from bergstream.runtime.correct.archived import check_archived_to
 from bergstream.runtime.correct.identity import differences, identity_of, new_run
 from bergstream.runtime.correct.state import Correction, property_name, recorded
-from bergstream.runtime.settings import AppSettings, backfill_checkpoint
+from bergstream.runtime.settings import AppSettings
 from bergstream.timeparse import format_duration, format_instant
 
 if TYPE_CHECKING:

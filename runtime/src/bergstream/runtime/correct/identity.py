@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bergstream.runtime.settings import AppSettings, ordering_name
+from bergstream.runtime.checkpoint_names import ordering_name
+from bergstream.runtime.settings import AppSettings
 from bergstream.timeparse import format_instant
 
 
