@@ -159,7 +159,7 @@ def test_storage_format_takes_a_cluster_id_that_starts_with_a_dash(tmp_path: Pat
 def test_a_relative_folder_is_kept_as_an_absolute_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bergstream.local.stack import StackConfig
+    from bergstream.local.stack_config import StackConfig
 
     monkeypatch.chdir(tmp_path)
     config = StackConfig(data_dir=Path("stack"))
