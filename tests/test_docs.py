@@ -96,3 +96,45 @@ def test_readmes_links_reach_a_page_of_docs_and_its_section() -> None:
     pages = {str(page.relative_to(ROOT)) for page in PAGES[1:]} - {"docs/index.md"}
     unlinked = sorted(pages - {target for target, _ in links})
     assert not unlinked, f"README.md's map of docs/ leaves out {unlinked}"
+
+
+def _layout_rows() -> list[tuple[str, list[str], str]]:
+    """docs/layout.md's table: (folder, packages, what it holds) of each row."""
+    rows = []
+    for line in (ROOT / "docs" / "layout.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`[\w-]+/`", cells[0]):
+            rows.append((cells[0].strip("`/"), re.findall(r"`(bergstream[\w.]*)`", cells[1]), cells[2]))
+    return rows
+
+
+def test_the_layout_page_names_packages_files_and_folders_that_exist() -> None:
+    """Each folder docs/layout.md lists is there, with the packages it says, and every file (`name.py`) or
+    folder (`name/`) it names in a folder's row is in that folder: a module moved or renamed shows here."""
+    rows = _layout_rows()
+    assert {"core", "router", "backfill", "runtime", "cli"} <= {folder for folder, _, _ in rows}, rows
+    wrong = []
+    for folder, packages, holds in rows:
+        part = ROOT / folder
+        if not part.is_dir():
+            wrong.append(f"{folder}/ is not a folder")
+            continue
+        for package in packages:
+            if not (part / "src" / package.replace(".", "/")).is_dir():
+                wrong.append(f"{folder}/: no package {package}")
+        names = {name for name in re.findall(r"`([\w*./-]+)`", holds) if name.endswith((".py", "/"))}
+        for name in sorted(names):
+            last = name.rstrip("/").split("/")[-1]
+            found = part.rglob(last) if "*" not in last else part.rglob(name.split("/")[0])
+            if not any(path.is_dir() == name.endswith("/") for path in found if ".venv" not in path.parts):
+                wrong.append(f"{folder}/: no {name}")
+    assert not wrong, wrong
+
+
+def test_the_readme_names_the_folders_that_exist() -> None:
+    """The folders README's "What is here" names (`router/`) are the repository's own."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## What is here", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w-]+)/`", section))
+    assert {"router", "backfill"} <= named, named
+    assert not [name for name in sorted(named) if not (ROOT / name).is_dir()], named
