@@ -21,9 +21,10 @@ from bergstream.router.transform import RecordSplitter, in_table_order
 from bergstream.schemas import ArchiveLayout, load_event_schema, wire
 from bergstream.schemas.event_schema import Encoding, EventSchema
 from bergstream.schemas.json_decode import CORRUPT_RECORD, MAX_JSON_DEPTH, StrictJson, lenient_json
-from bergstream.schemas.parse import ERROR, EVENT, parse_and_explain
+from bergstream.schemas.parse import ERROR, EVENT
 from bergstream.schemas.spark_types import record_to_struct
 from bergstream.schemas.wire import WireSchemas
+from tests.parsing import parse_and_explain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -436,7 +437,8 @@ def test_a_nested_timestamp_out_of_range_is_dead_lettered_with_its_path(spark: S
         schema.encode({**event, "watched": {"until": at}}, "avro"): None,
         schema.encode({**event, "watched": {"until": far}}, "avro"): out_of_range,
     }
-    for encoding, cases in (("json", json_cases), ("avro", avro_cases)):
+    runs: list[tuple[Encoding, dict[bytes, str | None]]] = [("json", json_cases), ("avro", avro_cases)]
+    for encoding, cases in runs:
         records = spark.createDataFrame([(v,) for v in cases], "value binary")
-        rows = parse_and_explain(records, layout, encoding).select("value", ERROR).collect()  # type: ignore[arg-type]
+        rows = parse_and_explain(records, layout, encoding).select("value", ERROR).collect()
         assert {bytes(r.value): r[ERROR] for r in rows} == cases, encoding

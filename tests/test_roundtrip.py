@@ -19,7 +19,8 @@ from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.schemas import ArchiveLayout, load_event_schema
 from bergstream.schemas.event_schema import Encoding
-from bergstream.schemas.parse import ERROR, UNDECODABLE_JSON, parse_and_explain
+from bergstream.schemas.parse import ERROR, UNDECODABLE_JSON
+from tests.parsing import parse_and_explain
 from tests.services import Services
 
 if TYPE_CHECKING:

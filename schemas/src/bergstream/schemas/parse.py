@@ -37,7 +37,7 @@ from bergstream.schemas.event_schema import Encoding
 from bergstream.schemas.json_decode import UNDECODABLE_JSON, StrictJson, json_error, json_reason
 from bergstream.schemas.wire import WireSchemas
 
-__all__ = ["ERROR", "EVENT", "UNDECODABLE_JSON", "Parser", "explain", "parse_and_explain"]
+__all__ = ["ERROR", "EVENT", "UNDECODABLE_JSON", "Parser", "explain"]
 
 
 class Parser:
@@ -105,16 +105,3 @@ def explain(layout: ArchiveLayout, encoding: Encoding, wire_schemas: WireSchemas
         return F.col(ERROR)
     value = F.col("value") if wire_schemas is None else wire.payload(F.col("value"))
     return F.when(F.col(ERROR) == UNDECODABLE_JSON, json_reason(layout, value)).otherwise(F.col(ERROR))
-
-
-def parse_and_explain(
-    records: DataFrame,
-    layout: ArchiveLayout,
-    encoding: Encoding,
-    max_value_bytes: int | None = None,
-    wire_schemas: WireSchemas | None = None,
-) -> DataFrame:
-    """Parsed records with every error final: for looking at a few records, not for the router's hot
-    path, which explains dead-lettered rows only."""
-    parsed = Parser(layout, encoding, max_value_bytes, wire_schemas).parse(records)
-    return parsed.withColumn(ERROR, explain(layout, encoding, wire_schemas))
