@@ -80,8 +80,12 @@ class HybridStreamTest {
       return latest;
     }
 
+    /** As Spark's Kafka stream, which fails until it has fetched its latest offset (SPARK-55271). */
     @Override
     public Offset reportLatestOffset() {
+      if (askedFrom.isEmpty()) {
+        throw new IllegalStateException("Kafka's latest offset was not fetched");
+      }
       return latest;
     }
 
@@ -211,6 +215,7 @@ class HybridStreamTest {
   void afterARestartInTheKafkaPhaseKafkasLatestAndMetricsWaitForItsFirstFetch() {
     String consumedText = inKafka("{\"0\":1300,\"1\":990}").json();
     Offset consumed = stream.deserializeOffset(consumedText);
+    kafka.latest = text("{\"playback\":{\"0\":1400,\"1\":990}}");
     assertNull(stream.reportLatestOffset());
     Map<String, String> replayed = stream.metrics(Optional.of(consumed));
     assertEquals(HybridOffset.KAFKA, replayed.get("phase"));
@@ -218,7 +223,6 @@ class HybridStreamTest {
     assertFalse(replayed.containsKey("avgOffsetsBehindLatest"), replayed.toString());
     assertTrue(stream.toString().endsWith(": kafka playback from hand-over (snapshot 7)]"), stream.toString());
 
-    kafka.latest = text("{\"playback\":{\"0\":1400,\"1\":990}}");
     stream.latestOffset(consumed, ReadLimit.allAvailable());
     assertEquals(inKafka("{\"0\":1400,\"1\":990}").json(), stream.reportLatestOffset().json());
     assertEquals("0.0", stream.metrics(Optional.of(consumed)).get("avgOffsetsBehindLatest"));
