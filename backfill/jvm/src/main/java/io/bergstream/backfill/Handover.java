@@ -244,7 +244,10 @@ public final class Handover implements Serializable {
     }
   }
 
-  /** Partition -> next offset from {@code {"0":1174,"1":800}}: every partition a number, every offset too. */
+  /**
+   * Partition -> next offset from {@code {"0":1174,"1":800}}: every partition a number as Kafka writes it
+   * ("1", never "01" or "+1", so that no two keys name one partition), every offset a whole number.
+   */
   private static SortedMap<Integer, Long> offsets(String topic, JsonNode node) {
     if (node == null || !node.isObject() || node.isEmpty()) {
       throw new IllegalArgumentException(
@@ -258,7 +261,11 @@ public final class Handover implements Serializable {
       } catch (NumberFormatException e) {
         partition = -1;
       }
-      if (partition < 0 || !field.getValue().canConvertToLong() || field.getValue().asLong() < 0) {
+      if (!String.valueOf(partition).equals(field.getKey())) {
+        partition = -1;
+      }
+      JsonNode offset = field.getValue();
+      if (partition < 0 || !offset.isIntegralNumber() || !offset.canConvertToLong() || offset.asLong() < 0) {
         throw new IllegalArgumentException(
             "the hand-over of topic " + topic + " has " + field.getKey() + ": " + field.getValue()
                 + ", not a partition and its next offset");

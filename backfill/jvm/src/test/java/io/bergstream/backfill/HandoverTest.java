@@ -83,7 +83,9 @@ class HandoverTest {
   @Test
   void offsetsThatAreNotAPartitionAndItsNextOffsetAreRefused() {
     for (String offsets : List.of(
-        "{}", "[1234]", "1234", "{\"-1\":5}", "{\"zero\":5}", "{\"0\":-1}", "{\"0\":\"1234\"}", "{\"0\":null}")) {
+        "{}", "[1234]", "1234", "{\"-1\":5}", "{\"zero\":5}", "{\"0\":-1}", "{\"0\":\"1234\"}", "{\"0\":null}",
+        // A partition written another way than Kafka's, an offset that is no whole number.
+        "{\"01\":5}", "{\"+1\":5}", "{\"1\":5,\"01\":9}", "{\"0\":1174.5}", "{\"0\":1e3}")) {
       String text = "{\"topic\":\"playback\",\"cluster\":\"eu\",\"snapshot_id\":7,\"offsets\":" + offsets + "}";
       IllegalArgumentException refused = assertThrows(IllegalArgumentException.class, () -> of(text), offsets);
       assertTrue(refused.getMessage().contains("the hand-over of topic playback"), refused.getMessage());
