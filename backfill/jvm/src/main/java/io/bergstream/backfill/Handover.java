@@ -86,7 +86,7 @@ public final class Handover implements Serializable {
     if (topic.isEmpty() || cluster.isEmpty()) {
       throw new IllegalArgumentException("'handover' needs a 'topic' and a 'cluster'");
     }
-    if (!node.path("snapshot_id").canConvertToLong()) {
+    if (!node.path("snapshot_id").isIntegralNumber() || !node.path("snapshot_id").canConvertToLong()) {
       throw new IllegalArgumentException("'handover' needs the 'snapshot_id' that recorded its offsets");
     }
     long snapshotId = node.get("snapshot_id").asLong();

@@ -75,7 +75,8 @@ class HandoverTest {
         "{\"topic\":\"\",\"cluster\":\"eu\",\"snapshot_id\":7," + offsets + "}",
         "{\"topic\":\"playback\",\"snapshot_id\":7," + offsets + "}",
         "{\"topic\":\"playback\",\"cluster\":\"eu\"," + offsets + "}",
-        "{\"topic\":\"playback\",\"cluster\":\"eu\",\"snapshot_id\":\"latest\"," + offsets + "}")) {
+        "{\"topic\":\"playback\",\"cluster\":\"eu\",\"snapshot_id\":\"latest\"," + offsets + "}",
+        "{\"topic\":\"playback\",\"cluster\":\"eu\",\"snapshot_id\":7.9," + offsets + "}")) {
       assertThrows(IllegalArgumentException.class, () -> of(text), text);
     }
   }
