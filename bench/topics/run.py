@@ -17,6 +17,8 @@ metrics endpoints, the tables and /proc:
     the steady run; p99 of all records, and the worst topic's p99;
   - a new topic (one query only): seconds from the first record of a topic created during the steady run
     to its first archived row; the other shapes need its settings file and a restart;
+  - with --restart, a restart: the drivers stopped at the end and launched again on their checkpoints and
+    tables, seconds from launch until every topic is archived by a running query (bergstream_router_topic_up);
   - resident memory (RSS) of every driver's Python process and its JVM, peak and at the end of the steady
     run; CPU seconds per second over the steady run, and the share of it the JVMs' JIT compilers took;
   - commits: the tables' commits a minute over all topics in the steady run, and a table's metadata file:
@@ -315,6 +317,28 @@ def wait_for(drivers: Drivers, total: float, timeout: float, what: str, topic: s
         time.sleep(1.0)
 
 
+def restart_seconds(
+    shape: str, topics: list[str], directory: Path, log: Path, pattern: str, timeout: float
+) -> float:
+    """Seconds from launching the drivers again on their checkpoints and tables until every topic is up:
+    archived by a running query (its tables described, its id checked, its pending files committed)."""
+    launched = time.monotonic()
+    drivers = launch(shape, topics, directory, log, pattern)
+    try:
+        while True:
+            up = sum(drivers.by_topic("bergstream_router_topic_up").values())
+            now = time.monotonic()
+            if up >= len(topics):
+                return now - launched
+            if now - launched > timeout:
+                raise RuntimeError(f"restart: {up:.0f} of {len(topics)} topics up after {timeout:.0f}s")
+            if any(process.poll() is not None for process in drivers.processes):
+                raise RuntimeError("restart: a driver exited; see its log")
+            time.sleep(1.0)
+    finally:
+        drivers.stop()
+
+
 def create_topics(bootstrap: str, topics: list[str]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1) for topic in topics]).values():
@@ -452,6 +476,13 @@ def measure(
         drivers.stop()
         # The drivers' log, for the profile of where a batch's time went: kept beside the run's numbers.
         shutil.copy(log, OUT / f"topics-{count}-{shape}.log")
+    restarted = None
+    if args.restart:
+        try:
+            restarted = restart_seconds(shape, topics, directory, log, rf"{prefix}_.*", args.timeout)
+        finally:
+            shutil.copy(log, OUT / f"topics-{count}-{shape}.log")
+        print(f"  restarted: every topic up {restarted:.1f}s after launch", flush=True)
     fresh = topic_freshness(catalog, topics, steady_ms)
     every = [delay for delays in fresh.values() for delay in delays]
     per_topic_p99 = sorted(percentile(delays, 99) for delays in fresh.values() if delays)
@@ -484,6 +515,7 @@ def measure(
         "trigger_seconds": args.trigger,
         "target_lag_seconds": args.target_lag,
         "start_seconds": first - launched,
+        "restart_seconds": restarted,
         "backlog_events": backlog,
         "backlog_events_per_s": (backlog - at_first) / (done - first) if done > first else None,
         "steady_rate_sent": sent / sent_seconds,
@@ -608,6 +640,10 @@ def main() -> None:
     parser.add_argument(
         "--catalog", choices=("sqlite", "postgres"), default="sqlite",
         help="the JDBC catalog's database: the stack's SQLite file, or a PostgreSQL server of the bench's",
+    )  # fmt: skip
+    parser.add_argument(
+        "--restart", action="store_true",
+        help="launch the drivers again after the steady run and time until every topic is up",
     )  # fmt: skip
     parser.add_argument("--replot", type=Path, help="draw the plot of a run's JSON again, and stop")
     args = parser.parse_args()
