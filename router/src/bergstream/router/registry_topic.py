@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bergstream.router.config import RouterConfig
-from bergstream.router.transform import RecordSplitter
+from bergstream.router.transform import RecordSplitter, shared_splitter
 from bergstream.schemas import wire
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
@@ -53,7 +53,8 @@ def topic_parser(
         registry = RegistryTopic(config, stop)
         return registry.layout, registry.splitter, registry
     layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
-    return layout, RecordSplitter(layout, config.encoding, config.query.cluster, config.max_value_bytes), None
+    splitter = shared_splitter(layout, config.encoding, config.query.cluster, config.max_value_bytes)
+    return layout, splitter, None
 
 
 class RegistryTopic:

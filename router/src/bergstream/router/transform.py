@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
+from typing import Any
+
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -30,13 +35,10 @@ class RecordSplitter:
         max_value_bytes: int | None = None,
         wire_schemas: WireSchemas | None = None,
     ) -> None:
-        self.layout = layout
-        # What the expressions are made of, for splitters of several topics to share their plan
-        # (router/archiver.py); None with a registry's wire schemas, a topic's own.
+        # What the expressions are made of, for topics to share the splitter (`shared_splitter`) and their
+        # plan (router/archiver.py); None with a registry's wire schemas, a topic's own.
         self.made_of = (
-            None
-            if wire_schemas is not None
-            else (layout.event.name, layout.event.avro_json, encoding, cluster, max_value_bytes)
+            None if wire_schemas is not None else made_of(layout, encoding, cluster, max_value_bytes)
         )
         self.parser = Parser(layout, encoding, max_value_bytes, wire_schemas)
         self.metadata = metadata(cluster, self.parser.schema_id)
@@ -89,6 +91,35 @@ class RecordSplitter:
             F.when(self.valid, archive).alias("a"),
             F.when(~self.valid, dead_letter).alias("d"),
         )
+
+
+def made_of(
+    layout: ArchiveLayout, encoding: Encoding, cluster: str, max_value_bytes: int | None
+) -> tuple[Any, ...]:
+    """What a splitter's expressions depend on: not the topic, nor its table."""
+    return (layout.event.name, layout.event.avro_json, encoding, cluster, max_value_bytes)
+
+
+_SPLITTERS: weakref.WeakKeyDictionary[SparkContext, dict[tuple[Any, ...], RecordSplitter]] = (
+    weakref.WeakKeyDictionary()
+)
+_SPLITTERS_LOCK = threading.Lock()
+
+
+def shared_splitter(
+    layout: ArchiveLayout, encoding: Encoding, cluster: str, max_value_bytes: int | None
+) -> RecordSplitter:
+    """The splitter of every topic made of the same schema, encoding, cluster and value limit, built once
+    per Spark context: its expressions are thousands of calls into the JVM, which a driver meeting a
+    thousand topics of one schema made a thousand times (half of a restart of 300 topics, bench/topics)."""
+    context = SparkContext._active_spark_context
+    assert context is not None, "a splitter's expressions need a running Spark context"
+    key = made_of(layout, encoding, cluster, max_value_bytes)
+    with _SPLITTERS_LOCK:
+        splitters = _SPLITTERS.setdefault(context, {})
+        if key not in splitters:
+            splitters[key] = RecordSplitter(layout, encoding, cluster, max_value_bytes)
+        return splitters[key]
 
 
 def in_table_order(column: Column, have: T.DataType, want: T.DataType) -> Column:
