@@ -277,8 +277,8 @@ def test_a_table_dropped_while_files_are_pending_for_it_holds_the_pending_batche
         spark.sql(f"DROP TABLE {name} PURGE")
         shutil.rmtree(location, ignore_errors=True)
     output = drained()
-    assert f"table {identifier} is another table than the one its files were written for" in output
     holds_once_exactly(pending)
+    assert f"table {identifier} is another table than the one its files were written for" in output
     assert not list(records.glob("*.json"))
 
     # Dropped, its files kept, and made again with its columns in another order: the files pending were
@@ -292,8 +292,8 @@ def test_a_table_dropped_while_files_are_pending_for_it_holds_the_pending_batche
               f"({PARTITION_SPEC})")  # fmt: skip
     spark.sql(f"ALTER TABLE {identifier} WRITE LOCALLY ORDERED BY {SORT_ORDER}")
     output = drained()
-    assert f"table {identifier} is another table than the one its files were written for" in output
     holds_once_exactly(pending)
+    assert f"table {identifier} is another table than the one its files were written for" in output
     assert not list(records.glob("*.json"))
 
 
