@@ -7,12 +7,12 @@ range is recorded beside the query's checkpoint (BEHIND_FILE: per topic, the end
 why) before the batch ends, so that Spark's checkpoint moving past it loses nothing. Each following batch's
 range of the topic is added to it, its rows not written. While it is behind, the topic is caught up in the
 background, with backoff: the records from where its tables record that its archive ends (where they record
-nothing, made again since, from where the range set aside starts) up to the end set aside are read from
-Kafka as a batch and archived by the topic's worker under the scheduling batch's id, as one batch (its
-commits recording that range); once it reaches the end set aside, the topic rejoins the query's batches
-where they are. Its consumer group is committed, and its lag measured, at its tables'
-position meanwhile, and `bergstream_router_topic_up` is 0. What Kafka deletes before the catch-up reads it
-is counted as expired, as for a stopped router.
+nothing, made again since, from where the range set aside starts) up to the end set aside are read from Kafka
+as a batch and archived by the topic's worker under the scheduling batch's id, as one batch (its commits
+recording that range); once it reaches the end set aside, the topic rejoins the query's batches where they
+are. Its consumer group is committed, and its lag measured, at its tables' position meanwhile, and
+`bergstream_router_topic_up` is 0. What Kafka deletes before the catch-up reads it is counted as expired, as
+for a stopped router.
 
 What a failing topic costs the others in its query: at most `commit_retry.give_up_after_seconds` (60 s by
 default) of one batch, its first; after that, nothing but the read of its records.
