@@ -18,6 +18,7 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.runtime.run import run_app
+from bergstream.runtime.run_report import RunReport
 from bergstream.runtime.settings import AppSettings
 from tests.services import Services
 
@@ -256,8 +257,12 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     """A router on an hour's target lag writes the newest records' files, records them pending beside its
     checkpoint, commits none and is killed. A bootstrap made then hands over to Kafka where the table ends
     and reads the pending records from Kafka; a backfill plan of the archived hours reads what it read
-    before. After a drain commits the pending files, the same bootstrap hands over further on and writes
-    the same output, and the same plan reads the same files."""
+    before, and a backfill of the hour the pending records are in reads the rows the table holds, its report
+    saying the archive it read ends where the table ends. After a drain commits the pending files, the same
+    bootstrap hands over further on and writes the same output, the same plan reads the same files, and the
+    same backfill reads the committed records too, its report saying the archive ends past them."""
+    from pyspark.sql import functions as F
+
     from bergstream.backfill.read.handover import pin_handover
     from bergstream.backfill.read.order import BoundedOrder, Window
     from bergstream.backfill.read.planner import plan, table_ref
@@ -273,6 +278,28 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
                           ingestion_span=timedelta(minutes=10), timestamp_jitter=JITTER)  # fmt: skip
     produce(more, stack.bootstrap_servers, show_progress=False)
     before = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
+    last_hour = {"start": topics.start + timedelta(hours=2), "end": topics.start + timedelta(hours=3),
+                 "max_misalignment": "15m"}  # fmt: skip
+
+    def backfill_last_hour(name: str) -> RunReport:
+        app = settings(stack, topics, "sessionizer", tmp_path / name, name, mode="backfill",
+                       backfill=last_hour)  # fmt: skip
+        report = run_app(spark, app, available_now=True, show_progress=False)
+        assert report.complete and report.rows_read == report.rows_in_archive, report.problems
+        return report
+
+    def past(offsets: dict[int, int]) -> int:
+        """The rows of the table at or past `offsets`."""
+        table = stack.catalog.load().load_table(ref.pyiceberg_identifier)
+        metadata = table.scan(selected_fields=("__metadata__",)).to_arrow().column("__metadata__").to_pylist()
+        return sum(1 for m in metadata if m["offset"] >= offsets.get(m["partition"], 0))
+
+    ingested = F.col("__metadata__.kafka_ingestion_ts")
+    held = (
+        spark.table(ref.identifier)
+        .where((ingested >= F.lit(last_hour["start"])) & (ingested < F.lit(last_hour["end"])))
+        .count()
+    )
     # A checkpoint of its own: the router starts where the table ends.
     config = write_config(stack, tmp_path, topic, cluster=CLUSTERS["playback"], target_lag="1h")
     checkpoint = tmp_path / "checkpoints" / topic
@@ -282,6 +309,10 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
                    "the newest records' files recorded pending", timeout=240)  # fmt: skip
     finally:
         killed(router)
+    # Made while files are pending: the rows the table holds, and a hand-over where it ends.
+    during = backfill_last_hour("pending_backfill")
+    assert during.rows_read == {"playback": held}, "pending records read as archived"
+    assert during.handovers["playback"].offsets == before.offsets
     pending = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
     assert pending == before, "the router committed nothing: its files are pending"
 
@@ -309,6 +340,12 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     rows = output_rows(spark, "committed_bootstrap")
     assert len(rows) > 10
     assert output_rows(spark, "pending_bootstrap") == rows
+    # Made after the commit: the committed records read too, each once, and a hand-over past them.
+    drained = past(pending.offsets)
+    assert drained >= more.count * 0.9, f"{drained} of the {more.count} records committed"
+    committed_backfill = backfill_last_hour("committed_backfill")
+    assert committed_backfill.rows_read == {"playback": held + drained}
+    assert committed_backfill.handovers["playback"].offsets == committed.offsets
     replanned = plan(stack.catalog, [topic], window, BoundedOrder(timedelta(minutes=15)))
     assert replanned.tables[0].snapshot_id != archived_hours.tables[0].snapshot_id
     assert replanned.splits == archived_hours.splits and replanned.epochs == archived_hours.epochs

@@ -28,7 +28,7 @@ from bergstream.router.driver.settings import (
     pattern_queries,
     pattern_topic_settings,
 )
-from bergstream.router.offset_log import _first_start, may_hold_records
+from bergstream.router.offset_log import _first_start, may_hold_records, moved_back
 from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
 from bergstream.schemas.batch_range import BatchRange
 from bergstream.schemas.event_schema import load_event_schema
@@ -57,6 +57,17 @@ def test_a_batch_range_says_whether_it_may_hold_records() -> None:
     assert may_hold_records(BatchRange({0: 3}, {0: 5}))
     assert not may_hold_records(BatchRange({0: 5, 1: 2}, {0: 5, 1: 2}))
     assert may_hold_records(BatchRange({0: 5}, {0: 5, 1: 0}))  # a partition added since
+
+
+def test_a_batch_range_says_which_partitions_moved_back() -> None:
+    assert moved_back(BatchRange({0: 5, 1: 2}, {0: 5, 1: 3})) == []
+    assert moved_back(BatchRange("earliest", {0: 5})) == []
+    # The topic made again with fewer records: Spark reads nothing, and the range holds none.
+    assert moved_back(BatchRange({0: 150, 1: 150}, {0: 5, 1: 150})) == [0]
+    assert not may_hold_records(BatchRange({0: 150, 1: 150}, {0: 5, 1: 150}))
+    # With fewer partitions: the one gone too.
+    assert moved_back(BatchRange({0: 150, 1: 150}, {0: 151})) == [1]
+    assert moved_back(BatchRange({0: 5}, {0: 5, 1: 0})) == []  # a partition added since
 
 
 def test_a_first_batch_starts_where_the_starting_offsets_say() -> None:

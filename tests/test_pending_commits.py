@@ -195,6 +195,108 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
     assert not list(records.glob("*.json"))
 
 
+def test_a_table_dropped_while_files_are_pending_for_it_holds_the_pending_batches_on_read_from_kafka_again(
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
+) -> None:
+    """A topic's table dropped while the router is stopped with files pending for it: made again at start,
+    it is another table (another Iceberg uuid), into which the files written for the one dropped are not
+    committed. Their range is read from Kafka again instead, into the table as it is: whether the drop
+    deleted the pending files with the table's location, or kept them and the table was made again with its
+    columns numbered otherwise (by hand here; a router makes it so from a schema that gained a field since),
+    the table made again holds the pending batches on, each once, its positions exact. What was committed
+    before the drop went with it; the router's checkpoint says where it goes on, as Spark's does."""
+    from pyspark.sql import types as T
+
+    from bergstream.schemas.archive import METADATA, PARTITION_SPEC, SORT_ORDER
+    from bergstream.schemas.spark_types import ddl_columns
+
+    topic = f"{topic_name[:40]}.dropped"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    (topics_dir := tmp_path / "topics").mkdir()
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
+        target_lag="1h",
+    )  # fmt: skip
+    records = tmp_path / "checkpoint" / RECORDS_DIR
+    command = pattern_command(rf"{topic_name[:40]}\.dropped", defaults, topics_dir)
+    log = tmp_path / "router.log"
+    table = table_for_topic(topic)
+    identifier = f"{stack.catalog.name}.{stack.catalog.namespace}.{table}"
+
+    def send(seed: int) -> set[tuple[int, int]]:
+        report = produce(ProduceRequest(topic=topic, count=120, partitions=2, schema="playback", seed=seed),
+                         stack.bootstrap_servers, show_progress=False)  # fmt: skip
+        return produced_offsets(report.offsets)
+
+    def stopped_once_recorded(stop: Callable[[subprocess.Popen[bytes]], None]) -> None:
+        router = start_command(command, log)
+        try:
+            eventually(lambda: identifier in recorded_tables(records), "files recorded pending", timeout=240)
+        finally:
+            stop(router)
+
+    def graceful(router: subprocess.Popen[bytes]) -> None:
+        router.send_signal(signal.SIGINT)
+        assert router.wait(180) == 0, log.read_text()[-3000:]
+
+    def drained() -> str:
+        done = subprocess.run(
+            [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    def holds_once_exactly(pending: set[tuple[int, int]]) -> None:
+        """The table holds `pending` alone, each once, and its commits' ranges run from where the pending
+        batches start to where they end."""
+        counted = Counter(archived_offsets(stack, table))
+        assert set(counted) == pending, f"{len(counted)} archived, {len(pending)} pending"
+        assert max(counted.values()) == 1, counted.most_common(3)
+        snapshots = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{table}").snapshots()
+        first = json.loads(snapshots[0].summary["bergstream.kafka.batch-start"])
+        last = json.loads(snapshots[-1].summary["bergstream.kafka.next-offsets"])
+        for partition in (0, 1):
+            offsets = [offset for p, offset in pending if p == partition]
+            assert (first[str(partition)], last[str(partition)]) == (min(offsets), max(offsets) + 1)
+
+    # Committed by a graceful stop, then the next records' files pending when the router is killed.
+    committed = send(seed=1)
+    stopped_once_recorded(graceful)
+    assert set(archived_offsets(stack, table)) == committed
+    pending = send(seed=2)
+    stopped_once_recorded(killed)
+
+    # Dropped with its location (as catalogs that delete a dropped table's folder do): the files pending go.
+    catalog = stack.catalog.load()
+    locations = [
+        catalog.load_table(f"{stack.catalog.namespace}.{name}").location().removeprefix("file:")
+        for name in (table, f"{table}__dlq")
+    ]
+    for name, location in zip((identifier, f"{identifier}__dlq"), locations, strict=True):
+        spark.sql(f"DROP TABLE {name} PURGE")
+        shutil.rmtree(location, ignore_errors=True)
+    output = drained()
+    holds_once_exactly(pending)
+    assert f"table {identifier} is another table than the one its files were written for" in output
+    assert not list(records.glob("*.json"))
+
+    # Dropped, its files kept, and made again with its columns in another order: the files pending were
+    # written under the old numbering, and would read as other columns in the table made again.
+    pending = send(seed=3)
+    stopped_once_recorded(killed)
+    columns = spark.table(identifier).schema
+    reordered = T.StructType([columns[METADATA], *(f for f in columns.fields if f.name != METADATA)])
+    spark.sql(f"DROP TABLE {identifier}")
+    spark.sql(f"CREATE TABLE {identifier} ({ddl_columns(reordered)}) USING iceberg PARTITIONED BY "
+              f"({PARTITION_SPEC})")  # fmt: skip
+    spark.sql(f"ALTER TABLE {identifier} WRITE LOCALLY ORDERED BY {SORT_ORDER}")
+    output = drained()
+    holds_once_exactly(pending)
+    assert f"table {identifier} is another table than the one its files were written for" in output
+    assert not list(records.glob("*.json"))
+
+
 def test_topics_commit_on_their_target_lag_while_the_router_runs_each_commit_carrying_several_batches(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:

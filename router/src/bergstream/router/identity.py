@@ -8,7 +8,9 @@ bergstream asks Kafka for the topic's id with an admin client and refuses a topi
 recorded, naming the topic, both ids and what to do.
 
 What the checks catch: a topic recreated while the router was stopped (at start), and one recreated
-between two micro-batches (before the next one is written). What they cannot catch: a topic recreated
+between two micro-batches (before the next one is written), also with fewer records than the old one had
+read: Spark's end offsets then fall below the batch's start and it reads nothing of the topic, whose id is
+checked all the same. What they cannot catch: a topic recreated
 during a micro-batch, between the check and Spark's fetch of the batch's records; those records, the
 first of the new topic read at the old topic's offsets, are lost from that batch (Spark counts them as data
 loss), and the next batch stops the router. Commits and checkpoints written before ids were recorded have

@@ -100,6 +100,15 @@ def may_hold_records(covered: BatchRange) -> bool:
     return any(partition not in start or end > start[partition] for partition, end in covered.end.items())
 
 
+def moved_back(covered: BatchRange) -> list[int]:
+    """The partitions of a batch's range in a topic whose end fell below their start, or that are gone: the
+    topic deleted and made again with fewer records (or partitions) than the old one had read. Spark reads
+    nothing of them, and `may_hold_records` says the topic holds nothing."""
+    if isinstance(covered.start, str):
+        return []
+    return sorted(p for p, start in covered.start.items() if covered.end.get(p, -1) < start)
+
+
 def _parse_starting(starting: str, topic: str) -> dict[int, int] | str:
     try:
         parsed = json.loads(starting)

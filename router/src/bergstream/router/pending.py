@@ -18,9 +18,11 @@ one record per batch beside the checkpoint (RECORDS_DIR/<batch>.json: each held 
 writes a data file in JSON, and the summary its commit carries). A driver killed at any point starts again
 with the records left: those of a table that holds their batch already (committed before the record was
 cleared) are dropped, the others committed; Spark then runs the batch it had not finished, whose tables hold
-it. A checkpoint deleted takes its records with it: the query starts where its tables end, and the files
-never committed are orphans that maintenance removes (router/maintain.py keeps every file younger than
-`orphan_retention_hours`, an hour at least, and a target lag is at most a quarter of that).
+it. A table dropped while the driver was stopped (made again at its start, or not) is another table: the
+files written for the one dropped are not committed into it, and their range is read from Kafka again, as
+that of files gone. A checkpoint deleted takes its records with it: the query starts where its tables end,
+and the files never committed are orphans that maintenance removes (router/maintain.py keeps every file
+younger than `orphan_retention_hours`, an hour at least, and a target lag is at most a quarter of that).
 """
 
 from __future__ import annotations
@@ -198,33 +200,48 @@ class PendingCommits:
         """Commit the files a driver before this one left pending on the checkpoint, each once (a table
         that holds their batch already committed them before the record was cleared), and clear their
         records: how many tables were committed. `attempt(topic, commit)` runs a commit of a topic's table
-        through outages; `lost(topic, summary, why)` takes a table whose files are gone, none committed (its
-        range, in `summary`, is to be read from Kafka again)."""
+        through outages; `lost(topic, summary, why)` takes a topic whose files are gone, or one of whose
+        tables is not the table they were written for (dropped, and made again or not: their field ids and
+        partitions are that table's), none committed (its range, in `summary`, is to be read from Kafka
+        again, into the tables as they are)."""
         loaded = json.loads(self.files.load(self.spark._jsparkSession, self._directory))
         if not loaded:
             return 0
         newest: dict[str, tuple[str, int, dict[str, str]]] = {}
+        replaced: dict[str, str] = {}
         for record in loaded:
             for identifier, table in record["tables"].items():
                 newest[identifier] = (table["topic"], int(record["batch"]), table["properties"])
-        # A topic any of whose files are gone commits none of its tables (they record the same range), and
-        # reads that range from Kafka again.
+                if table.get("replaced"):
+                    replaced[identifier] = table["replaced"]
+        # A topic any of whose files are gone, or whose table is not the one they were written for (dropped,
+        # and made again or not), commits none of its tables (they record the same range), and reads that
+        # range from Kafka again.
         gone: dict[str, str] = {}
         session = self.spark._jsparkSession
         for identifier, (topic, batch, properties) in sorted(newest.items()):
+            if topic in gone:
+                continue
+            why = replaced.get(identifier)
+            if why is not None:
+                why = f"{why} since its files pending up to batch {batch} were written"
+            else:
 
-            def look(name: str = identifier, last: int = batch, query: str = properties[QUERY_ID]) -> Any:
-                return self.files.missing(session, name, QUERY_ID, BATCH_ID, last, query)
+                def look(name: str = identifier, last: int = batch, query: str = properties[QUERY_ID]) -> Any:
+                    return self.files.missing(session, name, QUERY_ID, BATCH_ID, last, query)
 
-            missing = attempt(topic, look)
-            if missing and topic not in gone:
-                gone[topic] = f"{missing} of the files of {identifier} pending up to batch {batch} are gone"
-                lost(topic, properties, gone[topic] + " (removed as orphans while the router was stopped?)")
+                missing = attempt(topic, look)
+                if not missing:
+                    continue
+                why = (f"{missing} of the files of {identifier} pending up to batch {batch} are gone "
+                       "(removed as orphans while the router was stopped?)")  # fmt: skip
+            gone[topic] = why
+            lost(topic, properties, why)
         for identifier, (topic, batch, _) in newest.items():
             if topic in gone:
                 self.files.committed(identifier, batch)
-                log.error("%s: %s; none of %s's files pending up to batch %d is committed", topic,
-                          gone[topic], identifier, batch)  # fmt: skip
+                log.error("%s: %s; none of %s's files pending up to batch %d is committed, the range is read "
+                          "from Kafka again", topic, gone[topic], identifier, batch)  # fmt: skip
         newest = {identifier: held for identifier, held in newest.items() if held[0] not in gone}
         committed = 0
         for identifier, (topic, batch, properties) in sorted(newest.items()):

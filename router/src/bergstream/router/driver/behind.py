@@ -6,12 +6,13 @@ refuses the rows, a schema registry's error): the batch goes on for the other to
 range is recorded beside the query's checkpoint (BEHIND_FILE: per topic, the end of what is set aside, and
 why) before the batch ends, so that Spark's checkpoint moving past it loses nothing. Each following batch's
 range of the topic is added to it, its rows not written. While it is behind, the topic is caught up in the
-background, with backoff: the records from where its tables record that its archive ends up to the end set
-aside are read from Kafka as a batch and archived by the topic's worker under the scheduling batch's id, as
-one batch (its commits recording that range); once it reaches the end set aside, the topic rejoins the
-query's batches where they are. Its consumer group is committed, and its lag measured, at its tables'
-position meanwhile, and `bergstream_router_topic_up` is 0. What Kafka deletes before the catch-up reads it
-is counted as expired, as for a stopped router.
+background, with backoff: the records from where its tables record that its archive ends (where they record
+nothing, made again since, from where the range set aside starts) up to the end set aside are read from Kafka
+as a batch and archived by the topic's worker under the scheduling batch's id, as one batch (its commits
+recording that range); once it reaches the end set aside, the topic rejoins the query's batches where they
+are. Its consumer group is committed, and its lag measured, at its tables' position meanwhile, and
+`bergstream_router_topic_up` is 0. What Kafka deletes before the catch-up reads it is counted as expired, as
+for a stopped router.
 
 What a failing topic costs the others in its query: at most `commit_retry.give_up_after_seconds` (60 s by
 default) of one batch, its first; after that, nothing but the read of its records.
@@ -38,7 +39,8 @@ from bergstream.schemas.batch_range import EARLIEST, BatchRange, offsets_json
 from bergstream.schemas.schema_registry import RegistryStopped
 
 log = logging.getLogger("bergstream.router.driver")
-# Beside the query's checkpoint: {"<topic>": {"end": {"<partition>": <offset>}, "reason": "..."}}.
+# Beside the query's checkpoint: {"<topic>": {"end": {"<partition>": <offset>}, "reason": "..."}}, and
+# "start" (as "end") where the first range set aside starts by offsets.
 BEHIND_FILE = "bergstream-topics-behind.json"
 # Errors that no waiting mends and that archiving another way would make worse: the query stops.
 FATAL = (SecondWriter, TopicRecreated, RegistryStopped)
@@ -61,6 +63,7 @@ class Gap:
     running: Future[dict[int, int]] | None = None
     batch_id: int = -1  # the batch whose id the running catch-up commits under
     taken: int = -1  # the newest batch id the topic's tables hold already: the catch-up waits for a later one
+    start: dict[int, int] | None = None  # where the first range set aside starts, where known by offsets
 
 
 class SetAside:
@@ -74,7 +77,8 @@ class SetAside:
         self._gaps: dict[str, Gap] = {}
         for topic, kept in self._file.read().items():
             end = {int(p): int(o) for p, o in kept["end"].items()}
-            self._gaps[str(topic)] = Gap(end, str(kept.get("reason", "")))
+            start = {int(p): int(o) for p, o in kept["start"].items()} if kept.get("start") else None
+            self._gaps[str(topic)] = Gap(end, str(kept.get("reason", "")), start=start)
             log.warning("topic %s: behind from before the query started (%s); catching it up to %s",
                         topic, kept.get("reason"), offsets_json(end))  # fmt: skip
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bergstream-catch-up")
@@ -96,14 +100,17 @@ class SetAside:
         with self._lock:
             gap = self._gaps.get(topic)
             if gap is None:
-                gap = self._gaps[topic] = Gap(dict(covered.end), reason, due=time.monotonic())
+                start = None if isinstance(covered.start, str) else dict(covered.start)
+                gap = self._gaps[topic] = Gap(dict(covered.end), reason, due=time.monotonic(), start=start)
                 log.error("topic %s is set aside from %s: %s; the other topics go on, and it is archived "
                           "from Kafka once it can be", topic, _start_text(covered), reason)  # fmt: skip
             else:
                 gap.end = {p: max(offset, gap.end.get(p, offset)) for p, offset in covered.end.items()}
-            self._file.put(
-                topic, {"end": {str(p): o for p, o in sorted(gap.end.items())}, "reason": gap.reason}
-            )
+            kept: dict[str, Any] = {"end": {str(p): o for p, o in sorted(gap.end.items())}}
+            kept["reason"] = gap.reason
+            if gap.start is not None:
+                kept["start"] = {str(p): o for p, o in sorted(gap.start.items())}
+            self._file.put(topic, kept)
 
     def catch_up(
         self, workers: dict[str, TopicWorker], batch_id: int, stopping: threading.Event
@@ -122,7 +129,9 @@ class SetAside:
                 due = time.monotonic() >= gap.due and batch_id > gap.taken
                 if gap.running is None and due and not stopping.is_set():
                     gap.batch_id = batch_id
-                    gap.running = self._pool.submit(self._archive_gap, worker, batch_id, dict(gap.end))
+                    gap.running = self._pool.submit(
+                        self._archive_gap, worker, batch_id, dict(gap.end), gap.start
+                    )
         return rejoined
 
     def _ended(self, topic: str, gap: Gap) -> list[tuple[str, dict[int, int]]]:
@@ -153,14 +162,20 @@ class SetAside:
         log.warning("topic %s caught up to %s; it rejoins the query's batches", topic, offsets_json(reached))
         return [(topic, reached)]
 
-    def _archive_gap(self, worker: TopicWorker, batch_id: int, end: dict[int, int]) -> dict[int, int]:
-        """Archive the topic's records from where its tables end up to `end`, read from Kafka: one batch."""
+    def _archive_gap(
+        self, worker: TopicWorker, batch_id: int, end: dict[int, int], floor: dict[int, int] | None = None
+    ) -> dict[int, int]:
+        """Archive the topic's records from where its tables end up to `end`, read from Kafka: one batch. A
+        partition they record nothing of (tables made again) starts at `floor`, where the range set aside
+        starts: what came before it was archived in the tables dropped."""
         started = time.monotonic()
         recorded = worker.retry.attempt(worker.topic, batch_id, lambda: worker.positions(self.spark)) or {}
         low = {p: first for p, (first, _) in worker.kafka.watermarks(sorted(end)).items()}
         start = {}
         for partition in end:
             offset = recorded.get(partition, EARLIEST)
+            if offset == EARLIEST:
+                offset = (floor or {}).get(partition, EARLIEST)
             start[partition] = low[partition] if offset == EARLIEST else offset
         if all(start[p] >= offset for p, offset in end.items()):
             return end
@@ -195,7 +210,7 @@ class SetAside:
             if worker is None or topic not in self:
                 continue
             try:
-                reached = self._archive_gap(worker, batch_id, dict(gap.end))
+                reached = self._archive_gap(worker, batch_id, dict(gap.end), gap.start)
             except Exception as error:
                 if self.fails(error):
                     raise

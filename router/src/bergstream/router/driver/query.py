@@ -40,6 +40,7 @@ from bergstream.router.offset_log import (
     checkpoint_has_batches,
     last_committed_batch,
     may_hold_records,
+    moved_back,
     topic_ranges,
 )
 from bergstream.router.pending import PendingCommits
@@ -245,20 +246,17 @@ class TopicsQuery:
         ranges = topic_ranges(query, batch_id, self._starting, previous)
         self._previous = (batch_id, {topic: covered.end for topic, covered in ranges.items()})
         busy_topics = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
+        # A topic whose end fell below the batch's start holds nothing for Spark: made again with fewer
+        # records, it is refused all the same before anything more is archived or committed for it.
+        moved = sorted(topic for topic, covered in ranges.items() if moved_back(covered))
+        self._check_ids([topic for topic in moved if topic in self.topics], batch_id)
         if not busy_topics:
             self._archived_batch = batch_id
             with self._writing:
                 self._commit_overdue(batch_id, set(), ranges.keys())
             return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
-        try:
-            self.members.check_ids(busy_topics, batch_id)
-        except TopicRecreated:
-            # What is pending was read before the topic was made again: its archive's, committed before the
-            # query stops.
-            with self._writing:
-                self._flush_pending()
-            raise
+        self._check_ids(busy_topics, batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
         with self._writing:
             self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
@@ -267,6 +265,19 @@ class TopicsQuery:
         # batch's id covers it.
         self._archived_batch = batch_id
         self._catch_up(batch_id)
+
+    def _check_ids(self, topics: list[str], batch_id: int) -> None:
+        """Stop before batch `batch_id` when one of `topics` was deleted and made again."""
+        if not topics:
+            return
+        try:
+            self.members.check_ids(topics, batch_id)
+        except TopicRecreated:
+            # What is pending was read before the topic was made again: its archive's, committed before the
+            # query stops.
+            with self._writing:
+                self._flush_pending()
+            raise
 
     def _recover(self) -> None:
         """Commit what a driver before this one left pending on the checkpoint, each table once."""

@@ -29,6 +29,7 @@ import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.util.JsonUtil;
 import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 
 /**
  * The data files a query wrote and has not committed yet, per table and batch: kept in the driver's memory
@@ -39,12 +40,16 @@ import org.apache.spark.sql.SparkSession;
  * <p>A record is one JSON document, {"batch": N, "query": id, "tables": {table: {..., "files": [...]}}}:
  * what the driver says of each table (its topic, the range of the batch, its counts) with the table's files
  * of that batch in Iceberg's own JSON form of a data file (ContentFileParser). It is written to a file of its
- * own and renamed into place: a record is there whole or not at all.
+ * own and renamed into place: a record is there whole or not at all. Each table's entry names the table's
+ * Iceberg uuid too: files written for a table are committed into that table alone, never into another made
+ * under its name since (dropped and made again while the driver was stopped), whose columns and partitions
+ * may be numbered otherwise; {@link #load} says which tables are another or gone ("replaced").
  */
 public final class PendingFiles {
   private static final ObjectMapper JSON = JsonUtil.mapper();
   private final Map<String, SortedMap<Long, List<DataFile>>> files = new ConcurrentHashMap<>();
   private final Map<String, Map<Integer, PartitionSpec>> specs = new ConcurrentHashMap<>();
+  private final Map<String, String> uuids = new ConcurrentHashMap<>();
 
   /** Keeps {@code written}, the files of {@code table} written by batch {@code batch}. */
   synchronized void keep(String name, Table table, long batch, List<DataFile> written) {
@@ -52,6 +57,7 @@ public final class PendingFiles {
       return;
     }
     specs.put(name, table.specs());
+    uuids.put(name, table.uuid().toString());
     files.computeIfAbsent(name, n -> new TreeMap<>()).merge(batch, new ArrayList<>(written), (a, b) -> {
       // The same batch written again (a replay that found its record): the later attempt's files.
       return b;
@@ -97,7 +103,12 @@ public final class PendingFiles {
     Iterator<Map.Entry<String, JsonNode>> tables = record.get("tables").fields();
     while (tables.hasNext()) {
       Map.Entry<String, JsonNode> table = tables.next();
-      ArrayNode listed = ((ObjectNode) table.getValue()).putArray("files");
+      ObjectNode entry = (ObjectNode) table.getValue();
+      String uuid = uuids.get(table.getKey());
+      if (uuid != null) {
+        entry.put("uuid", uuid);
+      }
+      ArrayNode listed = entry.putArray("files");
       SortedMap<Long, List<DataFile>> batches = files.get(table.getKey());
       List<DataFile> written = batches == null ? List.of() : batches.getOrDefault(batch, List.of());
       Map<Integer, PartitionSpec> known = specs.get(table.getKey());
@@ -122,7 +133,9 @@ public final class PendingFiles {
   /**
    * Reads every record in {@code directory} (none when it does not exist), keeps their files, and returns
    * the records as the driver wrote them, with each table's file count in place of its files, oldest batch
-   * first: [{"batch", "query", "path", "tables": {table: {..., "files": count}}}].
+   * first: [{"batch", "query", "path", "tables": {table: {..., "files": count}}}]. A table that does not
+   * exist, or that is another table than the one its files were written for (another uuid), has its files
+   * left out and says why in "replaced". A record written before uuids were recorded is taken as is.
    */
   public synchronized String load(SparkSession spark, String directory) throws Exception {
     Path folder = new Path(directory);
@@ -152,7 +165,20 @@ public final class PendingFiles {
       while (tables.hasNext()) {
         Map.Entry<String, JsonNode> table = tables.next();
         ObjectNode entry = (ObjectNode) table.getValue();
-        Table loadedTable = Spark3Util.loadIcebergTable(spark, table.getKey());
+        Table loadedTable;
+        try {
+          loadedTable = Spark3Util.loadIcebergTable(spark, table.getKey());
+        } catch (NoSuchTableException error) {
+          replaced(entry, "table " + table.getKey() + " does not exist: dropped");
+          continue;
+        }
+        String written = entry.hasNonNull("uuid") ? entry.get("uuid").asText() : null;
+        String current = loadedTable.uuid().toString();
+        if (written != null && !written.equals(current)) {
+          replaced(entry, "table " + table.getKey() + " is another table than the one its files were written"
+              + " for (uuid " + current + ", not " + written + "): dropped and made again");
+          continue;
+        }
         List<DataFile> read = new ArrayList<>();
         for (JsonNode file : entry.get("files")) {
           read.add((DataFile) ContentFileParser.fromJson(file, loadedTable.specs()));
@@ -163,6 +189,11 @@ public final class PendingFiles {
       loaded.add(record);
     }
     return JSON.writeValueAsString(loaded);
+  }
+
+  private static void replaced(ObjectNode entry, String why) {
+    entry.put("files", entry.get("files").size());
+    entry.put("replaced", why);
   }
 
   /** Deletes the record at {@code path}, if it is there. */

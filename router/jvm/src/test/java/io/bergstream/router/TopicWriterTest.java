@@ -405,5 +405,31 @@ class TopicWriterTest {
     assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
     assertEquals(-1, second.flush(spark, "t.ns.restarted", "q", "b", 3, Map.of("q", "query-p", "b", "3"))[0]);
     assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
+    // A table dropped and made again under its name since its files were recorded: another table (another
+    // uuid), into which its files are not committed; a table dropped and not made again: gone.
+    createTables("remade");
+    PendingFiles held = new PendingFiles();
+    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
+            List.of(pendingWrite("remade", 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
+        .hold(held, 3, List.of(0));
+    Path remade = Files.createTempDirectory(warehouse, "remade");
+    held.record(spark, remade.resolve("3.json").toString(),
+        "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.remade\": {}, "
+            + "\"t.ns.remade__dlq\": {}}}");
+    spark.sql("DROP TABLE t.ns.remade");
+    spark.sql("DROP TABLE t.ns.remade__dlq");
+    spark.sql("CREATE TABLE t.ns.remade (title string, other string) USING iceberg");
+    PendingFiles started = new PendingFiles();
+    JsonNode tables =
+        new ObjectMapper().readTree(started.load(spark, remade.toString())).get(0).get("tables");
+    String uuid = Spark3Util.loadIcebergTable(spark, "t.ns.remade").uuid().toString();
+    assertTrue(tables.get("t.ns.remade").get("replaced").asText().contains("(uuid " + uuid + ", not "),
+        tables.toString());
+    assertTrue(tables.get("t.ns.remade").get("files").asLong() > 0, tables.toString());
+    assertEquals("table t.ns.remade__dlq does not exist: dropped",
+        tables.get("t.ns.remade__dlq").get("replaced").asText());
+    assertEquals(0, started.batches("t.ns.remade").length);
+    assertEquals(0, started.flush(spark, "t.ns.remade", "q", "b", 3, Map.of("q", "query-p", "b", "3"))[0]);
+    assertEquals(0L, snapshots("t.ns.remade"));
   }
 }
