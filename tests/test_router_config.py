@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
-from bergstream.router.config import RouterConfig, load_router_config, topic_file
+from bergstream.router.config import RouterConfig, flat_settings, load_router_config, topic_file
 from bergstream.router.schedule import next_wait
 from bergstream.router.table import maintained_properties
 
@@ -71,6 +71,18 @@ def test_kafka_options_written_as_yaml_numbers_and_booleans_are_the_strings_spar
                                 overrides={})  # fmt: skip
     assert config.query.kafka["kafka.fetch.max.wait.ms"] == "10"
     assert config.query.kafka["failOnDataLoss"] == "true"
+
+
+def test_a_topic_s_file_holds_its_own_settings_and_its_query_s_side_by_side(tmp_path: Path) -> None:
+    path = settings_file(tmp_path, "playback", target_lag="60s", trigger_interval="10 seconds")
+    config = load_router_config("playback", path, defaults={}, overrides={})
+    assert (config.settings.table, config.settings.target_lag) == ("playback", "60s")
+    assert (config.query.trigger_interval, config.query.checkpoint_location) == (
+        "10 seconds", SETTINGS["checkpoint_location"]
+    )  # fmt: skip
+    flat = flat_settings(config, mode="json")
+    assert (flat["schema"], flat["target_lag"], flat["trigger_interval"]) == ("playback", "60s", "10 seconds")
+    assert RouterConfig.flat(flat) == config
 
 
 @pytest.mark.parametrize("topic", ["..", ".", "a/b", "../../etc/passwd", "a\\b", "x" * 250, "", "a\n"])
