@@ -216,7 +216,7 @@ def make_topic(stack: Services, topic: str, partitions: int) -> None:
 def archive(
     stack: Services, spark: SparkSession, topic: str, kind: str, checkpoint: Path, count: int
 ) -> None:
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=topic, schema=kind, encoding="json", table=topic,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(checkpoint), catalog=stack.catalog,

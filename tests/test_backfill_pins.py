@@ -35,8 +35,8 @@ pytestmark = pytest.mark.integration
 
 def archive(stack: Services, spark: SparkSession, config: RouterConfig, start: datetime, count: int) -> None:
     produce(
-        ProduceRequest(topic=config.topic, schema="playback", count=count, encoding="json", partitions=1,
-                       seed=count, ingestion_start=start, ingestion_span=timedelta(hours=2)),
+        ProduceRequest(topic=config.settings.topic, schema="playback", count=count, encoding="json",
+                       partitions=1, seed=count, ingestion_start=start, ingestion_span=timedelta(hours=2)),
         stack.bootstrap_servers, show_progress=False,
     )  # fmt: skip
     archive_available_now(spark, config)
@@ -59,7 +59,7 @@ def test_a_stopped_backfill_holds_its_snapshot_until_it_completes(
     stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=4)
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=topic_name, schema="playback", encoding="json", table=topic_name, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "router"), catalog=stack.catalog,

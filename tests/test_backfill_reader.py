@@ -38,7 +38,7 @@ def evolved(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempP
                        ingestion_start=start, ingestion_span=timedelta(hours=1)),
         stack.bootstrap_servers, show_progress=False,
     )  # fmt: skip
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=TOPIC, schema="playback", encoding="json", table=TOPIC, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path_factory.mktemp("reader") / "router"), catalog=stack.catalog,

@@ -53,7 +53,7 @@ def archived(stack: Services, spark: SparkSession, tmp_path_factory: pytest.Temp
                            ingestion_span=timedelta(hours=HOURS)),
             stack.bootstrap_servers, show_progress=False,
         )  # fmt: skip
-        config = RouterConfig(
+        config = RouterConfig.flat(
             topic=topic, schema=kind, encoding=encoding, table=topic, cluster="us-east-1",
             kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
             checkpoint_location=str(directory / topic), catalog=stack.catalog,

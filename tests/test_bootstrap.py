@@ -55,7 +55,7 @@ def topics(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
                                   seed=7, late_fraction=0.05, bad_fraction=0.02, ingestion_start=start,
                                   ingestion_span=timedelta(hours=2), timestamp_jitter=JITTER)  # fmt: skip
         produce(archived, stack.bootstrap_servers, show_progress=False)
-        config = RouterConfig(
+        config = RouterConfig.flat(
             topic=topic, schema=kind, encoding=encoding, table=topic, cluster=CLUSTERS[kind],
             kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
             checkpoint_location=str(directory / topic), catalog=stack.catalog,

@@ -78,7 +78,7 @@ def test_a_topic_of_many_partitions_is_written_by_few_tasks_and_counted_per_part
         stack.bootstrap_servers,
         show_progress=False,
     )
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=topic_name, schema="playback", encoding="json", table=topic_name,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog, max_offsets_per_trigger=700,
@@ -108,7 +108,7 @@ def test_small_batches_are_written_by_one_task_and_large_ones_by_several(
     def files_per_batch_and_hour(records_per_write_task: int) -> list[int]:
         """Data files each batch's archive snapshot added to each hour, in commit order."""
         table = f"{topic_name}_per_task_{records_per_write_task}"
-        config = RouterConfig(
+        config = RouterConfig.flat(
             topic=topic_name, schema="playback", encoding="json", table=table,
             kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
             checkpoint_location=str(tmp_path / table), catalog=stack.catalog, max_offsets_per_trigger=600,

@@ -39,7 +39,7 @@ def pyspark_version() -> str:
 
 
 def production_config(**deploy: Any) -> RouterConfig:
-    return RouterConfig.model_validate(
+    return RouterConfig.flat(
         {
             "topic": "Playback.EU",
             "schema": "playback",
@@ -210,12 +210,9 @@ def test_spark_submit_carries_every_session_setting(tmp_path: Path) -> None:
 
 def group_configs(**deploy: Any) -> list[RouterConfig]:
     first = production_config(**deploy)
-    second = first.model_copy(
-        update={
-            "topic": "Impression.EU",
-            "table": "impression_eu",
-            "query": first.query.model_copy(update={"checkpoint_location": "s3a://archive/c/i"}),
-        }
+    second = RouterConfig(
+        settings=first.settings.model_copy(update={"topic": "Impression.EU", "table": "impression_eu"}),
+        query=first.query.model_copy(update={"checkpoint_location": "s3a://archive/c/i"}),
     )
     return [first, second]
 
@@ -242,15 +239,15 @@ def test_a_group_of_topics_renders_one_deployment_whose_driver_runs_them_all(tmp
     files = objects["Secret"]["stringData"]
     assert set(files) == {"Playback.EU.yaml", "Impression.EU.yaml"}
     for config in configs:
-        (tmp_path / f"{config.topic}.yaml").write_text(files[f"{config.topic}.yaml"])
+        (tmp_path / f"{config.settings.topic}.yaml").write_text(files[f"{config.settings.topic}.yaml"])
         inside = load_router_config(
-            config.topic, tmp_path / f"{config.topic}.yaml", defaults={}, overrides={}
+            config.settings.topic, tmp_path / f"{config.settings.topic}.yaml", defaults={}, overrides={}
         )
         assert inside.query.spark.conf["spark.driver.host"] == f"{name}.archive.svc"
         assert inside.query.spark.conf["spark.kubernetes.executor.podNamePrefix"] == name
         assert inside.query.spark.conf["spark.executor.instances"] == "4"
-        assert (inside.table, inside.query.checkpoint_location) == (
-            config.table,
+        assert (inside.settings.table, inside.query.checkpoint_location) == (
+            config.settings.table,
             config.query.checkpoint_location,
         )
 
@@ -513,8 +510,8 @@ def test_a_pattern_renders_one_query_whose_pod_holds_the_defaults_and_the_matchi
     assert config.checkpoint_location == "s3a://archive/checkpoints/orders"
     assert config.catalog.password is not None and config.catalog.password.get_secret_value() == "pw"
     load = pattern_topic_settings(config, inside / "defaults.yaml", inside, lambda topic: {}, {})
-    assert load("orders.eu").schema_name == "impression"
-    assert load("orders.us").schema_name == "playback"  # no file of its own: the defaults
+    assert load("orders.eu").settings.schema_name == "impression"
+    assert load("orders.us").settings.schema_name == "playback"  # no file of its own: the defaults
 
 
 def test_a_patterns_spark_submit_runs_the_query_with_its_files(

@@ -90,7 +90,7 @@ def test_a_topics_totals_add_up_over_its_restarts() -> None:
 
 def test_topics_of_one_driver_must_share_its_catalog_and_spark_settings(tmp_path: Path) -> None:
     def config(topic: str, master: str) -> RouterConfig:
-        return RouterConfig.model_validate(
+        return RouterConfig.flat(
             {
                 "topic": topic, "schema": "playback", "encoding": "json", "table": topic,
                 "kafka": {"kafka.bootstrap.servers": "127.0.0.1:1"}, "checkpoint_location": str(tmp_path),
@@ -153,7 +153,7 @@ def test_topics_named_one_by_one_are_refused_at_start_when_one_is_bad(
 
 
 def settings_of(tmp_path: Path, topic: str, **extra: Any) -> RouterConfig:
-    return RouterConfig.model_validate(
+    return RouterConfig.flat(
         {
             "topic": topic, "schema": "playback", "encoding": "json", "table": topic,
             "kafka": {"kafka.bootstrap.servers": "127.0.0.1:1"},
@@ -208,7 +208,8 @@ def test_a_topic_in_a_query_of_several_runs_with_the_query_s_settings_and_its_ow
     )
     assert (inside.query.lag_refresh_seconds, inside.query.commit_retry) == (5, a.query.commit_retry)
     # ...the topic's are its own, and a dead-lettered topic's target lag is the first topic's.
-    assert (inside.table, inside.target_lag, inside.commit_policy.target_lag) == ("b", "30s", 30)
+    own = inside.settings
+    assert (own.table, own.target_lag, own.commit_policy.target_lag) == ("b", "30s", 30)
     assert one.commit_policy.target_lag is None
 
 

@@ -126,7 +126,7 @@ def kafka_ends(stack: Services, topic: str) -> dict[int, int]:
 
 
 def archive(stack: Services, spark: SparkSession, topic: str, checkpoint: Path) -> None:
-    config = RouterConfig.model_validate(
+    config = RouterConfig.flat(
         {
             "topic": topic, "schema": "playback", "encoding": "json", "table": topic, "cluster": CLUSTER,
             "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},

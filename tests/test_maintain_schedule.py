@@ -50,10 +50,10 @@ def test_properties_are_set_on_new_and_existing_tables(
     wanted = maintained_properties(config)
     assert wanted["history.expire.max-snapshot-age-ms"] == "7200000"
     catalog = stack.catalog
-    layout = ArchiveLayout(load_event_schema("playback"), config.table)
+    layout = ArchiveLayout(load_event_schema("playback"), config.settings.table)
 
     # A new table made by ensure_tables, as the router makes it.
-    fresh = ArchiveLayout(load_event_schema("playback"), f"{config.table}_new")
+    fresh = ArchiveLayout(load_event_schema("playback"), f"{config.settings.table}_new")
     ensure_tables(spark, catalog, fresh, properties=wanted)
     for table in (fresh.table, fresh.dead_letter_table):
         assert wanted.items() <= properties(spark, catalog.table_identifier(table)).items(), table
@@ -213,7 +213,7 @@ def test_restart_after_expiry_neither_doubles_nor_loses(
     path = write_config(stack, tmp_path, topic_name, **settings)
     config: RouterConfig = load_router_config(topic_name, path, {}, {})
     assert archive_available_now(spark, config).read == 300
-    archive = stack.catalog.table_identifier(config.table)
+    archive = stack.catalog.table_identifier(config.settings.table)
     dead_letters = f"{archive}__dlq"
     assert router_snapshots(spark, archive) == ["0", "1", "2"]
     assert router_snapshots(spark, dead_letters) == ["0", "1", "2"]
@@ -245,7 +245,7 @@ def test_many_topics_are_maintained_one_at_a_time_each_at_its_own_interval(tmp_p
     from bergstream.router.schedule import RotatingMaintenance
 
     def config(topic: str, every: str | None) -> RouterConfig:
-        return RouterConfig.model_validate({
+        return RouterConfig.flat({
             "topic": topic, "schema": "playback", "encoding": "json", "table": topic,
             "kafka": {"kafka.bootstrap.servers": "127.0.0.1:9092"},
             "checkpoint_location": str(tmp_path / topic),

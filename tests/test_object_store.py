@@ -127,7 +127,7 @@ def _table_file(path: Path) -> bool:
 
 
 def router_config(catalog: CatalogConfig, stack: Services, topic: str, checkpoint: Path) -> RouterConfig:
-    return RouterConfig(
+    return RouterConfig.flat(
         topic=topic, schema="playback", encoding="json", table=topic, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(checkpoint), catalog=catalog, max_offsets_per_trigger=1000,

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def router(stack: Services, topic: str, checkpoint: Path, table: str | None = None) -> RouterConfig:
-    return RouterConfig(
+    return RouterConfig.flat(
         topic=topic, schema="playback", encoding="json", table=table or table_for_topic(topic),
         cluster="us-east-1", checkpoint_location=str(checkpoint), catalog=stack.catalog,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},

@@ -152,7 +152,8 @@ def test_topics_whose_files_set_another_trigger_or_rate_run_in_a_query_per_set_o
     load = pattern_topic_settings(config, *sources, queries)
     assert load("orders.slow").query.model_dump() == QuerySettings(**slow.query_settings()).model_dump()
     assert load("orders.same").query.model_dump() == QuerySettings(**config.query_settings()).model_dump()
-    assert load("orders.slow").schema_name == "playback" and load("orders.slow").table == "orders_slow"
+    slow_own = load("orders.slow").settings
+    assert slow_own.schema_name == "playback" and slow_own.table == "orders_slow"
     caplog.clear()
     retry = load("orders.retry")
     assert retry.query.commit_retry == config.commit_retry and retry.query.metrics_port == 9000
@@ -566,7 +567,7 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
 
     sent = {first: send(first, 100, 1), joined: send(joined, 150, 2)}
     run()
-    own = RouterConfig(
+    own = RouterConfig.flat(
         topic=joined, schema="playback", encoding="json", table=table_for_topic(joined), kafka=kafka,
         checkpoint_location=str(tmp_path / "own"), catalog=stack.catalog,
     )  # fmt: skip

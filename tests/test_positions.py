@@ -58,7 +58,7 @@ def test_a_lost_checkpoint_resumes_where_the_tables_end_and_appends_missing_dead
     stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     checkpoint = tmp_path / "checkpoint"
-    config = RouterConfig.model_validate(
+    config = RouterConfig.flat(
         {
             "topic": topic_name, "schema": "playback", "encoding": "json", "table": topic_name,
             "cluster": "test", "max_offsets_per_trigger": 400,

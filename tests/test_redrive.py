@@ -110,7 +110,7 @@ def send(stack: Services, topic: str, kinds: Counter[str]) -> dict[tuple[int, in
 
 
 def router_config(stack: Services, topic: str, tmp_path: Path, **settings: Any) -> RouterConfig:
-    return RouterConfig.model_validate(
+    return RouterConfig.flat(
         {
             "topic": topic, "schema": "playback", "encoding": "json", "table": topic, "cluster": "test",
             "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},

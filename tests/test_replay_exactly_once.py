@@ -81,7 +81,7 @@ def source(stack: Services, spark: SparkSession, tmp_path_factory: pytest.TempPa
             [("trace", None), ("kind", b"test")],
         )
     assert producer.flush(30) == 0
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=TOPIC, schema="playback", encoding="json", table=TOPIC, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path_factory.mktemp("replay") / TOPIC), catalog=stack.catalog,
@@ -229,7 +229,7 @@ def test_a_replay_killed_mid_run_resumes_at_its_first_snapshot_and_delivers_each
 
     # The target topic holds the killed run's aborted sends and their committed re-sends; its archive holds
     # each record once, as a read_committed consumer reads it.
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=target, schema="playback", encoding="json", table=target, cluster="us-east-1",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "router"), catalog=stack.catalog,

@@ -61,7 +61,7 @@ def test_produce_archive_and_read_back(
     assert set(report.per_partition) == {0, 1, 2}
 
     layout = ArchiveLayout(load_event_schema(kind), table=topic_name)
-    config = RouterConfig(
+    config = RouterConfig.flat(
         topic=topic_name, schema=kind, encoding=encoding, table=topic_name, cluster="roundtrip",
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(tmp_path / "checkpoint"), catalog=stack.catalog,

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from bergstream.errors import ConfigError
-from bergstream.router.config import RouterConfig, load_router_config, topic_file
+from bergstream.router.config import RouterConfig, flat_settings, load_router_config, topic_file
 from bergstream.router.schedule import next_wait
 from bergstream.router.table import maintained_properties
 
@@ -73,6 +73,18 @@ def test_kafka_options_written_as_yaml_numbers_and_booleans_are_the_strings_spar
     assert config.query.kafka["failOnDataLoss"] == "true"
 
 
+def test_a_topic_s_file_holds_its_own_settings_and_its_query_s_side_by_side(tmp_path: Path) -> None:
+    path = settings_file(tmp_path, "playback", target_lag="60s", trigger_interval="10 seconds")
+    config = load_router_config("playback", path, defaults={}, overrides={})
+    assert (config.settings.table, config.settings.target_lag) == ("playback", "60s")
+    assert (config.query.trigger_interval, config.query.checkpoint_location) == (
+        "10 seconds", SETTINGS["checkpoint_location"]
+    )  # fmt: skip
+    flat = flat_settings(config, mode="json")
+    assert (flat["schema"], flat["target_lag"], flat["trigger_interval"]) == ("playback", "60s", "10 seconds")
+    assert RouterConfig.flat(flat) == config
+
+
 @pytest.mark.parametrize("topic", ["..", ".", "a/b", "../../etc/passwd", "a\\b", "x" * 250, "", "a\n"])
 def test_a_topic_that_is_not_a_kafka_name_is_refused_before_any_file_is_read(
     tmp_path: Path, topic: str
@@ -84,14 +96,14 @@ def test_a_topic_that_is_not_a_kafka_name_is_refused_before_any_file_is_read(
 @pytest.mark.parametrize("topic", ["..", "."])
 def test_settings_built_in_code_are_held_to_the_same_rules(topic: str) -> None:
     with pytest.raises(ValidationError, match=r"topic\n  Value error, .* is not a Kafka topic name"):
-        RouterConfig.model_validate({**SETTINGS, "topic": topic, "table": "t"})
+        RouterConfig.flat({**SETTINGS, "topic": topic, "table": "t"})
 
 
 def test_the_table_flag_is_held_to_the_same_rules(tmp_path: Path) -> None:
     path = settings_file(tmp_path, "playback")
     with pytest.raises(ConfigError, match="table: String should match pattern"):
         load_router_config("playback", path, defaults={}, overrides={"table": "archive.other"})
-    assert load_router_config("playback", path, defaults={}, overrides={}).table == "playback"
+    assert load_router_config("playback", path, defaults={}, overrides={}).settings.table == "playback"
 
 
 @pytest.mark.parametrize(
@@ -112,8 +124,8 @@ def test_the_router_maintains_its_tables_every_hour_unless_told_otherwise(
     path.write_text(yaml.safe_dump(SETTINGS) + maintenance)
     overrides = {"maintenance": None if flag is None else {"every": flag}}
     config = load_router_config("playback", path, defaults={}, overrides=overrides)
-    assert config.maintenance.every == every
-    assert config.maintenance.every_seconds == (
+    assert config.settings.maintenance.every == every
+    assert config.settings.maintenance.every_seconds == (
         None if every is None else {"1h": 3600, "30m": 1800, "2h": 7200}[every]
     )
 
@@ -121,7 +133,7 @@ def test_the_router_maintains_its_tables_every_hour_unless_told_otherwise(
 def test_table_properties_derive_from_the_maintenance_settings() -> None:
     maintenance = {"snapshot_retention_hours": 0.5, "retain_last_snapshots": 7}
     wanted = maintained_properties(
-        RouterConfig.model_validate({**SETTINGS, "table": "playback", "maintenance": maintenance})
+        RouterConfig.flat({**SETTINGS, "table": "playback", "maintenance": maintenance})
     )
     assert wanted["history.expire.max-snapshot-age-ms"] == "1800000"
     assert wanted["history.expire.min-snapshots-to-keep"] == "7"
@@ -145,7 +157,7 @@ def test_snapshot_retention_keeps_a_bounded_number_of_snapshots_unless_set(
     trigger: str, retention: float | None, hours: float
 ) -> None:
     maintenance = {} if retention is None else {"snapshot_retention_hours": retention}
-    config = RouterConfig.model_validate(
+    config = RouterConfig.flat(
         {**SETTINGS, "table": "playback", "trigger_interval": trigger, "maintenance": maintenance}
     )
     assert config.snapshot_retention_hours == pytest.approx(hours)
@@ -179,9 +191,9 @@ def test_the_topics_folder_is_the_flags_else_the_environments_else_the_sites(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("BERGSTREAM_SITE", str(site))
     assert topic_file("playback") == tmp_path / "site" / "topics" / "playback.yaml"
-    assert load_router_config("playback", None, defaults={}, overrides={}).table == "site_topics"
+    assert load_router_config("playback", None, defaults={}, overrides={}).settings.table == "site_topics"
     monkeypatch.setenv("BERGSTREAM_TOPICS_DIR", str(tmp_path / "environment"))
-    assert load_router_config("playback", None, defaults={}, overrides={}).table == "environment"
+    assert load_router_config("playback", None, defaults={}, overrides={}).settings.table == "environment"
     assert topic_file("playback", tmp_path / "flag") == tmp_path / "flag" / "playback.yaml"
 
 

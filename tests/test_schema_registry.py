@@ -48,7 +48,7 @@ from tests.services import Services
 
 
 def _config(stack: Services, topic: str, tmp_path: Path, encoding: str, **registry: Any) -> RouterConfig:
-    return RouterConfig.model_validate(
+    return RouterConfig.flat(
         {
             "topic": topic, "schema": "playback", "encoding": encoding, "table": topic, "cluster": "test",
             "kafka": {"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},

@@ -41,7 +41,7 @@ def test_a_topic_whose_table_is_gone_is_set_aside_the_others_go_on_and_it_catche
     checkpoint = tmp_path / "checkpoint"
 
     def config(topic: str) -> RouterConfig:
-        return RouterConfig(
+        return RouterConfig.flat(
             topic=topic, schema="playback", encoding="json", table=topic, trigger_interval="1 second",
             kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
             checkpoint_location=str(checkpoint), catalog=stack.catalog,

@@ -36,7 +36,7 @@ CLUSTER = "us-east-1"
 
 
 def router(stack: Services, topic: str, checkpoint: Path, table: str | None = None) -> RouterConfig:
-    return RouterConfig(
+    return RouterConfig.flat(
         topic=topic, schema="playback", encoding="json", table=table or topic, cluster=CLUSTER,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(checkpoint), catalog=stack.catalog, max_offsets_per_trigger=500,

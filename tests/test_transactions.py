@@ -34,7 +34,7 @@ CLUSTER = "us-east-1"
 
 def router(stack: Services, topic: str, checkpoint: Path) -> RouterConfig:
     # Micro-batches of at most 700 offsets: their ends fall inside transactions.
-    return RouterConfig(
+    return RouterConfig.flat(
         topic=topic, schema="playback", encoding="json", table=topic, cluster=CLUSTER,
         kafka={"kafka.bootstrap.servers": stack.bootstrap_servers, "startingOffsets": "earliest"},
         checkpoint_location=str(checkpoint), catalog=stack.catalog, max_offsets_per_trigger=700,

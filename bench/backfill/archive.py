@@ -75,7 +75,7 @@ class BenchArchive:
         return self.start + timedelta(hours=self.request.hours)
 
     def config(self, topic: str, checkpoint: Path) -> RouterConfig:
-        return RouterConfig(
+        return RouterConfig.flat(
             topic=topic,
             schema=topic,
             encoding=ENCODING[topic],  # type: ignore[arg-type]

@@ -200,7 +200,7 @@ class Windows:
 def router_appends(spark: SparkSession, config: RouterConfig, windows: Windows) -> tuple[str, int]:
     """Run the router over the topic, one record per batch; (query id, last batch id) of its appends."""
     original = BatchTableWriter.append
-    archive = config.query.catalog.table_identifier(config.table)
+    archive = config.query.catalog.table_identifier(config.settings.table)
     seen: dict[str, Any] = {}
 
     def timed(writer: BatchTableWriter, rows: DataFrame, batch_id: int) -> Appended | None:
@@ -267,7 +267,7 @@ def main() -> None:
             catalog, master="local[2]", app_name="bench-commits", conf={"spark.ui.enabled": "false"}
         )
         try:
-            config = RouterConfig(
+            config = RouterConfig.flat(
                 topic=TOPIC,
                 schema=TOPIC,
                 encoding="json",

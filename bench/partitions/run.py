@@ -116,10 +116,11 @@ def counting(
 
 def drain(spark: SparkSession, config: RouterConfig) -> dict[str, Any]:
     clock = CpuClock.spark_in_process()
-    metrics = RouterMetrics(config.topic)
-    durations = BatchDurations(metrics, config.topic)
+    topic = config.settings.topic
+    metrics = RouterMetrics(topic)
+    durations = BatchDurations(metrics, topic)
     cpu, started = clock.seconds(), time.monotonic()
-    totals = topic_query(spark, config, metrics).run(available_now=True)[config.topic]
+    totals = topic_query(spark, config, metrics).run(available_now=True)[topic]
     elapsed, spent = time.monotonic() - started, clock.seconds() - cpu
     return {
         "records": totals.read,
@@ -171,7 +172,7 @@ def main() -> None:
                         status.bootstrap_servers, show_progress=False,
                     )  # fmt: skip
                 table = f"{topic}_warmup" if warm_up else topic
-                config = RouterConfig(
+                config = RouterConfig.flat(
                     topic=topic, schema=SCHEMA, encoding="json", table=table,
                     kafka={"kafka.bootstrap.servers": status.bootstrap_servers,
                            "startingOffsets": "earliest"},

@@ -109,10 +109,11 @@ def spark_durations(query: StreamingQuery | None) -> dict[str, list[int]]:
 def run_router(spark: Any, config: RouterConfig) -> tuple[int, int, list[float], dict[str, list[int]]]:
     """The router over the topic with an availableNow trigger: batches, records, seconds per batch (as it
     reports them to its `batch_duration_seconds` histogram) and Spark's durations."""
-    metrics = RouterMetrics(config.topic)
-    durations = BatchDurations(metrics, config.topic)
+    topic = config.settings.topic
+    metrics = RouterMetrics(topic)
+    durations = BatchDurations(metrics, topic)
     router = topic_query(spark, config, metrics)
-    totals = router.run(available_now=True)[config.topic]
+    totals = router.run(available_now=True)[topic]
     return totals.batches, totals.read, durations.seconds, spark_durations(router.runner.query)
 
 
@@ -121,10 +122,11 @@ def run_plain(
 ) -> tuple[int, int, list[float], dict[str, list[int]]]:
     """The hand-written job (d) over the same topic, same batch size, availableNow; its seconds per batch are
     Spark's `triggerExecution`."""
-    identifier = config.query.catalog.table_identifier(config.table)
-    create_plain_table(spark, identifier, config.schema_name)
+    settings = config.settings
+    identifier = config.query.catalog.table_identifier(settings.table)
+    create_plain_table(spark, identifier, settings.schema_name)
     query = start_plain_job(
-        spark, bootstrap, config.topic, config.schema_name, config.encoding, identifier,
+        spark, bootstrap, settings.topic, settings.schema_name, settings.encoding, identifier,
         Path(config.query.checkpoint_location), config.query.max_offsets_per_trigger or 0, None,
     )  # fmt: skip
     query.awaitTermination()
@@ -261,7 +263,7 @@ def main() -> None:
                 for size, (peer, tasks, label) in shapes:
                     shape = shape_name(size, label)
                     name = f"{args.topic}_{shape}_{run.replace('-', '').replace(' ', '')}"
-                    config = RouterConfig(
+                    config = RouterConfig.flat(
                         topic=args.topic, schema=args.topic, encoding=args.encoding, table=name,
                         kafka={"kafka.bootstrap.servers": status.bootstrap_servers,
                                "startingOffsets": "earliest"},

@@ -110,7 +110,7 @@ class RouterPeer:
 
     def config(self, topic: str, table: str, trigger: str = TRIGGER) -> RouterConfig:
         side = self.side
-        return RouterConfig(
+        return RouterConfig.flat(
             topic=topic,
             schema=side.schema_name,
             encoding=side.encoding,

@@ -90,10 +90,11 @@ def kubernetes_config(config: Driver, name: str) -> Driver:
 
 def kubernetes_manifests(config: RouterConfig) -> list[dict[str, Any]]:
     """ServiceAccount, Role, RoleBinding (the driver starts executor pods), Secret, Service, Deployment."""
-    name = object_name(config.topic)
-    arguments = ["--topic", config.topic, "--config", f"{CONFIG_MOUNT}/{config.topic}.yaml"]
+    topic = config.settings.topic
+    name = object_name(topic)
+    arguments = ["--topic", topic, "--config", f"{CONFIG_MOUNT}/{topic}.yaml"]
     inside = config.in_query(kubernetes_config(config.query, name))
-    return _manifests(name, inside.query, {f"{config.topic}.yaml": settings_file(inside)}, arguments)
+    return _manifests(name, inside.query, {f"{topic}.yaml": settings_file(inside)}, arguments)
 
 
 def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, Any]]:
@@ -104,8 +105,8 @@ def group_manifests(group: str, configs: list[RouterConfig]) -> list[dict[str, A
     inside = [config.in_query(kubernetes_config(config.query, name)) for config in configs]
     arguments = ["--group", group]
     for config in configs:
-        arguments += ["--topic", config.topic]
-    files = {f"{config.topic}.yaml": settings_file(config) for config in inside}
+        arguments += ["--topic", config.settings.topic]
+    files = {f"{config.settings.topic}.yaml": settings_file(config) for config in inside}
     return _manifests(name, inside[0].query, files, [*arguments, "--topics-dir", CONFIG_MOUNT])
 
 

@@ -54,14 +54,14 @@ def check_group(configs: list[RouterConfig]) -> None:
     if not configs:
         raise ConfigError("a group needs at least one topic: give --topic")
     first = configs[0]
-    topics = [config.topic for config in configs]
+    topics = [config.settings.topic for config in configs]
     if len(set(topics)) != len(topics):
         raise ConfigError(f"a topic is named twice: {', '.join(topics)}")
-    for config in configs[1:]:
+    for config, topic in zip(configs[1:], topics[1:], strict=True):
         check_shared_driver(config, first)
         if config.query.deploy != first.query.deploy:
             raise ConfigError(
-                f"topic {config.topic}: its deploy settings differ from those of topic {first.topic}; "
+                f"topic {topic}: its deploy settings differ from those of topic {topics[0]}; "
                 "the topics of a group share one driver's pod and executors: make them the same"
             )
 
@@ -74,11 +74,11 @@ def metrics_port(config: QuerySettings) -> int:
 def spark_submit(config: RouterConfig, config_file: Path | None, available_now: bool = False) -> list[str]:
     """The spark-submit command that runs the router of `config`, whose settings are in `config_file`."""
     arguments = [
-        "--topic", config.topic,
+        "--topic", config.settings.topic,
         *(["--config", str(config_file.absolute())] if config_file is not None else []),
     ]  # fmt: skip
     return _spark_submit(
-        config.query, app_name(config.topic), config.query.spark.conf, arguments, available_now
+        config.query, app_name(config.settings.topic), config.query.spark.conf, arguments, available_now
     )
 
 
@@ -90,7 +90,7 @@ def spark_submit_group(
     first = configs[0]
     arguments = ["--group", group]
     for config in configs:
-        arguments += ["--topic", config.topic]
+        arguments += ["--topic", config.settings.topic]
     arguments += ["--topics-dir", str(topics_dir.absolute())]
     conf = many_topics_conf(driver_spark_conf(first.query.spark.conf))
     return _spark_submit(first.query, group_app_name(group), conf, arguments, available_now)
@@ -157,11 +157,11 @@ def settings_file(config: RouterConfig) -> str:
     dumped = flat_settings(config, mode="json", exclude_none=True)
     # What the file is of first, then the query's settings, then the topic's own.
     data = {key: dumped[key] for key in ("topic", "schema") if key in dumped} | dumped
-    if config.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
+    if config.settings.schema_dir == AVRO_DIR:  # the schemas inside the image, wherever it installed them
         del data["schema_dir"]
     if config.query.catalog.password is not None:
         data["catalog"]["password"] = config.query.catalog.password.get_secret_value()
-    registry = config.schema_registry
+    registry = config.settings.schema_registry
     if registry is not None and registry.basic_auth_user_info is not None:
         data["schema_registry"]["basic.auth.user.info"] = registry.basic_auth_user_info.get_secret_value()
     return yaml.safe_dump(data, sort_keys=False)

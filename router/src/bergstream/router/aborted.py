@@ -88,17 +88,17 @@ class AbortedReport:
 
 
 def find_aborted(spark: SparkSession, config: RouterConfig, delete: bool = False) -> AbortedReport:
-    """The rows of aborted transactions in `config.topic`'s archive and dead-letter tables; with `delete`,
+    """The rows of aborted transactions in the topic's archive and dead-letter tables; with `delete`,
     removed."""
+    topic = config.settings.topic
     kafka = GroupCommitter(
-        config.topic, config.consumer_group, config.query.kafka_client_config(), READ_COMMITTED
+        topic, config.settings.consumer_group, config.query.kafka_client_config(), READ_COMMITTED
     )
     try:
         kafka.require_topic()
         checked = {p: (low, high) for p, (low, high) in kafka.watermarks().items()}
     finally:
         kafka.close()
-    topic = config.topic
     ending = json.dumps({topic: {str(p): high for p, (_, high) in checked.items()}})
     options = {**config.query.kafka, ISOLATION_OPTION: READ_COMMITTED}
     committed = (
@@ -107,7 +107,7 @@ def find_aborted(spark: SparkSession, config: RouterConfig, delete: bool = False
         .localCheckpoint()
     )
     report = AbortedReport(topic, config.query.cluster, checked, [], delete)
-    for name in (config.table, config.table + DEAD_LETTER_SUFFIX):
+    for name in (config.settings.table, config.settings.table + DEAD_LETTER_SUFFIX):
         identifier = config.query.catalog.table_identifier(name)
         report.tables.append(_in_table(spark, config, identifier, checked, committed, delete))
     return report

@@ -33,26 +33,26 @@ class ArchiveTables:
 
     def prepare(self, layout: ArchiveLayout) -> None:
         """Create the tables, or bring their properties and schemas in line with the settings."""
-        config = self.config
+        config, settings = self.config, self.config.settings
         # What the table holds, for the backfill and the replay to read without the topic's settings.
         described = {
-            TOPIC_PROPERTY: config.topic,
-            SCHEMA_PROPERTY: config.schema_name,
-            ENCODING_PROPERTY: config.encoding,
+            TOPIC_PROPERTY: settings.topic,
+            SCHEMA_PROPERTY: settings.schema_name,
+            ENCODING_PROPERTY: settings.encoding,
         }
-        if config.schema_registry is not None and config.subject is not None:
-            described[SCHEMA_REGISTRY_PROPERTY] = config.schema_registry.url
-            described[SUBJECT_PROPERTY] = config.subject
+        if settings.schema_registry is not None and settings.subject is not None:
+            described[SCHEMA_REGISTRY_PROPERTY] = settings.schema_registry.url
+            described[SUBJECT_PROPERTY] = settings.subject
         properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
-        ensure_tables(self.spark, config.query.catalog, layout, config.target_file_size_bytes, properties)
+        ensure_tables(self.spark, config.query.catalog, layout, settings.target_file_size_bytes, properties)
         for table in (layout.table, layout.dead_letter_table):
             identifier = config.query.catalog.table_identifier(table)
-            others = sorted(recorded_topics(self.spark, identifier) - {config.topic})
+            others = sorted(recorded_topics(self.spark, identifier) - {settings.topic})
             if others:
                 raise ConfigError(
                     f"table {identifier} holds records of topic {', '.join(others)}, written by another "
-                    f"router, and not of {config.topic} alone: one table holds one topic. Give topic "
-                    f"{config.topic} a table of its own (`table:` in its settings file)"
+                    f"router, and not of {settings.topic} alone: one table holds one topic. Give topic "
+                    f"{settings.topic} a table of its own (`table:` in its settings file)"
                 )
         warn_of_long_history(config)
         self.evolve(layout)

@@ -49,6 +49,8 @@ class BatchArchiver:
         accounting: BatchAccounting,
     ) -> None:
         self.config = config
+        # The topic's own settings (`config.query`: those of the query that reads it).
+        self.settings = config.settings
         self.metrics = metrics
         self.tables = tables
         self.retry = retry
@@ -68,7 +70,7 @@ class BatchArchiver:
         # The query's first batch may come before `started` is told the query's id.
         self._started = threading.Event()
         self._expect_dead_letters = False
-        self._write_tasks = config.write_tasks or spark.sparkContext.defaultParallelism
+        self._write_tasks = self.settings.write_tasks or spark.sparkContext.defaultParallelism
         self._previous_read: int | None = None
         # The one job that writes every batch, here of this topic alone (together.py).
         self._job = TogetherWriter(spark, spark.sparkContext.defaultParallelism, commit_threads=1)
@@ -98,14 +100,14 @@ class BatchArchiver:
             covered = batch_range(
                 self._query,
                 batch_id,
-                self.config.topic,
+                self.settings.topic,
                 self._starting,
                 previous[1].end if previous else None,
             )
         self._covered = (batch_id, covered)
-        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.settings.records_per_write_task)
         by_spark = partial(self._archive_by_spark, records, batch_id, covered)
-        topic = self.config.topic
+        topic = self.settings.topic
         self._job.archive_alone(records.coalesce(tasks), batch_id, topic, self, covered, self.retry, by_spark)
 
     def _archive_by_spark(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
@@ -121,7 +123,7 @@ class BatchArchiver:
             self.layout, self.splitter = self.registry.layout, self.registry.splitter
         # A topic of many partitions is read by fewer tasks, each reading several partitions in turn:
         # fewer files per batch, and no more tasks than the cores that run them; a small batch by one.
-        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        tasks = write_tasks_for(self._previous_read, self._write_tasks, self.settings.records_per_write_task)
         stamped = self.splitter.stamp(records.coalesce(tasks))
         # A clean batch is read from Kafka once: parsed, counted and appended in one pass. A topic that
         # has just dead-lettered records is likely to again; its batch is kept in memory instead of
@@ -181,7 +183,7 @@ class BatchArchiver:
     def write_tasks(self) -> int:
         """How many tasks write the topic's next batch: one per `records_per_write_task` records its last
         batch read, up to `write_tasks` (write_tasks_for)."""
-        return write_tasks_for(self._previous_read, self._write_tasks, self.config.records_per_write_task)
+        return write_tasks_for(self._previous_read, self._write_tasks, self.settings.records_per_write_task)
 
     def replayed(self, batch_id: int) -> bool:
         """Whether either table already holds batch `batch_id`: a replay."""
@@ -244,9 +246,8 @@ class BatchArchiver:
         batch's own commit."""
         assert self._writers is not None
         writer = self._writers[0]
-        where = (
-            f"topic {self.config.topic} (cluster {self.config.query.cluster}): another router writes it into "
-        )
+        topic, cluster = self.settings.topic, self.config.query.cluster
+        where = f"topic {topic} (cluster {cluster}): another router writes it into "
         if committed:
             return SecondWriter(
                 f"{where}{writer.identifier}: its {commit}, and this router's batch {batch_id} (query "
@@ -296,7 +297,7 @@ class BatchArchiver:
             if not held:
                 writer.committed(batch_id)
             if took > 0:
-                self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
+                self.metrics.commit_latency.labels(self.settings.topic, writer.identifier).observe(took)
         self._expect_dead_letters = counts.dead_lettered > 0
         self._previous_read = counts.read
         appended: list[tuple[BatchTableWriter, Appended | None]] = [
@@ -314,7 +315,7 @@ class BatchArchiver:
 
     @property
     def commit_policy(self) -> CommitPolicy:
-        return self.config.commit_policy
+        return self.settings.commit_policy
 
     def replayed_whole(self, batch_id: int) -> None:
         """Both tables hold batch `batch_id`: a replay with nothing to write."""
@@ -332,12 +333,12 @@ class BatchArchiver:
         result = writer.append(rows, batch_id, properties)
         took = time.monotonic() - commit_started
         if result is not None:
-            self.metrics.commit_latency.labels(self.config.topic, writer.identifier).observe(took)
+            self.metrics.commit_latency.labels(self.settings.topic, writer.identifier).observe(took)
         phases[writer.identifier.rsplit(".", 1)[-1]] = took
         return result
 
     def _observation(self, batch_id: int) -> Observation:
-        return Observation(f"bergstream-router-{self.config.topic}-{batch_id}-{uuid.uuid4().hex}")
+        return Observation(f"bergstream-router-{self.settings.topic}-{batch_id}-{uuid.uuid4().hex}")
 
     def _check_dead_letters(self, batch_id: int, counts: BatchCounts, observation: Observation) -> None:
         """The dead-letter pass reads the batch from Kafka again; it should find what the first pass found.
@@ -349,5 +350,5 @@ class BatchArchiver:
             log.error(
                 "%s batch %d: %d records failed to parse when archived but %d were dead-lettered on the "
                 "second read from Kafka; records expired from Kafka in between?",
-                self.config.topic, batch_id, counts.dead_lettered, dead_lettered,
+                self.settings.topic, batch_id, counts.dead_lettered, dead_lettered,
             )  # fmt: skip

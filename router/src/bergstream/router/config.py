@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
@@ -100,7 +101,7 @@ class DeploySettings(BaseModel):
     monitor: Literal["ServiceMonitor", "PodMonitor", "none"] = "ServiceMonitor"
 
 
-# A write task per this many records of the previous batch (RouterConfig.records_per_write_task's default).
+# A write task per this many records of the previous batch (TopicSettings.records_per_write_task's default).
 RECORDS_PER_WRITE_TASK = 20_000
 
 
@@ -149,7 +150,7 @@ class QuerySettings(BaseModel):
 
 class TopicSettings(BaseModel):
     """A topic's own settings: its schema and encoding, its table and files, when its files are committed,
-    its maintenance. The same whichever query reads the topic."""
+    its maintenance. The same whichever query reads the topic (`RouterConfig`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -238,23 +239,27 @@ class TopicSettings(BaseModel):
         return f"bergstream-router.{self.topic}"
 
 
-class RouterConfig(TopicSettings):
-    """A topic's settings with those of the query that reads it (`query`): a `--topic` router's query is
-    its topic's own, and a topic in a query of several runs with that query's. A topic's file is flat: the
-    query's keys in it are `query`'s (`split_query_keys`)."""
+class RouterConfig(BaseModel):
+    """A topic as a query reads it: the topic's own settings (`settings`) inside the settings of the query
+    around it (`query`). A `--topic` router's query is its topic's own, and a topic in a query of several
+    runs with that query's. A topic's file is flat: the query's keys in it are `query`'s (`flat`)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    settings: TopicSettings
     query: QuerySettings
 
-    @model_validator(mode="before")
     @classmethod
-    def _flat(cls, data: Any) -> Any:
-        return split_query_keys(data) if isinstance(data, dict) else data
+    def flat(cls, settings: Mapping[str, Any] | None = None, /, **more: Any) -> RouterConfig:
+        """A topic's settings as its file has them, flat (`settings`, then `more`), its query's keys among
+        its own (`split_query_keys`)."""
+        return cls.model_validate(split_query_keys({**(settings or {}), **more}))
 
     @property
     def snapshot_retention_hours(self) -> float:
         """How long snapshots are kept: as set, else 72 hours, or as long as MANY_SNAPSHOTS triggers take
         when that is shorter (about 2.8 hours at a 1-second trigger): the commit cost stays bounded."""
-        retention = self.maintenance.snapshot_retention_hours
+        retention = self.settings.maintenance.snapshot_retention_hours
         if retention is not None:
             return retention
         return min(DEFAULT_SNAPSHOT_RETENTION_HOURS, MANY_SNAPSHOTS * self.query.trigger_seconds / 3600)
@@ -262,11 +267,12 @@ class RouterConfig(TopicSettings):
     @property
     def origin(self) -> Origin:
         """Where the router's rows come from; the topic's Kafka id is learnt from Kafka at start."""
-        return Origin(self.topic, self.query.cluster, isolation_level(self.query.kafka))
+        return Origin(self.settings.topic, self.query.cluster, isolation_level(self.query.kafka))
 
     def in_query(self, query: QuerySettings) -> RouterConfig:
-        """The topic's settings as the query of `query`'s settings reads it."""
-        return self.model_copy(update={"query": QuerySettings.model_validate(query.query_settings())})
+        """The topic's settings as the query of `query`'s settings reads it (of a query's own settings, a
+        `DriverSettings`, only its QuerySettings)."""
+        return RouterConfig(settings=self.settings, query=QuerySettings(**query.query_settings()))
 
 
 def check_target_lag(lag: object) -> str | None:
@@ -281,21 +287,19 @@ def check_target_lag(lag: object) -> str | None:
     )
 
 
-# The field of a topic's settings that its file holds flat.
-FLAT = frozenset({"query"})
+# The fields of a topic as a query reads it whose keys its file holds flat, side by side.
+FLAT = frozenset(RouterConfig.model_fields)
 
 
-def split_query_keys(flat: dict[str, Any]) -> dict[str, Any]:
-    """A topic's settings as its file has them, flat, with the query's keys moved into `query`."""
-    if "query" in flat:
-        return flat
+def split_query_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A topic's settings as its file has them, flat, split into the topic's own and its query's."""
     query = {key: value for key, value in flat.items() if key in QuerySettings.model_fields}
-    return {**{key: value for key, value in flat.items() if key not in query}, "query": query}
+    return {"settings": {key: value for key, value in flat.items() if key not in query}, "query": query}
 
 
 def flat_settings(config: RouterConfig, **dump: Any) -> dict[str, Any]:
     """A topic's settings flat, as its file has them (`dump`: pydantic's `model_dump` options)."""
-    return {**config.query.model_dump(**dump), **config.model_dump(by_alias=True, exclude={"query"}, **dump)}
+    return {**config.query.model_dump(**dump), **config.settings.model_dump(by_alias=True, **dump)}
 
 
 def check_kafka_options(options: dict[str, str]) -> dict[str, str]:
@@ -368,6 +372,6 @@ def load_router_config(
     merged.setdefault("schema", topic)
     merged.setdefault("table", table_for_topic(topic))
     try:
-        return RouterConfig.model_validate(merged)
+        return RouterConfig.flat(merged)
     except ValidationError as error:
         raise ConfigError(f"{path}: {problems(error, flat=FLAT)}") from error

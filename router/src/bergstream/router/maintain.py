@@ -132,11 +132,11 @@ def maintain(
     spark: SparkSession, config: RouterConfig, now: datetime | None = None
 ) -> list[MaintenanceResult]:
     now = now or datetime.now(UTC)
-    settings = config.maintenance
+    settings = config.settings.maintenance
     catalog = config.query.catalog
     closed = closed_before(now, timedelta(minutes=settings.compaction_grace_minutes))
     results = []
-    for table in (config.table, f"{config.table}{DEAD_LETTER_SUFFIX}"):
+    for table in (config.settings.table, f"{config.settings.table}{DEAD_LETTER_SUFFIX}"):
         identifier = catalog.table_identifier(table)
         started = time.monotonic()
         compact = partial(_compact, spark, config, identifier, closed)
@@ -208,7 +208,7 @@ def _compact(spark: SparkSession, config: RouterConfig, identifier: str, closed:
         # The order bergstream's tables declare, said here for a table made without it (made by hand).
         f"sort_order => '{INGESTION_TS_COLUMN} ASC NULLS LAST', "
         f"where => '{INGESTION_TS_COLUMN} < TIMESTAMP \\'{closed:%Y-%m-%d %H:%M:%S}+00:00\\'', "
-        f"options => map('target-file-size-bytes', '{config.target_file_size_bytes}', "
+        f"options => map('target-file-size-bytes', '{config.settings.target_file_size_bytes}', "
         f"'min-input-files', '2', 'partial-progress.enabled', 'true'))"
     )
     compacted = spark.sql(statement).first()

@@ -49,11 +49,12 @@ def topic_parser(
     """The table's layout and the parser of the topic's values: from the newest version of the topic's
     subject in its schema registry, with the RegistryTopic that follows the subject; or from its schema
     file, without one."""
-    if config.schema_registry is not None:
+    settings = config.settings
+    if settings.schema_registry is not None:
         registry = RegistryTopic(config, stop)
         return registry.layout, registry.splitter, registry
-    layout = ArchiveLayout(load_event_schema(config.schema_name, config.schema_dir), config.table)
-    splitter = shared_splitter(layout, config.encoding, config.query.cluster, config.max_value_bytes)
+    layout = ArchiveLayout(load_event_schema(settings.schema_name, settings.schema_dir), settings.table)
+    splitter = shared_splitter(layout, settings.encoding, config.query.cluster, settings.max_value_bytes)
     return layout, splitter, None
 
 
@@ -62,30 +63,32 @@ class RegistryTopic:
     the topic's values with them."""
 
     def __init__(self, config: RouterConfig, stop: threading.Event | None = None) -> None:
-        settings = config.schema_registry
-        assert settings is not None and config.subject is not None
-        self.config = config
-        self.settings = settings
-        self.subject = config.subject
+        registry = config.settings.schema_registry
+        assert registry is not None and config.settings.subject is not None
+        # The topic's own settings, and the cluster of the query that reads it.
+        self.settings = config.settings
+        self.cluster = config.query.cluster
+        self.registry = registry
+        self.subject = config.settings.subject
         self._stop = stop or threading.Event()
-        self._schemas = SubjectSchemas(settings, self.subject, config.encoding)
+        self._schemas = SubjectSchemas(registry, self.subject, self.settings.encoding)
         self._unresolved: dict[int, str] = {}
-        self._outage = Outage(settings, self._stop, config.topic)
+        self._outage = Outage(registry, self._stop, self.settings.topic)
         # The first look at the subject, waited for as long as a batch would wait.
         refresh_waiting(self._schemas, self._outage, "starting")
         self.layout = self._newest_layout()
         self.splitter = self._new_splitter()
 
     def _newest_layout(self) -> ArchiveLayout:
-        return ArchiveLayout(self._schemas.event_schema(self.config.schema_name), self.config.table)
+        return ArchiveLayout(self._schemas.event_schema(self.settings.schema_name), self.settings.table)
 
     def _new_splitter(self) -> RecordSplitter:
-        name = self.config.schema_name
+        name = self.settings.schema_name
         writers = {schema_id: schema.avro_text(name) for schema_id, schema in self._schemas.by_id.items()}
         wire_schemas = WireSchemas(self.subject, writers, dict(self._unresolved))
-        config = self.config
+        settings = self.settings
         return RecordSplitter(
-            self.layout, config.encoding, config.query.cluster, config.max_value_bytes, wire_schemas
+            self.layout, settings.encoding, self.cluster, settings.max_value_bytes, wire_schemas
         )
 
     def before_batch(
@@ -104,15 +107,15 @@ class RegistryTopic:
         newest = self._newest_layout()
         if newest.event != self.layout.event:
             evolve(newest)
-            log.info("%s: the table's schema is now %s", self.config.topic, newest.event.source)
+            log.info("%s: the table's schema is now %s", self.settings.topic, newest.event.source)
             self.layout = newest
         self.splitter = self._new_splitter()
 
     def _back(self, batch_id: int) -> None:
         lasted = self._outage.end()
         if lasted is not None:
-            log.warning("%s batch %d: the schema registry at %s answers again after %.0fs", self.config.topic,
-                        batch_id, self.settings.url, lasted)  # fmt: skip
+            log.warning("%s batch %d: the schema registry at %s answers again after %.0fs",
+                        self.settings.topic, batch_id, self.registry.url, lasted)  # fmt: skip
         self._unresolved.clear()
 
     def _batch_ids(self, records: DataFrame) -> set[int]:
@@ -123,15 +126,15 @@ class RegistryTopic:
     def _wait_for(self, records: DataFrame, batch_id: int, error: RegistryUnavailable) -> None:
         missing = self._batch_ids(records) - set(self._schemas.by_id) - set(self._unresolved)
         if not missing:
-            log.warning("%s batch %d: %s; its schema ids are known", self.config.topic, batch_id, error)
+            log.warning("%s batch %d: %s; its schema ids are known", self.settings.topic, batch_id, error)
             return
         while True:
             if not self._outage.wait(error, f"batch {batch_id} needs schema ids {sorted(missing)}"):
                 reason = (
-                    f"the schema registry at {self.settings.url} did not answer for "
+                    f"the schema registry at {self.registry.url} did not answer for "
                     f"{self._outage.elapsed:.0f}s ({error})"
                 )
-                log.error("%s batch %d: schema ids %s dead-lettered: %s", self.config.topic, batch_id,
+                log.error("%s batch %d: schema ids %s dead-lettered: %s", self.settings.topic, batch_id,
                           sorted(missing), reason)  # fmt: skip
                 self._unresolved.update(dict.fromkeys(missing, reason))
                 return

@@ -48,7 +48,7 @@ def starting_offsets(
     log.warning(
         "%s: the checkpoint %s holds no batch; resuming where the tables' snapshots say the archive ends "
         "(%s), not from the settings' startingOffsets",
-        config.topic, config.query.checkpoint_location, listed,
+        config.settings.topic, config.query.checkpoint_location, listed,
     )  # fmt: skip
     return offsets
 
@@ -67,8 +67,8 @@ def recorded_positions(
     catalog = config.query.catalog
     archive_id = catalog.table_identifier(layout.table)
     dead_letter_id = catalog.table_identifier(layout.dead_letter_table)
-    archived = newest_recorded(spark, archive_id, config.topic, config.query.cluster)
-    dead_lettered = newest_recorded(spark, dead_letter_id, config.topic, config.query.cluster)
+    archived = newest_recorded(spark, archive_id, config.settings.topic, config.query.cluster)
+    dead_lettered = newest_recorded(spark, dead_letter_id, config.settings.topic, config.query.cluster)
     recorded = [position for position in (archived, dead_lettered) if position is not None]
     if not recorded:
         return None
@@ -99,7 +99,7 @@ def _append_dead_letters(
 ) -> None:
     """The archive's newest batch may have stopped before its dead letters were appended: read its range
     from Kafka again and append them, under the batch's own ids (so never twice)."""
-    topic = config.topic
+    topic = config.settings.topic
     batch = archived.range
     # Spark takes exact offsets only for every partition: one added since the batch reads nothing.
     low = {p: start for p, (start, _) in kafka.watermarks(partitions).items()}

@@ -39,26 +39,27 @@ def next_wait(every: float, failures_in_a_row: int) -> float:
 
 
 class MaintenanceSchedule:
-    """Runs `maintain` every `config.maintenance.every`, the first time one interval after `start`, and
-    sooner after a run that failed (`next_wait`)."""
+    """Runs `maintain` every `config.settings.maintenance.every`, the first time one interval after
+    `start`, and sooner after a run that failed (`next_wait`)."""
 
     def __init__(self, spark: SparkSession, config: RouterConfig, metrics: RouterMetrics) -> None:
-        every = config.maintenance.every_seconds
+        topic, every = config.settings.topic, config.settings.maintenance.every_seconds
         if every is None:
-            raise ValueError(f"{config.topic}: maintenance.every is not set")
+            raise ValueError(f"{topic}: maintenance.every is not set")
         self.spark = spark
         self.config = config
+        self.topic = topic
         self.metrics = metrics
         self.every = every
-        self._job_group = f"bergstream-maintenance-{config.topic}"
+        self._job_group = f"bergstream-maintenance-{topic}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=self._job_group, daemon=True)
 
     def start(self) -> None:
-        settings = self.config.maintenance
+        settings = self.config.settings.maintenance
         log.info(
             "%s: maintenance every %s (snapshots kept %gh, at least %d)",
-            self.config.topic, settings.every, self.config.snapshot_retention_hours,
+            self.topic, settings.every, self.config.snapshot_retention_hours,
             settings.retain_last_snapshots,
         )  # fmt: skip
         self._thread.start()
@@ -70,7 +71,7 @@ class MaintenanceSchedule:
             return
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("%s: cancelling the maintenance run still going", self.config.topic)
+            log.warning("%s: cancelling the maintenance run still going", self.topic)
             self.spark.sparkContext.cancelJobGroup(self._job_group)
             self._thread.join(timeout)
 
@@ -82,7 +83,7 @@ class MaintenanceSchedule:
 
     def run_once(self, failures_before: int = 0) -> bool:
         """One run; whether it succeeded. `failures_before`: the runs that failed in a row before it."""
-        topic, metrics = self.config.topic, self.metrics
+        topic, metrics = self.topic, self.metrics
         started = time.monotonic()
         try:
             results = maintain(self.spark, self.config)
@@ -103,7 +104,8 @@ class MaintenanceSchedule:
         for result in results:  # each table's summary is logged by maintain
             metrics.maintenance_expired_snapshots.labels(topic, result.table).inc(result.expired_snapshots)
             metrics.maintenance_backfill_held_snapshots.labels(topic, result.table).set(len(result.held))
-        log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, self.config.maintenance.every)
+        every = self.config.settings.maintenance.every
+        log.info("%s: maintenance done in %.1fs, next in %s", topic, seconds, every)
         return True
 
 
@@ -114,7 +116,7 @@ def warn_of_long_history(config: RouterConfig) -> None:
         log.warning(
             "%s: a commit every %s kept for %gh is about %d snapshots that every commit lists again; "
             "a shorter maintenance.snapshot_retention_hours keeps commits fast",
-            config.topic, config.query.trigger_interval, config.snapshot_retention_hours, retained,
+            config.settings.topic, config.query.trigger_interval, config.snapshot_retention_hours, retained,
         )  # fmt: skip
 
 
@@ -155,9 +157,9 @@ class RotatingMaintenance:
         """The topics whose maintenance is due at `now` (monotonic seconds), most overdue first; topics met
         for the first time are due one interval later."""
         for config in self._topics():
-            every = config.maintenance.every_seconds
-            if every is not None and config.topic not in self._due:
-                self._due[config.topic] = (
+            every = config.settings.maintenance.every_seconds
+            if every is not None and config.settings.topic not in self._due:
+                self._due[config.settings.topic] = (
                     MaintenanceSchedule(self.spark, config, self.metrics),
                     now + every,
                     0,

@@ -38,7 +38,7 @@ def maintained_properties(config: RouterConfig) -> dict[str, str]:
         "commit.manifest.min-count-to-merge": str(MANIFESTS_TO_MERGE),
         "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES),
         "history.expire.max-snapshot-age-ms": str(round(config.snapshot_retention_hours * 3_600_000)),
-        "history.expire.min-snapshots-to-keep": str(config.maintenance.retain_last_snapshots),
+        "history.expire.min-snapshots-to-keep": str(config.settings.maintenance.retain_last_snapshots),
     }
 
 

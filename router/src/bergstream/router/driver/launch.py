@@ -89,7 +89,7 @@ class Launch:
 
 def prepare(config: RouterConfig) -> None:
     """Refuse a topic that Kafka does not let the router read and commit for."""
-    require_access(config.topic, config.consumer_group, config.query.kafka_client_config())
+    require_access(config.settings.topic, config.settings.consumer_group, config.query.kafka_client_config())
 
 
 def launch(request: Launch, spark: SparkSession | None = None) -> list[TopicOutcome]:
@@ -184,17 +184,17 @@ def launch_pattern(
 def topic_query(
     spark: SparkSession, config: RouterConfig, metrics: RouterMetrics | None = None
 ) -> TopicsQuery:
-    """The query of `router run --topic T`, for `config.topic`, on `spark`, to run without a driver around it
-    (no maintenance, no signals)."""
-    settings = named_topics_settings(config.topic, [config], None)
-    return TopicsQuery(
-        settings, lambda topic: config, spark, metrics or RouterMetrics(config.topic), strict=True
-    )
+    """The query of `router run --topic T`, for the topic of `config`, on `spark`, to run without a driver
+    around it (no maintenance, no signals)."""
+    topic = config.settings.topic
+    settings = named_topics_settings(topic, [config], None)
+    return TopicsQuery(settings, lambda _: config, spark, metrics or RouterMetrics(topic), strict=True)
 
 
 def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:
     """Archive what the topic holds now and return: the query of `router run --topic T --available-now`."""
-    settings = named_topics_settings(config.topic, [config], None)
-    driver = Driver([settings], lambda topic: config, spark, RouterMetrics(config.topic), None, strict=True)
+    topic = config.settings.topic
+    settings = named_topics_settings(topic, [config], None)
+    driver = Driver([settings], lambda _: config, spark, RouterMetrics(topic), None, strict=True)
     (outcome,) = driver.run(available_now=True)
     return outcome.totals

@@ -60,12 +60,12 @@ class Members:
         try:
             config = self._load(topic)
             with self._adding:
-                owner = self._tables.setdefault(config.table, topic)
+                owner = self._tables.setdefault(config.settings.table, topic)
             if owner != topic:
                 raise ConfigError(
-                    f"table {config.table} already archives topic {owner}; give {topic} its own"
+                    f"table {config.settings.table} already archives topic {owner}; give {topic} its own"
                 )
-            committer = self.kafka.committer(topic, config.consumer_group)
+            committer = self.kafka.committer(topic, config.settings.consumer_group)
             archived = ArchivedTopic(config, self.spark, self.metrics, self._stopping, committer)
             archived.identify(self.spark, self.settings.checkpoint_location)
             added = archived

@@ -41,12 +41,13 @@ class SharedDriverMismatch(ConfigError):
 
 def check_shared_driver(config: RouterConfig, driver: RouterConfig) -> None:
     """The topics of one driver share its SparkSession: the same catalog and the same `spark` block."""
+    topic = config.settings.topic
     for key in ("catalog", "spark"):
         if getattr(config.query, key) != getattr(driver.query, key):
             raise SharedDriverMismatch(
-                f"topic {config.topic}: its {key} settings differ from those of topic {driver.topic}, "
+                f"topic {topic}: its {key} settings differ from those of topic {driver.settings.topic}, "
                 f"whose settings started this driver; the topics of one driver share their catalog and "
-                f"spark settings: make them the same, or run {config.topic} in a driver of its own"
+                f"spark settings: make them the same, or run {topic} in a driver of its own"
             )
 
 
@@ -110,7 +111,7 @@ def group_queries(
     for config in loaded:
         groups.setdefault(query_key(config.query), []).append(config)
     base = group_name(topics, name)
-    failed = [topic for topic in topics if topic not in {config.topic for config in loaded}]
+    failed = [topic for topic in topics if topic not in {config.settings.topic for config in loaded}]
     queries = []
     for index, configs in enumerate(groups.values()):
         first = configs[0]

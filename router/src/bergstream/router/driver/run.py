@@ -220,7 +220,7 @@ class Driver:
         except ConfigError as error:
             if self._strict:
                 raise
-            log.warning("topic %s: %s; its query reads it once that is mended", config.topic, error)
+            log.warning("topic %s: %s; its query reads it once that is mended", config.settings.topic, error)
 
     def _loading(self, topics: tuple[str, ...]) -> list[RouterConfig]:
         """The settings of `topics` that load; those that do not are refused by a strict driver, else

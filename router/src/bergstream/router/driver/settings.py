@@ -1,6 +1,7 @@
 """A query's own settings (`DriverSettings`): what it subscribes to, its Kafka connection and source
 options, trigger, rate limit, checkpoint, Spark session and metrics. Every topic's own settings
-(`RouterConfig`: its schema, table, maintenance) are its worker's (router/topic).
+(`TopicSettings`: its schema, table, maintenance) are its worker's (router/topic), inside the query's in
+the topic's `RouterConfig`.
 
 Where they come from:
 - `router run --topic T`: from T's file, the query named T and checkpointed where T's file says, as a
@@ -163,14 +164,17 @@ def named_topics_settings(
     first = topics[0]
     if checkpoint is None:
         checkpoint = first.query.checkpoint_location
-        if len(topics) > 1 or name != first.topic:
+        if len(topics) > 1 or name != first.settings.topic:
             checkpoint = sibling(first.query.checkpoint_location, name)
     query = first.query.query_settings()
     query["checkpoint_location"] = checkpoint
     if metrics_port is not None:
         query["metrics_port"] = metrics_port
     return DriverSettings(
-        name=name, topics=tuple(config.topic for config in topics), target_lag=first.target_lag, **query
+        name=name,
+        topics=tuple(config.settings.topic for config in topics),
+        target_lag=first.settings.target_lag,
+        **query,
     )
 
 

@@ -39,8 +39,8 @@ def redrive(
     dry_run: bool = False,
     show_progress: bool = False,
 ) -> RedriveReport:
-    """Archive the dead letters of `config.topic` that parse now (those whose reason contains `reason`),
-    exactly once, and mark them; with `dry_run`, only say what would happen."""
+    """Archive the dead letters of the topic of `config` that parse now (those whose reason contains
+    `reason`), exactly once, and mark them; with `dry_run`, only say what would happen."""
     started = time.monotonic()
     # A session of its own: the snapshot properties of the MERGE are set in its configuration, where no
     # other write of the caller's session (a router in the same driver) can pick them up.
@@ -48,7 +48,7 @@ def redrive(
     layout, splitter, _ = topic_parser(config)
     tables = RedriveTables(session, config, layout)
     report = RedriveReport(
-        topic=config.topic,
+        topic=config.settings.topic,
         redrive_id=new_redrive_id(),
         dead_letter_table=tables.dead_letters,
         archive_table=tables.archive,
@@ -81,7 +81,7 @@ def redrive(
         lower, upper = int(bounds.lower), int(bounds.upper)
         log.info(
             "redrive %s: parsing %d dead letters of %s ingested from %s to %s",
-            report.redrive_id, bounds.rows, config.topic, _instant(lower), _instant(upper),
+            report.redrive_id, bounds.rows, config.settings.topic, _instant(lower), _instant(upper),
         )  # fmt: skip
         classified = classify(tables, splitter, waiting, bounds.rows, lower, upper).persist()
         try:

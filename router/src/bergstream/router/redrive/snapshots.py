@@ -60,8 +60,8 @@ class RedriveTables:
         for identifier in (self.archive, self.dead_letters):
             if not session.catalog.tableExists(identifier):
                 raise RedriveError(
-                    f"topic {config.topic}: table {identifier} does not exist; "
-                    f"`bergstream router run --topic {config.topic}` creates it"
+                    f"topic {config.settings.topic}: table {identifier} does not exist; "
+                    f"`bergstream router run --topic {config.settings.topic}` creates it"
                 )
 
     def current_snapshot(self, identifier: str) -> int | None:

@@ -41,16 +41,16 @@ class ArchivedTopic:
         kafka: GroupCommitter,
     ) -> None:
         self.config = config
-        self.topic = config.topic
+        self.topic = config.settings.topic
         self.kafka = kafka
-        self.expired = ExpiredOffsets(config.topic, kafka, metrics)
-        self.accounting = BatchAccounting(config.topic, metrics, self.expired)
+        self.expired = ExpiredOffsets(self.topic, kafka, metrics)
+        self.accounting = BatchAccounting(self.topic, metrics, self.expired)
         self.tables = ArchiveTables(spark, config)
-        self.retry = CommitRetry(config.topic, config.query.commit_retry, metrics, stopping)
+        self.retry = CommitRetry(self.topic, config.query.commit_retry, metrics, stopping)
         self.archiver = BatchArchiver(spark, config, metrics, self.tables, self.retry, self.accounting)
         self.together: BatchTables = self.archiver
         self.follower = ProgressFollower(
-            config.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
+            self.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
             config.query.lag_refresh_seconds, cluster=config.query.cluster,
         )  # fmt: skip
         self.tables.prepare(self.archiver.layout)
