@@ -49,6 +49,19 @@ def killed(router: subprocess.Popen[bytes]) -> None:
     router.wait(60)
 
 
+def on_an_hours_lag(
+    stack: Services, tmp_path: Path, pattern: str, topics_dir: Path
+) -> tuple[Path, list[str], Path]:
+    """A pattern router's command over `pattern` at a 1 s trigger and an hour's target lag (nothing commits on
+    its lag while a test runs), with where it records pending files and where it logs."""
+    defaults = write_defaults(
+        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
+        target_lag="1h",
+    )  # fmt: skip
+    command = pattern_command(pattern, defaults, topics_dir)
+    return tmp_path / "checkpoint" / RECORDS_DIR, command, tmp_path / "router.log"
+
+
 def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_router_is_killed_at(
     stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
@@ -59,14 +72,7 @@ def test_files_pending_on_a_target_lag_are_committed_once_whatever_step_the_rout
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     topics_dir = tmp_path / "topics"
     topics_dir.mkdir()
-    # An hour's target lag: nothing commits on its lag while the test runs.
-    defaults = write_defaults(
-        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
-        target_lag="1h",
-    )  # fmt: skip
-    records = tmp_path / "checkpoint" / RECORDS_DIR
-    command = pattern_command(rf"{prefix}\..*", defaults, topics_dir)
-    log = tmp_path / "router.log"
+    records, command, log = on_an_hours_lag(stack, tmp_path, rf"{prefix}\..*", topics_dir)
     tables = {topic: table_for_topic(topic) for topic in topics}
     identifiers = {
         topic: f"{stack.catalog.name}.{stack.catalog.namespace}.{t}" for topic, t in tables.items()
@@ -214,13 +220,7 @@ def test_a_table_dropped_while_files_are_pending_for_it_holds_the_pending_batche
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     (topics_dir := tmp_path / "topics").mkdir()
-    defaults = write_defaults(
-        stack, tmp_path, schema="playback", encoding="json", cluster="test", trigger_interval="1 second",
-        target_lag="1h",
-    )  # fmt: skip
-    records = tmp_path / "checkpoint" / RECORDS_DIR
-    command = pattern_command(rf"{topic_name[:40]}\.dropped", defaults, topics_dir)
-    log = tmp_path / "router.log"
+    records, command, log = on_an_hours_lag(stack, tmp_path, rf"{topic_name[:40]}\.dropped", topics_dir)
     table = table_for_topic(topic)
     identifier = f"{stack.catalog.name}.{stack.catalog.namespace}.{table}"
 

@@ -320,6 +320,16 @@ class TopicWriterTest {
     assertEquals(0L, spark.sql("SELECT count(*) FROM t.ns.replayed").first().getLong(0));
   }
 
+  /** Tables `name` made, and batch 3's files for them written and held (offsets 100 to 108). */
+  static PendingFiles heldBatch3(String name) throws Exception {
+    createTables(name);
+    PendingFiles held = new PendingFiles();
+    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
+            List.of(pendingWrite(name, 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
+        .hold(held, 3, List.of(0));
+    return held;
+  }
+
   static TopicWrite pendingWrite(String table, long batch, int first, int end) {
     Map<String, String> properties =
         Map.of("q", "query-p", "b", Long.toString(batch), "topic", "plays", "cluster", "test", "start",
@@ -390,11 +400,7 @@ class TopicWriterTest {
     assertEquals(12L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
 
     // Of a record whose batch was never committed, a restart commits the files read back from it, once.
-    createTables("restarted");
-    PendingFiles first = new PendingFiles();
-    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
-            List.of(pendingWrite("restarted", 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
-        .hold(first, 3, List.of(0));
+    PendingFiles first = heldBatch3("restarted");
     Path again = Files.createTempDirectory(warehouse, "restarted");
     first.record(spark, again.resolve("3.json").toString(),
         "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.restarted\": {}}}");
@@ -407,11 +413,7 @@ class TopicWriterTest {
     assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
     // A table dropped and made again under its name since its files were recorded: another table (another
     // uuid), into which its files are not committed; a table dropped and not made again: gone.
-    createTables("remade");
-    PendingFiles held = new PendingFiles();
-    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
-            List.of(pendingWrite("remade", 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
-        .hold(held, 3, List.of(0));
+    PendingFiles held = heldBatch3("remade");
     Path remade = Files.createTempDirectory(warehouse, "remade");
     held.record(spark, remade.resolve("3.json").toString(),
         "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.remade\": {}, "
