@@ -107,7 +107,7 @@ def test_a_topic_created_again_while_the_router_runs_stops_it_before_its_next_ba
     )
     try:
         identity = TopicIdentity(topic, CLUSTER, kafka)
-        started_on = identity.at_start(spark, str(tmp_path / "checkpoint"), [])
+        started_on = identity.at_start(spark, str(tmp_path / "checkpoint"), {})
         identity.before_batch(6)  # the same topic: no error
         recreate(stack.bootstrap_servers, topic, 2)
 

@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 from bergstream.errors import ConfigError
 from bergstream.router.config import RouterConfig
 from bergstream.router.evolve import evolve_metadata, evolve_table
-from bergstream.router.recorded_positions import recorded_topics
+from bergstream.router.recorded_positions import RecordedHistory, recorded_history
 from bergstream.router.schedule import warn_of_long_history
 from bergstream.router.table import ensure_tables, maintained_properties
 from bergstream.router.write import BatchTableWriter
@@ -31,8 +31,9 @@ class ArchiveTables:
         self.spark = spark
         self.config = config
 
-    def prepare(self, layout: ArchiveLayout) -> None:
-        """Create the tables, or bring their properties and schemas in line with the settings."""
+    def prepare(self, layout: ArchiveLayout) -> dict[str, RecordedHistory]:
+        """Create the tables, or bring their properties and schemas in line with the settings; their recorded
+        histories as they are now, read once for every check at start (router/identity.py's too)."""
         config, settings = self.config, self.config.settings
         # What the table holds, for the backfill and the replay to read without the topic's settings.
         described = {
@@ -45,9 +46,11 @@ class ArchiveTables:
             described[SUBJECT_PROPERTY] = settings.subject
         properties = {**described, **ENCODING_PROPERTIES, **maintained_properties(config)}
         ensure_tables(self.spark, config.query.catalog, layout, settings.target_file_size_bytes, properties)
+        histories = {}
         for table in (layout.table, layout.dead_letter_table):
             identifier = config.query.catalog.table_identifier(table)
-            others = sorted(recorded_topics(self.spark, identifier) - {settings.topic})
+            histories[identifier] = recorded_history(self.spark, identifier)
+            others = sorted(histories[identifier].topics - {settings.topic})
             if others:
                 raise ConfigError(
                     f"table {identifier} holds records of topic {', '.join(others)}, written by another "
@@ -57,6 +60,7 @@ class ArchiveTables:
         warn_of_long_history(config)
         self.evolve(layout)
         evolve_metadata(self.spark, config.query.catalog.table_identifier(layout.dead_letter_table))
+        return histories
 
     def evolve(self, layout: ArchiveLayout) -> None:
         """Add the columns of a newer event schema to the archive table."""

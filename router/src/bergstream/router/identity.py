@@ -23,14 +23,17 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bergstream.errors import ConfigError
+from bergstream.schemas.batch_range import TOPIC_ID
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from bergstream.router.consumer_group import GroupCommitter
+    from bergstream.router.recorded_positions import RecordedHistory
 
 log = logging.getLogger("bergstream.router")
 # Beside Spark's offset log in the query's checkpoint: {"<topic>": "<topic id>", ...}.
@@ -134,17 +137,19 @@ class TopicIdentity:
         self.kafka = kafka
         self.topic_id: str | None = None
 
-    def at_start(self, spark: SparkSession, checkpoint: str, tables: list[str]) -> str | None:
-        """Kafka's id of the topic now, once the checkpoint and `tables` are found to record no other; it is
-        then kept beside the checkpoint."""
-        from bergstream.router.recorded_positions import recorded_topic_id
-
+    def at_start(
+        self, spark: SparkSession, checkpoint: str, tables: Mapping[str, RecordedHistory]
+    ) -> str | None:
+        """Kafka's id of the topic now, once the checkpoint and `tables` (each table's recorded history as
+        read at start, by its identifier) are found to record no other; it is then kept beside the
+        checkpoint."""
         current = self.kafka.topic_id()
         kept = CheckpointFile(spark, checkpoint)
         ids = {str(topic): str(topic_id) for topic, topic_id in kept.read().items()}
         refuse_another(self.topic, current, ids.get(self.topic), f"the router's checkpoint ({kept.location})")
-        for identifier in tables:
-            recorded = recorded_topic_id(spark, identifier, self.topic, self.cluster)
+        for identifier, history in tables.items():
+            newest = history.newest_of(TOPIC_ID, self.topic, self.cluster)
+            recorded = None if newest is None else newest[1][TOPIC_ID]
             refuse_another(self.topic, current, recorded, f"table {identifier}")
         if current is not None:
             kept.put(self.topic, current)

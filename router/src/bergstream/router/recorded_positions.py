@@ -98,18 +98,6 @@ def newest_recorded(spark: SparkSession, identifier: str, topic: str, cluster: s
     )
 
 
-def recorded_topic_id(spark: SparkSession, identifier: str, topic: str, cluster: str) -> str | None:
-    """The Kafka topic id of the newest commit in `identifier`'s current history that records one for
-    `topic` read from `cluster`; None when none does."""
-    newest = recorded_history(spark, identifier).newest_of(TOPIC_ID, topic, cluster)
-    return None if newest is None else newest[1][TOPIC_ID]
-
-
-def recorded_topics(spark: SparkSession, identifier: str) -> set[str]:
-    """The topics the commits of `identifier`'s current history record rows of."""
-    return set(recorded_history(spark, identifier).topics)
-
-
 def resume_offsets(recorded: list[Recorded], partitions: list[int]) -> dict[int, int]:
     """Where a router without a checkpoint starts: per partition, the furthest position any table recorded;
     `EARLIEST` for a partition none did (a partition added since)."""

@@ -20,6 +20,7 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress_follower import ProgressFollower
+from bergstream.router.recorded_positions import RecordedHistory, recorded_history
 from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.topic import BatchTables
 from bergstream.schemas.batch_range import EARLIEST, BatchRange
@@ -53,7 +54,8 @@ class ArchivedTopic:
             self.topic, kafka, metrics, self.expired, lambda: self.accounting.newest_ingestion,
             config.query.lag_refresh_seconds, cluster=config.query.cluster,
         )  # fmt: skip
-        self.tables.prepare(self.archiver.layout)
+        # Read once at start, for the check of the topic's id that follows (`identify`).
+        self._recorded: dict[str, RecordedHistory] | None = self.tables.prepare(self.archiver.layout)
 
     @property
     def totals(self) -> RouterTotals:
@@ -94,9 +96,13 @@ class ArchivedTopic:
         otherwise; the tables' commits record it from then on."""
         archiver = self.archiver
         layout = archiver.layout
-        tables = [
-            self.config.query.catalog.table_identifier(t) for t in (layout.table, layout.dead_letter_table)
-        ]
+        tables, self._recorded = self._recorded, None
+        if tables is None:  # identified before: the tables as they are now
+            identifiers = (layout.table, layout.dead_letter_table)
+            tables = {
+                name: recorded_history(spark, name)
+                for name in (self.config.query.catalog.table_identifier(t) for t in identifiers)
+            }
         identity = TopicIdentity(self.topic, self.config.query.cluster, self.kafka)
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
 
