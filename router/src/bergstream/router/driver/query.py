@@ -248,8 +248,8 @@ class TopicsQuery:
         busy_topics = sorted(topic for topic, covered in ranges.items() if may_hold_records(covered))
         # A topic whose end fell below the batch's start holds nothing for Spark: made again with fewer
         # records, it is refused all the same before anything more is archived or committed for it.
-        moved = sorted(topic for topic, covered in ranges.items() if moved_back(covered))
-        self._check_ids([topic for topic in moved if topic in self.topics], batch_id)
+        moved = [topic for topic, covered in sorted(ranges.items()) if moved_back(covered)]
+        self._check_ids([t for t in moved if t in self.topics and t not in busy_topics], batch_id)
         if not busy_topics:
             self._archived_batch = batch_id
             with self._writing:

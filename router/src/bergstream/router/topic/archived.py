@@ -20,7 +20,7 @@ from bergstream.router.expired import ExpiredOffsets
 from bergstream.router.identity import TopicIdentity
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.progress_follower import ProgressFollower
-from bergstream.router.recorded_positions import RecordedHistory, recorded_history
+from bergstream.router.recorded_positions import RecordedHistory
 from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.topic import BatchTables
 from bergstream.schemas.batch_range import EARLIEST, BatchRange
@@ -94,16 +94,10 @@ class ArchivedTopic:
     def identify(self, spark: SparkSession, checkpoint: str) -> None:
         """Learn the topic's Kafka id, refusing one that the query's checkpoint or the topic's tables record
         otherwise; the tables' commits record it from then on."""
-        archiver = self.archiver
-        layout = archiver.layout
         tables, self._recorded = self._recorded, None
-        if tables is None:  # identified before: the tables as they are now
-            identifiers = (layout.table, layout.dead_letter_table)
-            tables = {
-                name: recorded_history(spark, name)
-                for name in (self.config.query.catalog.table_identifier(t) for t in identifiers)
-            }
+        assert tables is not None, "a topic is identified once, at start, against its tables as prepared"
         identity = TopicIdentity(self.topic, self.config.query.cluster, self.kafka)
+        archiver = self.archiver
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
 
     def replayed(self, batch_id: int) -> bool:
