@@ -1,5 +1,5 @@
 """Spark's Kafka source for one topic, as the router and an application's live named sources read it; and
-one range of it as a batch read.
+one range of it, or of several topics, as a batch read.
 
 Options keep the names of Spark's Kafka source (`kafka.bootstrap.servers`, `startingOffsets`, ...); the
 defaults below are bergstream's, and a user's settings override each of them.
@@ -7,6 +7,7 @@ defaults below are bergstream's, and a user's settings override each of them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -86,5 +87,32 @@ def kafka_range(
         .option("includeHeaders", "true")
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)
+        .load()
+    )
+
+
+def kafka_ranges(
+    spark: SparkSession,
+    options: Mapping[str, str],
+    ranges: Mapping[str, tuple[Mapping[int, int], Mapping[int, int]]],
+    group: str,
+) -> DataFrame:
+    """The records of several topics' ranges ({topic: (start, end)}, offsets per partition) read as one
+    batch with the streaming source's `options`, headers included. `group`: the consumers' group id, the
+    same for every read, so that Spark's executors reuse their pooled consumers from one read to the next
+    (a read of its own group would open new ones for every partition)."""
+    kept = {key: value for key, value in options.items() if key not in _STREAMING_ONLY}
+    kept = {k: v for k, v in kept.items() if k not in ("subscribe", "subscribePattern", "assign")}
+    starting = {t: {str(p): o for p, o in sorted(start.items())} for t, (start, _) in sorted(ranges.items())}
+    ending = {t: {str(p): o for p, o in sorted(end.items())} for t, (_, end) in sorted(ranges.items())}
+    assign = {topic: sorted(int(p) for p in offsets) for topic, offsets in ending.items()}
+    return (
+        spark.read.format("kafka")
+        .options(**{**SOURCE_DEFAULTS, **kept})
+        .option("assign", json.dumps(assign))
+        .option("kafka.group.id", group)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
         .load()
     )

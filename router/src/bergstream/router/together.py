@@ -27,9 +27,8 @@ from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
 from bergstream.router.batch_counts import BatchCounts, PartitionRead
-from bergstream.router.commit_policy import Written, written_of
 from bergstream.router.commit_retry import CommitRetry
-from bergstream.router.pending import PendingCommits
+from bergstream.router.metrics import RouterMetrics
 from bergstream.router.retry import java_causes
 from bergstream.router.topic import BatchTables, TopicWorker
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
@@ -85,8 +84,11 @@ class Refused(Exception):
 class TogetherWriter:
     """Writes the topics of a batch in one job: together, or one on its own."""
 
-    def __init__(self, spark: SparkSession, cores: int, commit_threads: int) -> None:
+    def __init__(
+        self, spark: SparkSession, cores: int, commit_threads: int, metrics: RouterMetrics | None = None
+    ) -> None:
         self.spark = spark
+        self._metrics = metrics
         self._cores = cores
         self._commit_threads = commit_threads
 
@@ -114,14 +116,12 @@ class TogetherWriter:
         holding: dict[str, tuple[bool, bool]],
         tasks: int | None = None,
         shares: dict[str, int] | None = None,
-        pending: PendingCommits | None = None,
     ) -> list[str]:
         """Write the `tables` of a batch's topics in one Spark job, each table that does not hold the batch
-        already (`holding`), then commit those that are due (`pending` decides; without it, every one) and
-        keep the others' files pending; the topics left to archive on their own: those whose rows cannot be
-        planned apart, or whose write failed (their worker tries again, and finds what landed). The job has
-        `tasks` tasks at most (else one per core), a topic read by `shares[topic]` of them at most (else
-        one)."""
+        already (`holding`), then commit them, several at once; the topics left to archive on their own:
+        those whose rows cannot be planned apart, or whose write failed (their worker tries again, and finds
+        what landed). The job has `tasks` tasks at most (else one per core), a topic read by `shares[topic]`
+        of them at most (else one)."""
         started = time.monotonic()
         together = []
         for topic, topic_tables in tables.items():
@@ -144,10 +144,8 @@ class TogetherWriter:
         if not together:
             return alone
         planned = time.monotonic()
-        widened = {t: pending.widened(t, ranges[t]) if pending else ranges[t] for t in together}
         try:
-            written = self._job(source, batch_id, together, plans, tables, widened, holding, tasks, shares,
-                                commit=False)  # fmt: skip
+            written = self._job(source, batch_id, together, plans, tables, ranges, holding, tasks, shares)
         except Exception as error:
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
             # (CommitRetry), and finds what landed before it.
@@ -157,46 +155,18 @@ class TogetherWriter:
                 tables[topic].forget_commits()
             return alone + together
         outcomes = json.loads(written.json())
-        for topic, outcome in zip(together, outcomes, strict=True):
-            if outcome["second_writer"] is not None:
-                raise tables[topic].second_writer(batch_id, outcome["second_writer"], False)
-        due: dict[str, str] = {}
-        held: dict[str, tuple[list[str], dict[str, str], BatchRange, Written]] = {}
-        for index, (topic, outcome) in enumerate(zip(together, outcomes, strict=True)):
-            if outcome["error"] is not None:
-                continue
-            written_now = written_of(outcome["totals"], str(plans[index].id()))
-            reason = "every batch" if pending is None else pending.due(topic, tables[topic].commit_policy,
-                                                                       written_now)  # fmt: skip
-            if reason is not None:
-                due[topic] = reason
-                continue
-            archive, dead_letters = tables[topic].identifiers
-            totals = outcome["totals"]
-            identifiers = [name for name, files in ((archive, totals[2]), (dead_letters, totals[4]))
-                           if name is not None and files > 0]  # fmt: skip
-            properties = tables[topic].batch_properties(batch_id, widened[topic])
-            held[topic] = (identifiers, properties, widened[topic], written_now)
-        if held:
-            assert pending is not None
-            written.hold(pending.files, batch_id, [together.index(topic) for topic in held])
-            query_id = next(iter(held.values()))[1][QUERY_ID]
-            pending.hold(batch_id, query_id, held)
-        if due:
-            written.commit(pending.files if pending else None, [together.index(t) for t in due],
-                           self._commit_threads)  # fmt: skip
-            outcomes = json.loads(written.json())
         seconds = time.monotonic() - started
         tables_ms, job_ms, commit_ms = (int(ms) for ms in written.millis())
         log.info(
             "batch %d: %d topics written together in %.1fs: their plans in %.1fs, their tables loaded "
-            "in %.1fs, one job of %.1fs, %d commits in %.1fs (%d held)", batch_id,
-            len(together), seconds, planned - started, tables_ms / 1000, job_ms / 1000, len(due),
-            commit_ms / 1000, len(held),
+            "in %.1fs, one job of %.1fs, their commits in %.1fs", batch_id, len(together), seconds,
+            planned - started, tables_ms / 1000, job_ms / 1000, commit_ms / 1000,
         )  # fmt: skip
         for topic, outcome in zip(together, outcomes, strict=True):
             if outcome["second_writer"] is not None:
-                raise tables[topic].second_writer(batch_id, outcome["second_writer"], True)
+                raise tables[topic].second_writer(
+                    batch_id, outcome["second_writer"], outcome["committed_beside"]
+                )
         for topic, outcome in zip(together, outcomes, strict=True):
             refused = outcome["error"]
             if refused is not None:
@@ -206,22 +176,12 @@ class TogetherWriter:
                 alone.append(topic)
                 continue
             counts, archived, dead_lettered, commits = outcome_counts(outcome)
-            if topic in held:
-                tables[topic].written_together(
-                    batch_id, counts, archived, dead_lettered, seconds, commits, holding[topic][0], held=True
-                )
-                continue
             tables[topic].written_together(
                 batch_id, counts, archived, dead_lettered, seconds, commits, holding[topic][0]
             )
-            if pending is not None:
-                pending.committed(topic)
-                pending.metrics.pending_commits.labels(topic, due[topic]).inc()
-                metadata_bytes = outcome["totals"][10]
-                if metadata_bytes > 0:
-                    pending.metrics.metadata_bytes.labels(topic, tables[topic].identifiers[0]).set(
-                        metadata_bytes
-                    )
+            metadata_bytes = outcome["totals"][10]
+            if metadata_bytes > 0 and self._metrics is not None:
+                self._metrics.metadata_bytes.labels(topic, tables[topic].identifiers[0]).set(metadata_bytes)
         return alone
 
     def archive_alone(
@@ -299,10 +259,9 @@ class TogetherWriter:
         holding: dict[str, tuple[bool, bool]],
         tasks: int | None,
         shares: dict[str, int] | None,
-        commit: bool = True,
     ) -> Any:
-        """TopicTables.write of `topics` (with their rows' `plans`), each commit's summary recording its
-        range of `ranges`; with `commit`, every topic committed."""
+        """TopicTables.write of `topics` (with their rows' `plans`), each committed, its summary recording
+        its range of `ranges`."""
         jvm = source.sparkSession._jvm
         assert jvm is not None
         topic_write = getattr(jvm, TOPIC_WRITE)
@@ -314,9 +273,7 @@ class TogetherWriter:
             writes.append(
                 topic_write(topic, plan, archive, dead_letters, archive_holds, dead_letters_hold, properties)
             )
-        return write_tables(
-            source, writes, tasks or self._cores, shares or {}, self._commit_threads if commit else None
-        )
+        return write_tables(source, writes, tasks or self._cores, shares or {}, self._commit_threads)
 
 
 def write_tables(

@@ -1,10 +1,15 @@
-"""One micro-batch of a query: split by topic, each topic's rows above its floor, every topic that can be
-written together written by one Spark job (together.py), the others archived one by one by their workers,
-several at once."""
+"""One micro-batch of a query: each topic's range met (added to what it has unread, unread.py), the topics
+that are due read from Kafka in one read, each from where its archive ends, every topic that can be written
+together written by one Spark job (together.py), the others archived one by one by their workers, several at
+once. A batch whose due topics are exactly its topics with records, each due for this batch's range alone
+(a topic without a target lag: every batch), writes the records Spark read for it, as before target lags.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from pyspark import StorageLevel
@@ -12,15 +17,26 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bergstream.errors import first_line
+from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
+from bergstream.router.driver.unread import UnreadRanges
 from bergstream.router.errors import StopRequested
-from bergstream.router.pending import PendingCommits
+from bergstream.router.metrics import RouterMetrics
 from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
 from bergstream.schemas.batch_range import BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
+# Reads the ranges {topic: (start, end)} from Kafka as one batch.
+RangeReader = Callable[[dict[str, tuple[dict[int, int], dict[int, int]]]], DataFrame]
+
+
+def starts_by_name(covered: BatchRange) -> bool:
+    """Whether a batch's range starts at a name (`earliest`, `latest`) rather than offsets: a query's first
+    batch, a topic new to it. Such a range is read by its batch, not later: `latest` is where Kafka's log
+    ended when the query started."""
+    return isinstance(covered.start, str) or any(offset < 0 for offset in covered.start.values())
 
 
 class BatchArchive:
@@ -33,12 +49,16 @@ class BatchArchive:
         behind: SetAside,
         pool: ThreadPoolExecutor,
         cores: int,
-        pending: PendingCommits,
+        unread: UnreadRanges,
+        read: RangeReader,
+        metrics: RouterMetrics,
     ) -> None:
         self.floors = floors
         self.behind = behind
         self.together = together
-        self.pending = pending
+        self.unread = unread
+        self._read = read
+        self._metrics = metrics
         self._pool = pool
         self._cores = cores
 
@@ -48,16 +68,94 @@ class BatchArchive:
         batch_id: int,
         ranges: dict[str, BatchRange],
         busy: dict[str, TopicWorker],
+        workers: Mapping[str, TopicWorker],
         first_of_fresh_checkpoint: bool,
+        draining: bool,
     ) -> None:
-        """Archive batch `batch_id`'s `records` of the `busy` topics, whose Kafka ranges are `ranges`."""
+        """Batch `batch_id`: its ranges in every topic of the query (`ranges`), the `busy` topics those that
+        may hold records (`records`, Spark's read of them); every topic due read and archived. `draining`:
+        every topic is due (the query archives what its topics hold and ends)."""
         records = self.floors.apply(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
-        # A topic behind has its share set aside again, not written: it catches up from Kafka.
-        for topic in [topic for topic in busy if topic in self.behind]:
-            self.behind.set_aside(topic, ranges[topic], "behind")
-            del busy[topic]
-        if not busy:
+        now = time.time()
+        by_name = {}
+        for topic, covered in ranges.items():
+            if topic in self.behind:
+                # A topic behind has its share set aside again, not read: it catches up from Kafka.
+                if topic in busy:
+                    self.behind.set_aside(topic, covered, "behind")
+            elif starts_by_name(covered):
+                if topic in busy:
+                    by_name[topic] = covered
+            elif topic in workers:
+                self.unread.met(topic, covered, now)
+        left = [topic for topic in self.unread.topics() if topic not in ranges]
+        due = self.unread.due(policies(workers), now, every=draining, left=left)
+        due.update(dict.fromkeys(by_name, "first"))
+        whole = set(due) == set(busy) and all(
+            (by_name.get(topic) or self.unread.range(topic)) == ranges[topic] for topic in due
+        )
+        self.archive_due(batch_id, due, workers, records, by_name, whole)
+
+    def archive_due(
+        self,
+        batch_id: int,
+        due: dict[str, str],
+        workers: Mapping[str, TopicWorker],
+        records: DataFrame | None = None,
+        by_name: Mapping[str, BatchRange] | None = None,
+        whole: bool = False,
+    ) -> None:
+        """Read the `due` topics' ranges unread ({topic: why}) and archive them under batch `batch_id`.
+        `records`: the batch's own read, for the topics whose range starts by name (`by_name`), or for all
+        of them when the batch's records are exactly what is due (`whole`)."""
+        by_name = by_name or {}
+        covered: dict[str, BatchRange] = {}
+        for topic in sorted(due):
+            taken = by_name.get(topic) or self.unread.range(topic)
+            if taken is None:
+                continue
+            if topic not in workers:
+                # Met before the driver started, and no longer in the query: nothing archives it here.
+                log.error("topic %s left the query with offsets %s unread; they are archived when a router "
+                          "of the topic starts again", topic, taken)  # fmt: skip
+                continue
+            covered[topic] = taken
+        if not covered:
             return
+        if whole and records is not None:
+            source = records
+        else:
+            offsets = {
+                t: (dict(c.start), dict(c.end))
+                for t, c in covered.items()
+                if t not in by_name and not isinstance(c.start, str)
+            }
+            read = self._read(offsets) if offsets else None
+            named = None
+            if by_name and records is not None:
+                named = records.where(F.col("topic").isin(sorted(by_name)))
+            parts = [part for part in (named, read) if part is not None]
+            source = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        reasons: dict[str, int] = {}
+        for topic in covered:
+            reasons[due[topic]] = reasons.get(due[topic], 0) + 1
+        log.debug("batch %d: %d topics due (%s)", batch_id, len(covered), reasons)
+        due_workers = {topic: workers[topic] for topic in covered}
+        before = {topic: _written(worker) for topic, worker in due_workers.items()}
+        failed = self._write(source, batch_id, covered, due_workers)
+        for topic in covered:
+            if topic in failed:
+                continue
+            records_now, bytes_now = _written(due_workers[topic])
+            self.unread.archived(topic, covered[topic], records_now - before[topic][0],
+                                 bytes_now - before[topic][1])  # fmt: skip
+            self._metrics.pending_commits.labels(topic, due[topic]).inc()
+
+    def _write(
+        self, records: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: dict[str, TopicWorker]
+    ) -> set[str]:
+        """Write the `busy` topics' `records` (their ranges `ranges`) under batch `batch_id`; the topics set
+        aside, their write failed."""
         # The job's tasks: one per core at most, fewer for a few records; each topic is read by as many of
         # them as its last batch's records are worth (TopicGroups, router/jvm): a file an hour and task.
         shares = {topic: worker.together.write_tasks() for topic, worker in busy.items()}
@@ -79,51 +177,46 @@ class BatchArchive:
         registries = any(busy[topic].together.registry is not None for topic in together)
         if len(together) < len(busy) or registries:
             cache()
+        failed: set[str] = set()
         try:
             alone = [topic for topic in busy if topic not in together]
             if together:
                 tables = {topic: busy[topic].together for topic in together}
-                alone += self.together.write(
-                    source, batch_id, ranges, tables, together, tasks, shares, self.pending
-                )
+                alone += self.together.write(source, batch_id, ranges, tables, together, tasks, shares)
             if alone:
                 cache()
             futures = {
                 topic: self._pool.submit(
-                    self._alone, busy[topic], source.where(F.col("topic") == topic), batch_id, ranges[topic]
+                    busy[topic].archive, source.where(F.col("topic") == topic), batch_id, ranges[topic]
                 )
                 for topic in alone
             }
             for topic, future in futures.items():
-                failed = future.exception()
-                if failed is not None:
-                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(failed))
-                    self.set_aside(topic, ranges[topic], failed)
+                error = future.exception()
+                if error is not None:
+                    log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(error))
+                    self.set_aside(topic, ranges[topic], error)
+                    failed.add(topic)
         finally:
             if cached:
                 source.unpersist()
-
-    def _alone(self, worker: TopicWorker, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
-        """The topic's batch on its own, after what it has pending is committed (its commits follow each
-        other)."""
-        self.flush(worker, batch_id)
-        worker.archive(records, batch_id, covered)
-
-    def flush(self, worker: TopicWorker, batch_id: int, reason: str = "flush") -> None:
-        """Commit what `worker`'s topic has pending, through outages."""
-        held = self.pending.held(worker.topic)
-        if held is None:
-            return
-        self.pending.flush(
-            worker.topic, lambda commit: worker.retry.attempt(worker.topic, batch_id, commit), reason
-        )
-        worker.together.pending_committed(held.batches[-1], held.newest)
+        return failed
 
     def set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
-        """The topic's share of the batch is archived later, from Kafka; an error no other way mends (another
-        router writing the topic, the topic recreated) stops the query, and so does a stop asked for while the
+        """The topic's range is archived later, from Kafka; an error no other way mends (another router
+        writing the topic, the topic recreated) stops the query, and so does a stop asked for while the
         topic waited for its tables (the batch is not committed: Spark runs it again at the next start)."""
         if self.behind.fails(error) or isinstance(error, StopRequested):
             raise error
-        self.pending.drop(topic)
+        self.unread.set_aside(topic)
         self.behind.set_aside(topic, covered, failure_reason(error))
+
+
+def policies(workers: Mapping[str, TopicWorker]) -> dict[str, CommitPolicy]:
+    """Each topic's commit policy."""
+    return {topic: worker.together.commit_policy for topic, worker in workers.items()}
+
+
+def _written(worker: TopicWorker) -> tuple[int, int]:
+    totals = worker.totals
+    return totals.archived + totals.dead_lettered, totals.bytes

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,21 +26,23 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bergstream.errors import first_line
 from bergstream.kafka_settings import librdkafka_settings
-from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level
+from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level, kafka_ranges
 from bergstream.query import QueryRunner, foreach_batch
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
 from bergstream.router.consumer_group import SharedKafka
-from bergstream.router.driver.batch import BatchArchive
+from bergstream.router.driver.batch import BatchArchive, policies
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
+from bergstream.router.driver.unread import UnreadRanges
 from bergstream.router.identity import TopicRecreated
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import (
     checkpoint_has_batches,
     last_committed_batch,
+    logged_offsets,
     may_hold_records,
     moved_back,
     topic_ranges,
@@ -85,11 +89,19 @@ class TopicsQuery:
             librdkafka_settings(settings.kafka, prefix="kafka."),
             isolation_level(settings.kafka),
         )
-        self.members = Members(settings, load, spark, metrics, self._stopping, self.kafka, strict, on_added)
+        self.unread = UnreadRanges(spark, settings.checkpoint_location, metrics, settings.trigger_seconds)
+
+        def added(topic: str) -> None:
+            # Where its tables end, read at start: what it has unread starts there.
+            self.unread.known(topic, self.members.topics[topic].archived_at_start(spark))
+            if on_added is not None:
+                on_added(topic)
+
+        self.members = Members(settings, load, spark, metrics, self._stopping, self.kafka, strict, added)
         self.runner = QueryRunner(f"the router of {settings.subscription}", self._start, self._stopping)
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
-        # Held by a batch's writes, and by the commits of pending files between batches.
+        # Held by a batch's writes, and by the reads of due topics between batches.
         self._writing = threading.Lock()
         self._available_now = False
         self._starting = "latest"
@@ -110,11 +122,20 @@ class TopicsQuery:
         )
         cores = max(1, spark.sparkContext.defaultParallelism)
         # Commits are mostly waits on the catalog and the object store: more at once than cores.
-        together = TogetherWriter(spark, cores, max(COMMIT_THREADS, workers))
+        together = TogetherWriter(spark, cores, max(COMMIT_THREADS, workers), metrics)
         self.behind = SetAside(spark, settings.checkpoint_location, dict(settings.kafka))
         floors = Floors(spark, settings.checkpoint_location)
-        self.pending = PendingCommits(spark, settings.checkpoint_location, metrics, settings.trigger_seconds)
-        self.batches = BatchArchive(floors, together, self.behind, self._pool, cores, self.pending)
+        # Files a driver of an earlier version left pending beside the checkpoint: committed once, at start.
+        self.pending = PendingCommits(spark, settings.checkpoint_location, metrics)
+        options = {**SOURCE_DEFAULTS, **dict(settings.kafka)}
+        group = f"{options.get('groupIdPrefix', 'spark-kafka-relation')}-bergstream-router-{settings.name}"
+
+        def read(ranges: dict[str, tuple[dict[int, int], dict[int, int]]]) -> DataFrame:
+            return kafka_ranges(spark, options, ranges, group)
+
+        self.batches = BatchArchive(
+            floors, together, self.behind, self._pool, cores, self.unread, read, metrics
+        )
 
     def in_pool(self) -> None:
         """This thread's Spark jobs run in the query's scheduling pool."""
@@ -159,6 +180,11 @@ class TopicsQuery:
         ensure_namespace(self.spark, settings.catalog)
         # Side by side: each topic's settings, schema and tables take a fraction of a second.
         list(self._pool.map(self.members.add, existing))
+        # Topics that left the query while the router was stopped, with a range unread: read once more.
+        left = self.unread.left_before_start()
+        if left:
+            present = set(self.kafka.topics(re.compile(".*")))
+            list(self._pool.map(self.members.add, [topic for topic in left if topic in present]))
         if not checkpoint_has_batches(self.spark, settings.checkpoint_location):
             # The first batch starts each topic known now where its tables end (or, recording none, where the
             # settings say): no floor to look for in it.
@@ -184,7 +210,7 @@ class TopicsQuery:
                      self.settings.checkpoint_location)  # fmt: skip
             self._recover()
             self.runner.run(self._follow)
-            self._flush_pending()
+            self._drain_unread()
             last = self._last_batch() if available_now and self.behind.topics() else None
             if last is not None:
                 self.still_behind = self.behind.finish(self.topics, last)
@@ -233,11 +259,11 @@ class TopicsQuery:
 
     def _archive(self, records: DataFrame, batch_id: int) -> None:
         self._started.wait()
-        self.pending.batch_began()
+        self.unread.cadence.began(time.monotonic())
         try:
             self._archive_batch(records, batch_id)
         finally:
-            self.pending.batch_ended()
+            self.unread.cadence.ended(time.monotonic())
 
     def _archive_batch(self, records: DataFrame, batch_id: int) -> None:
         query = self._query
@@ -250,17 +276,17 @@ class TopicsQuery:
         # records, it is refused all the same before anything more is archived or committed for it.
         moved = [topic for topic, covered in sorted(ranges.items()) if moved_back(covered)]
         self._check_ids([t for t in moved if t in self.topics and t not in busy_topics], batch_id)
-        if not busy_topics:
-            self._archived_batch = batch_id
-            with self._writing:
-                self._commit_overdue(batch_id, set(), ranges.keys())
-            return
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
         self._check_ids(busy_topics, batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
+        if self._archived_batch is None and batch_id > 0:
+            # This run's first batch: ranges recorded unread end where the checkpoint's last batch did.
+            self.unread.ended(logged_offsets(query, batch_id - 1) or {})
         with self._writing:
-            self.batches.archive(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
-            self._commit_overdue(batch_id, set(busy), ranges.keys())
+            self.batches.archive(records, batch_id, ranges, busy, self.topics, first_of_fresh_checkpoint,
+                                 self._available_now)  # fmt: skip
+            # Before the batch ends (Spark's checkpoint then moves past it): what each topic left unread.
+            self.unread.record(batch_id)
         # After the batch: a topic behind has this batch's range set aside too, and its catch-up under this
         # batch's id covers it.
         self._archived_batch = batch_id
@@ -273,10 +299,7 @@ class TopicsQuery:
         try:
             self.members.check_ids(topics, batch_id)
         except TopicRecreated:
-            # What is pending was read before the topic was made again: its archive's, committed before the
-            # query stops.
-            with self._writing:
-                self._flush_pending()
+            # What the other topics have unread stays so, recorded: read when the router starts again.
             raise
 
     def _recover(self) -> None:
@@ -296,21 +319,32 @@ class TopicsQuery:
             log.warning("%s: the files of %d tables pending when the router stopped are committed",
                         self.settings.subscription, committed)  # fmt: skip
 
-    def _flush_pending(self) -> None:
-        """The query ended (stopped, or every topic archived as it was): commit every topic's pending files,
-        as many at once as batches commit."""
-        topics = self.pending.topics()
-        if not topics:
+    def _drain_unread(self) -> None:
+        """The query ended (stopped, or every topic archived as it was): read every topic's range unread
+        and archive it, as many at once as a batch does."""
+        last = self._last_batch()
+        if last is None:
             return
-        last = self._last_batch() or 0
+        self._ends_from_checkpoint(last)
+        due = self.unread.due({}, every=True)
+        if not due:
+            return
         try:
-            list(self._pool.map(lambda topic: self.batches.flush(self.topics[topic], last), topics))
+            with self._writing:
+                self.batches.archive_due(last, due, self.topics)
+                self.unread.record(last)
         except Exception as error:
-            log.error("%s: the files pending as the query ended are not all committed (%s); they are when "
-                      "the router starts again", self.settings.subscription, first_line(error))  # fmt: skip
+            log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
+                      "router starts again", self.settings.subscription, first_line(error))  # fmt: skip
             return
-        log.info("%s: the pending files of %d topics committed as the query ended",
-                 self.settings.subscription, len(topics))  # fmt: skip
+        log.info("%s: the ranges of %d topics unread archived as the query ended",
+                 self.settings.subscription, len(due))  # fmt: skip
+
+    def _ends_from_checkpoint(self, last: int) -> None:
+        """Before this run's first batch: where the checkpoint's last batch ended, from its offset log, for
+        the ranges recorded unread when the router stopped."""
+        if self._archived_batch is None and self._query is not None:
+            self.unread.ended(logged_offsets(self._query, last) or {})
 
     def _last_batch(self) -> int | None:
         """The query's last batch done: this run's, else (nothing new since the start) its checkpoint's."""
@@ -325,28 +359,17 @@ class TopicsQuery:
         consumer group committed where they reached."""
         for topic, reached in self.behind.catch_up(self.topics, batch_id, self._stopping):
             worker = self.topics[topic]
+            self.unread.rejoined(topic, reached)
             worker.follower.on_progress(json.dumps({topic: {str(p): o for p, o in reached.items()}}))
 
-    def _commit_overdue(self, batch_id: int, busy: set[str], present: Collection[str] | None = None) -> None:
-        """Commit the pending files of the topics not in this batch that are due by their target lag, and of
-        those no longer in the query (`present`: the batch's topics; a topic deleted, or not matched any
-        more), side by side; one that fails stays pending, and is tried again."""
-        lags = {topic: worker.together.commit_policy.target_lag for topic, worker in self.topics.items()}
-        due = dict.fromkeys(self.pending.overdue(lags, busy), "lag")
-        if present is not None:
-            due.update((topic, "left") for topic in self.pending.topics() if topic not in present)
-
-        def commit(topic: str) -> None:
-            held = self.pending.held(topic)
-            try:
-                self.batches.flush(self.topics[topic], batch_id, due[topic])
-            except Exception as error:
-                # Waited out as long as a batch's commit is (commit_retry): set aside as a batch's topic is,
-                # what it had pending read from Kafka again once its tables take commits.
-                if held is not None:
-                    self.batches.set_aside(topic, held.range, error)
-
-        list(self._pool.map(commit, due))
+    def _read_overdue(self, batch_id: int) -> None:
+        """Between batches (Spark runs none while no topic has new records): read and archive the topics due
+        by their target lag, under the last batch's id."""
+        self._ends_from_checkpoint(batch_id)
+        due = self.unread.due(policies(self.topics))
+        if due:
+            self.batches.archive_due(batch_id, due, self.topics)
+            self.unread.record(batch_id)
 
     def _follow(self, query: StreamingQuery) -> None:
         """Commit every topic's consumer group to where Spark checkpointed the query; catch up the topics set
@@ -355,10 +378,12 @@ class TopicsQuery:
             last = self._last_batch()
             if last is not None:
                 self._catch_up(last)
-        # Between batches (Spark runs none while no topic has records): quiet topics' files on their lag.
-        if self.pending.topics() and self._writing.acquire(blocking=False):
+        # Between batches (Spark runs none while no topic has records): quiet topics read on their lag.
+        if self.unread.topics() and self._writing.acquire(blocking=False):
             try:
-                self._commit_overdue(self._last_batch() or 0, set())
+                last = self._last_batch()
+                if last is not None:
+                    self._read_overdue(last)
             finally:
                 self._writing.release()
         progress = query.lastProgress

@@ -118,6 +118,9 @@ class TopicWorker(Protocol):
     @property
     def totals(self) -> RouterTotals: ...
 
+    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
+        """Where its tables said its archive ends when the topic joined the query; None: nowhere."""
+
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic's tables say its archive ends; None when they record no position."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 
 from pyspark.sql import DataFrame, SparkSession
@@ -23,7 +24,7 @@ from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.recorded_positions import RecordedHistory
 from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.topic import BatchTables
-from bergstream.schemas.batch_range import EARLIEST, BatchRange
+from bergstream.schemas.batch_range import EARLIEST, NEXT_OFFSETS, BatchRange
 
 log = logging.getLogger("bergstream.router")
 
@@ -56,6 +57,8 @@ class ArchivedTopic:
         )  # fmt: skip
         # Read once at start, for the check of the topic's id that follows (`identify`).
         self._recorded: dict[str, RecordedHistory] | None = self.tables.prepare(self.archiver.layout)
+        # Where its tables say its archive ends, per partition, as read at start (None: they record nothing).
+        self.archived_end: dict[int, int] | None = None
 
     @property
     def totals(self) -> RouterTotals:
@@ -75,6 +78,9 @@ class ArchivedTopic:
 
     def settings_due(self) -> bool:
         return False
+
+    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
+        return self.archived_end
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         archiver = self.archiver
@@ -96,6 +102,7 @@ class ArchivedTopic:
         otherwise; the tables' commits record it from then on."""
         tables, self._recorded = self._recorded, None
         assert tables is not None, "a topic is identified once, at start, against its tables as prepared"
+        self.archived_end = archived_end(tables, self.topic, self.config.query.cluster)
         identity = TopicIdentity(self.topic, self.config.query.cluster, self.kafka)
         archiver = self.archiver
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
@@ -109,3 +116,16 @@ class ArchivedTopic:
 
     def archive(self, records: DataFrame, batch_id: int, covered: BatchRange) -> None:
         self.archiver.archive(records, batch_id, covered)
+
+
+def archived_end(histories: Mapping[str, RecordedHistory], topic: str, cluster: str) -> dict[int, int] | None:
+    """Per partition, the furthest position the tables' `histories` record for `topic` read from `cluster`;
+    None when they record none."""
+    end: dict[int, int] | None = None
+    for history in histories.values():
+        newest = history.newest_of(NEXT_OFFSETS, topic, cluster)
+        recorded = None if newest is None else BatchRange.recorded(newest[1], topic, cluster)
+        if recorded is not None:
+            end = end or {}
+            end.update({p: max(o, end.get(p, o)) for p, o in recorded.end.items()})
+    return end

@@ -116,6 +116,9 @@ class DeadLetteredTopic:
         self.rejected_at = time.monotonic()
         return True
 
+    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
+        return self.positions(spark)
+
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic's dead-letter table says its archive ends; None when it records no position."""
         recorded = newest_recorded(spark, self.identifier, self.topic, self.config.cluster)
