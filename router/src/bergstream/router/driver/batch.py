@@ -25,18 +25,32 @@ from bergstream.router.errors import StopRequested
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
-from bergstream.schemas.batch_range import BatchRange
+from bergstream.schemas.batch_range import EARLIEST, BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 # Reads the ranges {topic: (start, end)} from Kafka as one batch.
 RangeReader = Callable[[dict[str, tuple[dict[int, int], dict[int, int]]]], DataFrame]
 
 
+# The offsets each partition of each of some topics' logs starts at now.
+LogStarts = Callable[[list[str]], dict[str, dict[int, int]]]
+
+
 def starts_by_name(covered: BatchRange) -> bool:
     """Whether a batch's range starts at a name (`earliest`, `latest`) rather than offsets: a query's first
-    batch, a topic new to it. Such a range is read by its batch, not later: `latest` is where Kafka's log
-    ended when the query started."""
+    batch, a topic new to it. Such a range is read by its batch, not later, unless its start is found by
+    offsets (`earliest`: where each partition's log starts); `latest` is where Kafka's log ended when the
+    query started."""
     return isinstance(covered.start, str) or any(offset < 0 for offset in covered.start.values())
+
+
+def at_earliest(covered: BatchRange) -> bool:
+    """Whether a range starts at each partition's earliest offset, by name."""
+    if isinstance(covered.start, str):
+        return covered.start == "earliest"
+    return any(offset == EARLIEST for offset in covered.start.values()) and all(
+        offset >= 0 or offset == EARLIEST for offset in covered.start.values()
+    )
 
 
 class BatchArchive:
@@ -51,6 +65,7 @@ class BatchArchive:
         cores: int,
         unread: UnreadRanges,
         read: RangeReader,
+        log_starts: LogStarts,
         metrics: RouterMetrics,
     ) -> None:
         self.floors = floors
@@ -58,6 +73,7 @@ class BatchArchive:
         self.together = together
         self.unread = unread
         self._read = read
+        self._log_starts = log_starts
         self._metrics = metrics
         self._pool = pool
         self._cores = cores
@@ -76,6 +92,7 @@ class BatchArchive:
         may hold records (`records`, Spark's read of them); every topic due read and archived. `draining`:
         every topic is due (the query archives what its topics hold and ends)."""
         records = self.floors.apply(records, batch_id, ranges, busy, first_of_fresh_checkpoint)
+        self._by_offsets(ranges, busy)
         now = time.time()
         by_name = {}
         for topic, covered in ranges.items():
@@ -88,13 +105,59 @@ class BatchArchive:
                     by_name[topic] = covered
             elif topic in workers:
                 self.unread.met(topic, covered, now)
-        left = [topic for topic in self.unread.topics() if topic not in ranges]
+        left = self.gone([topic for topic in self.unread.topics() if topic not in ranges])
         due = self.unread.due(policies(workers), now, every=draining, left=left)
         due.update(dict.fromkeys(by_name, "first"))
         whole = set(due) == set(busy) and all(
             (by_name.get(topic) or self.unread.range(topic)) == ranges[topic] for topic in due
         )
         self.archive_due(batch_id, due, workers, records, by_name, whole)
+
+    def gone(self, left: list[str]) -> list[str]:
+        """Of the topics that `left` the query with a range unread, those Kafka still has, to be read now;
+        the range of a topic deleted is lost, counted as expired (its records went with it)."""
+        if not left:
+            return []
+        try:
+            present = set(self._log_starts(left))
+        except Exception as error:
+            log.warning("whether %d topics that left the query are still in Kafka is not known now (%s)",
+                        len(left), first_line(error))  # fmt: skip
+            return []
+        for topic in sorted(set(left) - present):
+            lost = self.unread.set_aside(topic)
+            if lost is None or isinstance(lost.start, str):
+                continue
+            for partition, end in sorted(lost.end.items()):
+                count = max(0, end - lost.start.get(partition, end))
+                if count:
+                    self._metrics.expired_offsets.labels(topic, str(partition)).inc(count)
+            log.error("topic %s was deleted with offsets %s unread (its target lag's worth at most): they "
+                      "are lost, counted as expired", topic, lost)  # fmt: skip
+        return [topic for topic in left if topic in present]
+
+    def _by_offsets(self, ranges: dict[str, BatchRange], busy: Mapping[str, TopicWorker]) -> None:
+        """The busy topics' ranges that start at `earliest` by name, started by offsets instead (in place):
+        where each partition's log starts now, as Spark's read of the batch starts there. Kafka out for a
+        moment: they stay by name, and are read by the batch."""
+        named = sorted(topic for topic in busy if topic not in self.behind and at_earliest(ranges[topic]))
+        if not named:
+            return
+        try:
+            starts = self._log_starts(named)
+        except Exception as error:
+            log.warning("where the logs of %d topics start is not known now (%s); read by the batch",
+                        len(named), first_line(error))  # fmt: skip
+            return
+        for topic in named:
+            covered, start = ranges[topic], starts.get(topic)
+            if start is None or set(covered.end) - set(start):
+                continue
+            given = {} if isinstance(covered.start, str) else covered.start
+            ranges[topic] = BatchRange(
+                {p: start[p] if given.get(p, EARLIEST) == EARLIEST else given[p] for p in covered.end},
+                covered.end,
+            )
 
     def archive_due(
         self,

@@ -133,8 +133,11 @@ class TopicsQuery:
         def read(ranges: dict[str, tuple[dict[int, int], dict[int, int]]]) -> DataFrame:
             return kafka_ranges(spark, options, ranges, group)
 
+        def log_starts(topics: list[str]) -> dict[str, dict[int, int]]:
+            return {topic: bounds.start for topic, bounds in self.kafka.log_bounds(topics).items()}
+
         self.batches = BatchArchive(
-            floors, together, self.behind, self._pool, cores, self.unread, read, metrics
+            floors, together, self.behind, self._pool, cores, self.unread, read, log_starts, metrics
         )
 
     def in_pool(self) -> None:
