@@ -47,10 +47,6 @@ def settings_file(directory: Path, topic: str, **changes: Any) -> Path:
         ({"target_lag": "0.5s"}, "target_lag: Value error, '0.5s': give a duration of at least 1s"),
         ({"commit_records": 0}, "commit_records: Input should be greater than 0"),
         ({"commit_bytes": "64MiB"}, "commit_bytes: Input should be a valid integer"),
-        (
-            {"target_lag": "20m", "maintenance": {"orphan_retention_hours": 1}},
-            "target_lag 20m is over a quarter of maintenance.orphan_retention_hours (1h)",
-        ),
     ],
 )  # fmt: skip
 def test_hostile_settings_are_refused_naming_the_file_and_key(

@@ -318,3 +318,19 @@ def topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
             uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0
         ) else canonical_id(uuid)  # fmt: skip
     return ids
+
+
+def retention_seconds(admin: AdminClient, topics: list[str]) -> dict[str, float | None]:
+    """How long Kafka keeps each of `topics`' records (its `retention.ms`, in seconds); None: for ever."""
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, topic) for topic in topics]
+    described = admin.describe_configs(resources, request_timeout=_DESCRIBE_SECONDS)
+    kept: dict[str, float | None] = {}
+    for resource, future in described.items():
+        entry = future.result(_DESCRIBE_SECONDS).get("retention.ms")
+        milliseconds = None if entry is None or entry.value is None else int(entry.value)
+        kept[resource.name] = None if milliseconds is None or milliseconds < 0 else milliseconds / 1000
+    return kept

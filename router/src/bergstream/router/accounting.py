@@ -59,10 +59,8 @@ class BatchAccounting:
         appended: list[tuple[BatchTableWriter, Appended | None]],
         seconds: float,
         phases: dict[str, float],
-        held: bool = False,
     ) -> None:
-        """Batch `batch_id` took `seconds`; `counts` is None for a replayed batch, committed before; `held`:
-        its files are pending, and its newest record is not in the archive until they are committed."""
+        """Batch `batch_id` took `seconds`; `counts` is None for a replayed batch, committed before."""
         topic, metrics, totals = self.topic, self.metrics, self.totals
         metrics.batches.labels(topic, "replayed" if counts is None else "written").inc()
         metrics.batch_duration.labels(topic).observe(seconds)
@@ -79,7 +77,7 @@ class BatchAccounting:
         for read in counts.partitions:
             totals.per_partition[read.partition] = totals.per_partition.get(read.partition, 0) + read.read
             metrics.records_read.labels(topic, str(read.partition)).inc(read.read)
-        if counts.newest is not None and not held:
+        if counts.newest is not None:
             self.committed_newest(counts.newest.timestamp())
         written = [(writer, result) for writer, result in appended if result is not None]
         for writer, result in written:
@@ -95,9 +93,9 @@ class BatchAccounting:
         totals.files += files
         totals.bytes += size
         log.info(
-            "%s batch %d: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)%s",
+            "%s batch %d: read %d, archived %d, dead-lettered %d, %d files, %.1f MB in %.1fs (%s)",
             topic, batch_id, counts.read, counts.archived, counts.dead_lettered, files, size / 1e6, seconds,
-            timings, ", pending" if held else "",
+            timings,
         )  # fmt: skip
 
     def committed_newest(self, newest: float | None) -> None:

@@ -286,16 +286,14 @@ class BatchArchiver:
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
         replayed: bool = False,
-        held: bool = False,
     ) -> None:
-        """Batch `batch_id` was written and committed with other topics' (`held`: written, its files
-        pending): count it as `archive` would (a `replayed` batch, whose archive held it already, as a
-        replay: its records were counted when committed)."""
+        """Batch `batch_id` was written and committed with other topics': count it as `archive` would (a
+        `replayed` batch, whose archive held it already, as a replay: its records were counted when
+        committed)."""
         assert self._writers is not None
         archive_writer, dead_letter_writer = self._writers
         for writer, took in zip(self._writers, commits, strict=True):
-            if not held:
-                writer.committed(batch_id)
+            writer.committed(batch_id)
             if took > 0:
                 self.metrics.commit_latency.labels(self.settings.topic, writer.identifier).observe(took)
         self._expect_dead_letters = counts.dead_lettered > 0
@@ -305,13 +303,7 @@ class BatchArchiver:
             (dead_letter_writer, dead_lettered),
         ]
         phases = {"together": seconds}
-        self.accounting.account(batch_id, None if replayed else counts, appended, seconds, phases, held)
-
-    def pending_committed(self, batch_id: int, newest: float | None) -> None:
-        """The files pending up to batch `batch_id` were committed."""
-        for writer in self._writers or ():
-            writer.committed(batch_id)
-        self.accounting.committed_newest(newest)
+        self.accounting.account(batch_id, None if replayed else counts, appended, seconds, phases)
 
     @property
     def commit_policy(self) -> CommitPolicy:

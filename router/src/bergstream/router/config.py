@@ -209,18 +209,6 @@ class TopicSettings(BaseModel):
             raise ValueError(f"schema: {error}") from error
         return self
 
-    @model_validator(mode="after")
-    def _pending_not_orphans(self) -> TopicSettings:
-        lag = self.target_lag_seconds
-        retention = self.maintenance.orphan_retention_hours
-        if lag is not None and lag > retention * 3600 / 4:
-            raise ValueError(
-                f"target_lag {self.target_lag} is over a quarter of maintenance.orphan_retention_hours "
-                f"({retention}h): files pending that long could be removed as orphans before their commit; "
-                "lower target_lag or raise orphan_retention_hours"
-            )
-        return self
-
     @property
     def target_lag_seconds(self) -> float | None:
         return None if self.target_lag is None else parse_duration(self.target_lag).total_seconds()

@@ -68,14 +68,8 @@ class BatchTables(Protocol):
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
         replayed: bool = False,
-        held: bool = False,
     ) -> None:
-        """Batch `batch_id` was written and committed (`held`: its files are pending); `replayed`: its
-        archive held it already."""
-
-    def pending_committed(self, batch_id: int, newest: float | None) -> None:
-        """The files pending up to batch `batch_id` were committed, their newest record ingested at `newest`
-        (seconds since the epoch)."""
+        """Batch `batch_id` was written and committed; `replayed`: its archive held it already."""
 
     def replayed_whole(self, batch_id: int) -> None:
         """Both tables hold batch `batch_id`: a replay with nothing to write."""

@@ -191,23 +191,13 @@ class DeadLetteredTopic:
         seconds: float,
         commits: tuple[float, float] = (0.0, 0.0),
         replayed: bool = False,
-        held: bool = False,
     ) -> None:
-        """Its batch `batch_id` was written (`held`: its files pending): its archive is never written, so
-        `replayed` does not apply."""
+        """Its batch `batch_id` was written: its archive is never written, so `replayed` does not apply."""
         writer = self._writer
         assert writer is not None
-        if not held:
-            writer.committed(batch_id)
+        writer.committed(batch_id)
         self._previous_read = counts.read
-        self.accounting.account(
-            batch_id, counts, [(writer, dead_lettered)], seconds, {"together": seconds}, held
-        )
-
-    def pending_committed(self, batch_id: int, newest: float | None) -> None:
-        if self._writer is not None:
-            self._writer.committed(batch_id)
-        self.accounting.committed_newest(newest)
+        self.accounting.account(batch_id, counts, [(writer, dead_lettered)], seconds, {"together": seconds})
 
     @property
     def commit_policy(self) -> CommitPolicy:
