@@ -144,41 +144,42 @@ class RouterMetrics:
             registry=r,
         )
 
-        # A topic's files written and not committed yet (router/driver/pending.py).
+        # What a topic on a target lag has not read yet (router/driver/unread.py).
         self.pending_records = Gauge(
             "bergstream_router_pending_records",
-            "Records written to files and not committed yet: the topic commits on its target lag",
+            "Offsets the query passed and the topic has not read yet: it is read when its commit is due",
             ["topic"],
             registry=r,
         )
         self.pending_bytes = Gauge(
-            "bergstream_router_pending_bytes", "Bytes of files written and not committed yet", ["topic"],
+            "bergstream_router_pending_bytes", "The offsets not read yet, by the size of the topic's records",
+            ["topic"],
             registry=r,
         )  # fmt: skip
         self.pending_oldest = Gauge(
             "bergstream_router_pending_oldest_timestamp_seconds",
-            "Kafka timestamp of the oldest record written and not committed yet; 0 when none is pending",
+            "When the query met the oldest records not read yet (they are at most a batch older); 0: none",
             ["topic"],
             registry=r,
         )
         self.pending_since = Gauge(
             "bergstream_router_pending_since_timestamp_seconds",
-            "When the topic's oldest batch not committed yet was written; 0 when none is pending",
+            "When the query met the first of the records not read yet; 0 when none is",
             ["topic"],
             registry=r,
         )
         self.target_lag = Gauge(
             "bergstream_router_target_lag_seconds",
-            "The topic's target lag: its files are committed before its oldest record pending is older; 0 "
-            "when it commits every batch",
+            "The topic's target lag: it is read and committed before its oldest record not read is older; "
+            "0 when it commits every batch",
             ["topic"],
             registry=r,
         )
         self.pending_commits = Counter(
             "bergstream_router_commits",
-            "Commits of a topic's tables, by why: every batch (no target lag), lag, size, schema, left (the "
-            "topic left the query), flush (the query ends, the topic is written on its own) or restart "
-            "(files a stopped driver left pending)",
+            "Commits of a topic's tables, by why: every batch (no target lag), lag, size, drain (the query "
+            "ends), left (the topic left the query), first (a range starting by name) or restart (files a "
+            "driver of an earlier version left pending)",
             ["topic", "reason"],
             registry=r,
         )

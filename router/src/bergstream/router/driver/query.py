@@ -233,8 +233,8 @@ class TopicsQuery:
             try:
                 self.prepare()
             except TopicRecreated:
-                # A topic made again while the router was stopped: the files pending from before are its
-                # old archive's, committed before the query stops, saying what to do.
+                # A topic made again while the router was stopped: files an earlier version left pending
+                # from before are its old archive's, committed before the query stops, saying what to do.
                 self._recover()
                 raise
             threading.Thread(

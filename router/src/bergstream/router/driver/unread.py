@@ -68,6 +68,7 @@ class UnreadRanges:
         # Per topic, the mean size of its records so far (bytes), for a commit's worth by size.
         self._record_bytes: dict[str, float] = {}
         self._recorded: dict[str, object] | None = None
+        self._lags: dict[str, float | None] = {}
         self._kept: dict[str, dict[str, object]] = self._read()
 
     def known(self, topic: str, archived_end: Mapping[int, int] | None) -> None:
@@ -135,6 +136,10 @@ class UnreadRanges:
         now = time.time() if now is None else now
         gone = set(left)
         due = {}
+        for topic, policy in policies.items():
+            if self._lags.get(topic, -1.0) != policy.target_lag:
+                self._lags[topic] = policy.target_lag
+                self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)
         with self._lock:
             for topic, unread in sorted(self._unread.items()):
                 if unread.empty:
