@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -167,3 +168,17 @@ def recreate(bootstrap: str, topic: str, partitions: int) -> None:
         except KafkaException as error:  # still being deleted
             assert time.monotonic() < deadline, f"{topic}: not created again in 60s: {error}"
             time.sleep(0.2)
+
+
+def unread_record(checkpoint: Path) -> dict[str, Any]:
+    """The topics with a range unread that the newest record beside a router's checkpoint holds, each with
+    where its range starts ({partition: offset}, partitions as text) and since when; {} while none is
+    recorded, or while the newest is being written."""
+    from bergstream.router.driver.unread import RECORDS_DIR
+
+    records = checkpoint / RECORDS_DIR
+    paths = sorted(records.glob("*.json"), key=lambda path: int(path.stem)) if records.is_dir() else []
+    try:
+        return dict(json.loads(paths[-1].read_text())["topics"]) if paths else {}
+    except ValueError:  # cut off as it is written
+        return {}

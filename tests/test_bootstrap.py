@@ -251,24 +251,25 @@ def test_a_bootstrap_killed_in_the_archive_phase_at_the_switch_and_after_it_resu
     assert output_rows(spark, "killed_bootstrap") == output_rows(spark, "killed_plain")
 
 
-def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pending_equal_those_made_after(
+def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_leaves_records_unread_equal_those_made_after(
     stack: Services, spark: SparkSession, topics: Topics, tmp_path: Path
 ) -> None:
-    """A router on an hour's target lag writes the newest records' files, records them pending beside its
-    checkpoint, commits none and is killed. A bootstrap made then hands over to Kafka where the table ends
-    and reads the pending records from Kafka; a backfill plan of the archived hours reads what it read
-    before, and a backfill of the hour the pending records are in reads the rows the table holds, its report
-    saying the archive it read ends where the table ends. After a drain commits the pending files, the same
-    bootstrap hands over further on and writes the same output, the same plan reads the same files, and the
-    same backfill reads the committed records too, its report saying the archive ends past them."""
+    """A router on an hour's target lag meets the newest records, records their range unread beside its
+    checkpoint from where the table ends, reads and commits nothing, and is killed. A bootstrap made then
+    hands over to Kafka where the table ends and reads the unread records from Kafka; a backfill plan of the
+    archived hours reads what it read before, and a backfill of the hour the unread records are in reads the
+    rows the table holds, its report saying the archive it read ends where the table ends. After a drain reads
+    and commits the unread range, the same bootstrap hands over further on and writes the same output, the
+    same plan reads the same files, and the same backfill reads the committed records too, its report saying
+    the archive ends past them."""
     from pyspark.sql import functions as F
 
     from bergstream.backfill.read.handover import pin_handover
     from bergstream.backfill.read.order import BoundedOrder, Window
     from bergstream.backfill.read.planner import plan, table_ref
-    from bergstream.router.pending import RECORDS_DIR
-    from tests.routers import eventually, start_router, write_config
-    from tests.test_pending_commits import killed, recorded_tables
+    from bergstream.schemas.batch_range import BatchRange
+    from tests.routers import eventually, start_router, unread_record, write_config
+    from tests.test_pending_commits import killed
 
     topic = topics.names["playback"]
     ref = table_ref(topic, stack.catalog)
@@ -305,23 +306,26 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     checkpoint = tmp_path / "checkpoints" / topic
     router = start_router(topic, config, tmp_path / "router.log")
     try:
-        eventually(lambda: ref.identifier in recorded_tables(checkpoint / RECORDS_DIR),
-                   "the newest records' files recorded pending", timeout=240)  # fmt: skip
+        eventually(lambda: topic in unread_record(checkpoint), "the newest records' range recorded unread",
+                   timeout=240)  # fmt: skip
     finally:
         killed(router)
-    # Made while files are pending: the rows the table holds, and a hand-over where it ends.
-    during = backfill_last_hour("pending_backfill")
-    assert during.rows_read == {"playback": held}, "pending records read as archived"
+    # Unread from where the archive ends, exactly.
+    start = {int(p): o for p, o in unread_record(checkpoint)[topic]["start"].items()}
+    assert {p: start.get(p) for p in before.offsets} == before.offsets, (start, before.offsets)
+    # Made while the range is unread: the rows the table holds, and a hand-over where it ends.
+    during = backfill_last_hour("unread_backfill")
+    assert during.rows_read == {"playback": held}, "unread records read as archived"
     assert during.handovers["playback"].offsets == before.offsets
     pending = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
-    assert pending == before, "the router committed nothing: its files are pending"
+    assert pending == before, "the router committed nothing: its range is unread"
 
     window = Window(to_micros(topics.start), to_micros(topics.start + timedelta(hours=2)))
     archived_hours = plan(stack.catalog, [topic], window, BoundedOrder(timedelta(minutes=15)))
     backfill = {"start": topics.start, "max_misalignment": "15m"}
-    while_pending = settings(stack, topics, "sessionizer", tmp_path / "while", "pending_bootstrap",
-                             mode="bootstrap", backfill=backfill)  # fmt: skip
-    first = run_app(spark, while_pending, available_now=True, show_progress=False)
+    while_unread = settings(stack, topics, "sessionizer", tmp_path / "while", "unread_bootstrap",
+                            mode="bootstrap", backfill=backfill)  # fmt: skip
+    first = run_app(spark, while_unread, available_now=True, show_progress=False)
     assert first.handovers["playback"].offsets == pending.offsets, "handed over where the table ends"
 
     router = topics.routers["playback"]
@@ -329,17 +333,24 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
         update={"query": router.query.model_copy(update={"checkpoint_location": str(checkpoint)})}
     )
     archive_available_now(spark, drain)
-    assert not list((checkpoint / RECORDS_DIR).glob("*.json")), "the pending files are committed"
+    assert unread_record(checkpoint) == {}, "the unread range is read and committed"
     committed = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
     assert all(committed.offsets[p] >= o for p, o in pending.offsets.items())
     assert sum(committed.offsets.values()) - sum(pending.offsets.values()) >= more.count
+    # Its commit records the whole range it read: from where the table ended to where it ends now.
+    snapshot = stack.catalog.load().load_table(ref.pyiceberg_identifier).current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    recorded = BatchRange.recorded(snapshot.summary.additional_properties, topic, CLUSTERS["playback"])
+    assert recorded is not None and not isinstance(recorded.start, str), recorded
+    assert {p: recorded.start.get(p) for p in pending.offsets} == pending.offsets, recorded
+    assert recorded.end == committed.offsets, recorded
     after = settings(stack, topics, "sessionizer", tmp_path / "after", "committed_bootstrap",
                      mode="bootstrap", backfill=backfill)  # fmt: skip
     second = run_app(spark, after, available_now=True, show_progress=False)
     assert second.handovers["playback"].offsets == committed.offsets
     rows = output_rows(spark, "committed_bootstrap")
     assert len(rows) > 10
-    assert output_rows(spark, "pending_bootstrap") == rows
+    assert output_rows(spark, "unread_bootstrap") == rows
     # Made after the commit: the committed records read too, each once, and a hand-over past them.
     drained = past(pending.offsets)
     assert drained >= more.count * 0.9, f"{drained} of the {more.count} records committed"

@@ -127,31 +127,32 @@ def test_a_topic_created_again_while_the_router_runs_stops_it_before_its_next_ba
         kafka.close()
 
 
-def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_its_pending_files_committed(
+def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_reading_neither_topic(
     stack: Services, tmp_path: Path
 ) -> None:
-    """Made again with fewer records than the router had read: Spark's end offsets fall below the batch's
-    start, its batch reads nothing of the topic, and its id is checked all the same. The router stops saying
-    why, after committing what it held pending of the old topic, once; nothing of the new one is archived."""
-    from bergstream.router.pending import RECORDS_DIR
-    from tests.routers import archived_offsets, produced_offsets, start_router, write_config
-    from tests.test_pending_commits import killed, recorded_tables
+    """Made again with fewer records than the router had met: Spark's end offsets fall below the batch's
+    start, its batch reads nothing of the topic, and its id is checked all the same. The router, on an hour's
+    target lag, had read nothing of the old topic: it stops saying why, before reading either topic's
+    records at those offsets; the old topic's range stays recorded unread from its start, and nothing of
+    either topic is archived."""
+    from tests.routers import archived_offsets, start_router, unread_record, write_config
+    from tests.test_pending_commits import killed
 
     topic = "recreated_fewer"
     # A trigger long beside the topic's deletion and creation: no batch sees the topic missing between them.
     config = write_config(
         stack, tmp_path, topic, cluster=CLUSTER, target_lag="1h", trigger_interval="20 seconds"
     )
-    report = produce(ProduceRequest(topic=topic, schema="playback", count=300, partitions=2, seed=4),
-                     stack.bootstrap_servers, show_progress=False)  # fmt: skip
-    sent = produced_offsets(report.offsets)
+    produce(ProduceRequest(topic=topic, schema="playback", count=300, partitions=2, seed=4),
+            stack.bootstrap_servers, show_progress=False)  # fmt: skip
     old = topic_ids(AdminClient({"bootstrap.servers": stack.bootstrap_servers}), [topic])[topic]
     log = tmp_path / "router.log"
+    checkpoint = tmp_path / "checkpoints" / topic
     router = start_router(topic, config, log)
     try:
-        records = tmp_path / "checkpoints" / topic / RECORDS_DIR
-        eventually(lambda: stack.catalog.table_identifier(topic) in recorded_tables(records),
-                   "the topic's files recorded pending", timeout=240)  # fmt: skip
+        eventually(
+            lambda: topic in unread_record(checkpoint), "the topic's range recorded unread", timeout=240
+        )
         recreate(stack.bootstrap_servers, topic, 2)
         produce(ProduceRequest(topic=topic, schema="playback", count=10, partitions=2, seed=5),
                 stack.bootstrap_servers, show_progress=False)  # fmt: skip
@@ -163,8 +164,8 @@ def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_it
     assert router.returncode != 0, output[-3000:]
     assert f"topic {topic}: Kafka's topic of that name has id" in output, output[-3000:]
     assert f"records id {old}" in output and "was about to write batch" in output, output[-3000:]
-    archived = archived_offsets(stack, topic)
-    assert sorted(archived) == sorted(sent), f"{len(archived)} archived of {len(sent)}, none twice"
+    assert archived_offsets(stack, topic) == [], "read at offsets the topic made again reuses"
+    assert unread_record(checkpoint)[topic]["start"] == {"0": 0, "1": 0}, "unread from the old topic's start"
 
 
 def test_commits_and_checkpoints_without_an_id_are_accepted_as_unknown() -> None:

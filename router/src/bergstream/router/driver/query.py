@@ -186,11 +186,22 @@ class TopicsQuery:
         ensure_namespace(self.spark, settings.catalog)
         # Side by side: each topic's settings, schema and tables take a fraction of a second.
         list(self._pool.map(self.members.add, existing))
-        # Topics that left the query while the router was stopped, with a range unread: read once more.
+        # Topics that left the query while the router was stopped, with a range unread: read once more, unless
+        # deleted (and made again: the recorded offsets are the old topic's), their range then lost.
         left = self.unread.left_before_start()
         if left:
             present = set(self.kafka.topics(re.compile(".*")))
-            list(self._pool.map(self.members.add, [topic for topic in left if topic in present]))
+
+            def rejoin(topic: str) -> None:
+                try:
+                    self.members.add(topic)
+                except TopicRecreated:
+                    self.unread.lost_before_start(topic, "was deleted and made again")
+
+            for topic in left:
+                if topic not in present:
+                    self.unread.lost_before_start(topic, "was deleted")
+            list(self._pool.map(rejoin, [topic for topic in left if topic in present]))
         self._check_retention()
         if not checkpoint_has_batches(self.spark, settings.checkpoint_location):
             # The first batch starts each topic known now where its tables end (or, recording none, where the

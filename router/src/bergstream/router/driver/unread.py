@@ -70,6 +70,9 @@ class UnreadRanges:
         self._recorded: dict[str, object] | None = None
         self._lags: dict[str, float | None] = {}
         self._kept: dict[str, dict[str, object]] = self._read()
+        # Per topic recorded unread that can no longer be read, where its range started: counted as expired
+        # once the checkpoint's last batch's end is known.
+        self._lost: dict[str, dict[int, int]] = {}
 
     def known(self, topic: str, archived_end: Mapping[int, int] | None) -> None:
         """`topic` joins the query, its tables recording that its archive ends at `archived_end` (per
@@ -90,6 +93,19 @@ class UnreadRanges:
         """Topics recorded with a range unread that no worker took at start (no longer in the query)."""
         with self._lock:
             return sorted(self._kept)
+
+    def lost_before_start(self, topic: str, why: str) -> None:
+        """`topic`, recorded with a range unread, left the query while no driver ran and can no longer be
+        read (`why`: deleted, or deleted and made again, its offsets started over): its range is lost, logged
+        and counted as expired, and no longer recorded."""
+        with self._lock:
+            kept = self._kept.pop(topic, None)
+            if kept is None:
+                return
+            start = {int(p): int(o) for p, o in dict(kept["start"]).items()}  # type: ignore[call-overload]
+            self._lost[topic] = start
+        log.error("topic %s %s while the router was stopped, with offsets from %s unread: they are lost, "
+                  "counted as expired", topic, why, offsets_json(start))  # fmt: skip
 
     def met(self, topic: str, covered: BatchRange, now: float | None = None) -> None:
         """A batch's range of `topic` (its start by offsets): added to what it has unread, from where its
@@ -118,11 +134,17 @@ class UnreadRanges:
 
     def ended(self, ends: Mapping[str, Mapping[int, int]]) -> None:
         """The newest batch's end in each topic, for topics whose range the query knows only from its
-        checkpoint (a driver started again, before its first batch)."""
+        checkpoint (a driver started again, before its first batch); a range lost before the start is
+        counted as expired up to it."""
         with self._lock:
             for topic, end in ends.items():
                 if topic in self._unread and topic not in self.ends:
                     self.met(topic, BatchRange(dict(end), dict(end)))
+                lost = self._lost.pop(topic, None)
+                for partition, offset in sorted((lost or {}).items()):
+                    count = end.get(partition, offset) - offset
+                    if count > 0:
+                        self.metrics.expired_offsets.labels(topic, str(partition)).inc(count)
 
     def due(
         self,

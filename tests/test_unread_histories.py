@@ -1,13 +1,14 @@
-"""Files pending on a target lag (router/pending.py) through what a bad day brings a router of many topics:
-a topic whose schema changes, one deleted, one deleted and created again while the router is stopped, a
-catalog that takes 2 s a commit, one big topic beside tiny ones. Each record is in the archive once, and
-its positions are exact."""
+"""Topics on a target lag read only when their commit is due (router/driver/unread.py) through what a bad
+day brings a router of many topics: a topic whose schema changes while it is unread, one deleted with a range
+unread, one deleted and made again while the router is stopped, a catalog that takes 2 s a commit, one big
+topic beside tiny ones. Each record is in the archive once, or its loss is counted; positions are exact."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local import schema_registry as registry_server
 from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
+from bergstream.router.driver.unread import RECORDS_DIR
+from bergstream.schemas.batch_range import BatchRange
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
 from tests.postgres import USER, postgres_server
@@ -55,9 +58,39 @@ def once(stack: Services, topic: str, sent: set[tuple[int, int]]) -> bool:
     return set(counted) == sent
 
 
-def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_commit_what_is_pending_once(
+def metric_sum(port: int, name: str, topic: str) -> float:
+    """The sum of the series of `name` for `topic` over its other labels (each partition); 0 when none, or
+    while the router does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:  # not serving yet
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'topic="{topic}"' in line
+    )
+
+
+def ends(sent: set[tuple[int, int]]) -> dict[int, int]:
+    """Per partition, the offset after the last of `sent`."""
+    last: dict[int, int] = {}
+    for partition, offset in sent:
+        last[partition] = max(last.get(partition, -1), offset)
+    return {partition: offset + 1 for partition, offset in last.items()}
+
+
+def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_record_once_or_counted_lost(
     stack: Services, registry: registry_server.SchemaRegistryConfig, topic_name: str, tmp_path: Path
 ) -> None:
+    """A pattern router on an hour's target lag reads nothing of its three topics while the test runs but
+    what the history makes due. A new schema version of one topic while it is unread needs no commit of its
+    own. A topic deleted with its range unread loses it, counted as expired, offset for offset. Killed, and a
+    topic deleted and made again while it is stopped: the router refuses to start, naming the topic; the
+    other topic's range stays recorded. The operator takes the topic made again out of the router's pattern
+    (it is archived by a router of its own): the router starts, the old topic's range counted as lost, and a
+    graceful stop reads the other topic's range whole, both schema versions in one snapshot recording it."""
     prefix = topic_name[:40]
     evolves, leaves, remade = f"{prefix}.evolves", f"{prefix}.leaves", f"{prefix}.remade"
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
@@ -65,7 +98,7 @@ def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_c
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     (topics_dir := tmp_path / "topics").mkdir()
     (port,) = free_ports(1)
-    # An hour's target lag: only what the history does commits while the test runs.
+    # An hour's target lag: only what the history does reads a topic while the test runs.
     defaults = write_defaults(
         stack, tmp_path, schema="playback", encoding="avro", cluster="test", trigger_interval="1 second",
         target_lag="1h", metrics_port=port, metrics_host="127.0.0.1", schema_registry={"url": registry.url},
@@ -83,17 +116,18 @@ def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_c
     for seed, topic in enumerate(sent):
         send(topic, 100, seed)
 
-    def pending(topic: str) -> float:
+    def unread(topic: str) -> float:
         return metric_value(port, "bergstream_router_pending_records", topic)
+
+    def expired(topic: str) -> float:
+        return metric_sum(port, "bergstream_router_expired_offsets_total", topic)
 
     log = tmp_path / "router.log"
     router = start_command(command, log)
     try:
-        eventually(lambda: all(pending(t) == 100 for t in sent), "every topic's records pending", timeout=240)
-        assert not any(archived(stack, topic) for topic in sent), "committed before its target lag"
-
-        # A new version of the schema (an optional field): the batch that reads it commits what was pending
-        # under the old one with its own files, in one snapshot.
+        eventually(lambda: all(unread(t) == 100 for t in sent), "every topic's records unread", timeout=240)
+        # A new version of the schema (an optional field) while the topic is unread: nothing is written
+        # before its commit, so nothing is committed for it.
         client = SchemaRegistryClient({"url": registry.url})
         v2 = load_event_schema("playback").avro
         v2["fields"] = [*v2["fields"], {"name": "quality", "type": ["null", "string"], "default": None}]
@@ -111,48 +145,96 @@ def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_c
             producer.produce(evolves, value=value, on_delivery=on_delivery)
         assert producer.flush(30) == 0
         sent[evolves] |= set(delivered)
-        eventually(
-            lambda: metric_value(port, "bergstream_router_commits_total", evolves, 'reason="schema"') == 1,
-            "the schema change's commit",
-        )
-        table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{table_for_topic(evolves)}")
-        assert len(table.snapshots()) == 1, "the versions' files in one commit"
-        rows = Counter(table.scan(selected_fields=("quality",)).to_arrow().column("quality").to_pylist())
-        assert rows[None] == 100 and rows["4K"] >= 1, rows
+        eventually(lambda: unread(evolves) == 150, "the new version's records unread beside the old")
 
-        # A topic deleted leaves the query: what it had pending is committed at the next batch.
+        # A topic deleted with its range unread: the range is lost, counted as expired at the next batch.
         admin.delete_topics([leaves])[leaves].result(30)
         send(evolves, 20, seed=9)
-        eventually(lambda: once(stack, leaves, sent[leaves]), "the deleted topic's pending records committed")
-        assert metric_value(port, "bergstream_router_commits_total", leaves, 'reason="left"') == 1
-        assert not archived(stack, remade), "a topic still in the query commits on its lag"
-        eventually(lambda: pending(evolves) >= 20, "the next records pending")
+        eventually(lambda: expired(leaves) == 100, "the deleted topic's unread offsets counted as expired")
+        eventually(lambda: unread(evolves) == 170, "the next records unread")
+        assert unread(leaves) == 0 and unread(remade) == 100
+        assert not any(archived(stack, topic) for topic in sent), "read before its target lag"
+        assert not any(metric_value(port, "bergstream_router_commits_total", topic) for topic in sent), (
+            "a commit before its target lag"
+        )
     finally:
         killed(router)
 
-    # Killed with files pending, and a topic deleted and made again while the router is stopped: the router
-    # refuses it at start (its offsets start over), after committing what was read from it before, once.
+    # Killed with ranges unread, and a topic deleted and made again while the router is stopped: the router
+    # refuses it at start (its offsets start over), and what the others have unread stays recorded.
     recreate(stack.bootstrap_servers, remade, 2)
-    request = ProduceRequest(topic=remade, schema="playback", count=10, encoding="avro", partitions=2,
-                             schema_registry=settings)  # fmt: skip
-    produce(request, stack.bootstrap_servers, show_progress=False)
+    send(remade, 10, seed=10)
     refused = subprocess.run(
         [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
     )
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0, output[-3000:]
     assert f"topic {remade}: Kafka's topic of that name has id" in output, output[-3000:]
-    assert once(stack, remade, sent[remade]), "the records read before the topic was made again"
-    assert once(stack, evolves, sent[evolves])
-    assert once(stack, leaves, sent[leaves])
+    assert "Archive the new topic with a router of its own" in output, output[-3000:]
+    assert not any(archived(stack, topic) for topic in sent), "read on the way to the refusal"
+    records = tmp_path / "checkpoint" / RECORDS_DIR
+    newest = max(records.glob("*.json"), key=lambda path: int(path.stem))
+    recorded = json.loads(newest.read_text())["topics"]
+    assert sorted(recorded) == [evolves, remade], recorded
+    assert recorded[evolves]["start"] == {"0": 0, "1": 0}, "unread from where its archive ends: its start"
+
+    # The operator's fix: the topic made again is archived by a router of its own, and this router's
+    # pattern no longer takes it. The old topic's range is lost with it, counted; the other's is read once.
+    narrowed = pattern_command(rf"{prefix}\.(evolves|leaves)", defaults, topics_dir, "--restart-backoff", "1")
+    router = start_command(narrowed, log)
+    try:
+        send(evolves, 10, seed=11)
+        eventually(lambda: expired(remade) == 100, "the old topic's unread offsets counted as lost",
+                   timeout=240)  # fmt: skip
+        eventually(lambda: unread(evolves) == 180, "the range recorded unread, and the new records")
+        assert not archived(stack, evolves), "read before its target lag"
+        router.send_signal(signal.SIGINT)
+        router.wait(180)
+    finally:
+        if router.poll() is None:
+            killed(router)
+    output = log.read_text()
+    assert router.returncode == 0, output[-3000:]
+    assert f"topic {remade} was deleted and made again while the router was stopped" in output
+    assert once(stack, evolves, sent[evolves]), "each record of the topic that changed schema, once"
+    assert not archived(stack, leaves) and not archived(stack, remade), "nothing of the topics gone"
+    # Read at the graceful stop, both versions' records in one snapshot, recording the whole range.
     table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{table_for_topic(evolves)}")
+    (snapshot,) = table.snapshots()
+    assert snapshot.summary is not None
+    assert BatchRange.recorded(snapshot.summary.additional_properties, evolves, "test") == BatchRange(
+        {0: 0, 1: 0}, ends(sent[evolves])
+    )
     rows = Counter(table.scan(selected_fields=("quality",)).to_arrow().column("quality").to_pylist())
-    assert rows == {None: 120, "4K": 50}
+    assert rows == {None: 130, "4K": 50}
 
 
-def test_one_big_topic_and_tiny_ones_on_a_catalog_taking_2_s_a_commit(
+def chained(catalog: CatalogConfig, topic: str, sent: set[tuple[int, int]]) -> list[BatchRange]:
+    """The ranges the commits to `topic`'s archive table record, asserted to follow each other from its start
+    to the end of `sent`, exactly."""
+    table = catalog.load().load_table(f"{catalog.namespace}.{table_for_topic(topic)}")
+    snapshots = sorted(table.snapshots(), key=lambda snapshot: snapshot.sequence_number or 0)
+    ranges = [
+        BatchRange.recorded(snapshot.summary.additional_properties, topic, "test")
+        for snapshot in snapshots
+        if snapshot.summary is not None
+    ]
+    assert ranges and all(covered is not None for covered in ranges), ranges
+    start: dict[int, int] | str = {0: 0, 1: 0}
+    for covered in ranges:
+        assert covered is not None and covered.start == start, f"{topic}: {ranges}"
+        start = covered.end
+    assert start == ends(sent), f"{topic}: {ranges}"
+    return [covered for covered in ranges if covered is not None]
+
+
+def test_one_big_topic_read_by_size_every_round_and_tiny_ones_on_their_lag_on_a_catalog_taking_2_s_a_commit(
     stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
+    """A pattern router on a 40 s target lag over one big topic, due by size each round it gets, and four tiny
+    ones, met each round and read only when their lag makes them due, on a catalog that takes 2 s a commit:
+    each record is archived once, the commits of each table record ranges that follow each other exactly, a
+    tiny topic's commit holds several rounds, and the commits due together run side by side."""
     prefix = topic_name[:40]
     big = f"{prefix}.big"
     tiny = [f"{prefix}.tiny{number}" for number in range(4)]
@@ -160,7 +242,7 @@ def test_one_big_topic_and_tiny_ones_on_a_catalog_taking_2_s_a_commit(
     for topic in (big, *tiny):
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     (topics_dir := tmp_path / "topics").mkdir()
-    # The big topic's commit's worth is 100 records: it reaches that every batch it reads a round.
+    # The big topic's commit's worth is 100 records: a round of 150 makes it due.
     (topics_dir / f"{big}.yaml").write_text(yaml.safe_dump({"commit_records": 100}))
     (port,) = free_ports(1)
     sent: dict[str, set[tuple[int, int]]] = {topic: set() for topic in (big, *tiny)}
@@ -198,7 +280,7 @@ def test_one_big_topic_and_tiny_ones_on_a_catalog_taking_2_s_a_commit(
                 CREATE TRIGGER slow_commit BEFORE UPDATE ON iceberg_tables
                     FOR EACH ROW EXECUTE FUNCTION slow_commit();
             """)
-            # Rounds until every tiny topic has committed on its lag: the big one commits every round.
+            # Rounds until every tiny topic has been read on its lag: the big one is read every round.
             rounds = 0
             lagged: set[str] = set()
             while rounds < 3 or lagged != set(tiny):
@@ -218,12 +300,14 @@ def test_one_big_topic_and_tiny_ones_on_a_catalog_taking_2_s_a_commit(
         assert router.returncode == 0, output[-3000:]
         for topic in (big, *tiny):
             assert once(services, topic, sent[topic]), f"{topic}: not every record archived"
-        # Each tiny topic read in every round, its files waited for its lag: one commit at least holds more
-        # than one round's records (3 a round).
+        # Each tiny topic met in every round, read only when due by its lag (or at the stop): one commit at
+        # least holds more than one round's records (3 a round), and fewer commits than rounds were made.
         for topic in tiny:
             table = catalog.load().load_table(f"{catalog.namespace}.{table_for_topic(topic)}")
             added = [int(snap.summary["added-records"]) for snap in table.snapshots() if snap.summary]
             assert max(added) > 3, f"{topic}: a commit every round in {rounds} rounds: {added}"
+            assert len(chained(catalog, topic, sent[topic])) < rounds, added
+        assert len(chained(catalog, big, sent[big])) >= rounds
         # Commits were made side by side: two tables' commits overlapped in the catalog.
         commits = [
             line.split("|")
