@@ -135,6 +135,8 @@ class UnreadRanges:
         now = time.time() if now is None else now
         gone = set(left)
         due = {}
+        for topic, policy in policies.items():
+            self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)
         with self._lock:
             for topic, unread in sorted(self._unread.items()):
                 if unread.empty:
