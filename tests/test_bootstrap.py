@@ -266,9 +266,8 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     from bergstream.backfill.read.handover import pin_handover
     from bergstream.backfill.read.order import BoundedOrder, Window
     from bergstream.backfill.read.planner import plan, table_ref
-    from bergstream.router.pending import RECORDS_DIR
     from tests.routers import eventually, start_router, write_config
-    from tests.test_pending_commits import killed, recorded_tables
+    from tests.test_unread_ranges import killed, newest_record
 
     topic = topics.names["playback"]
     ref = table_ref(topic, stack.catalog)
@@ -305,8 +304,8 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
     checkpoint = tmp_path / "checkpoints" / topic
     router = start_router(topic, config, tmp_path / "router.log")
     try:
-        eventually(lambda: ref.identifier in recorded_tables(checkpoint / RECORDS_DIR),
-                   "the newest records' files recorded pending", timeout=240)  # fmt: skip
+        eventually(lambda: topic in newest_record(checkpoint)[1], "the newest records' range recorded unread",
+                   timeout=240)  # fmt: skip
     finally:
         killed(router)
     # Made while files are pending: the rows the table holds, and a hand-over where it ends.
@@ -329,7 +328,7 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_holds_files_pendi
         update={"query": router.query.model_copy(update={"checkpoint_location": str(checkpoint)})}
     )
     archive_available_now(spark, drain)
-    assert not list((checkpoint / RECORDS_DIR).glob("*.json")), "the pending files are committed"
+    assert not newest_record(checkpoint)[1], "the range unread is committed"
     committed = pin_handover(stack.catalog, ref, topic, CLUSTERS["playback"])
     assert all(committed.offsets[p] >= o for p, o in pending.offsets.items())
     assert sum(committed.offsets.values()) - sum(pending.offsets.values()) >= more.count

@@ -133,9 +133,8 @@ def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_it
     """Made again with fewer records than the router had read: Spark's end offsets fall below the batch's
     start, its batch reads nothing of the topic, and its id is checked all the same. The router stops saying
     why, after committing what it held pending of the old topic, once; nothing of the new one is archived."""
-    from bergstream.router.pending import RECORDS_DIR
     from tests.routers import archived_offsets, produced_offsets, start_router, write_config
-    from tests.test_pending_commits import killed, recorded_tables
+    from tests.test_unread_ranges import killed, newest_record
 
     topic = "recreated_fewer"
     # A trigger long beside the topic's deletion and creation: no batch sees the topic missing between them.
@@ -149,9 +148,9 @@ def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_it
     log = tmp_path / "router.log"
     router = start_router(topic, config, log)
     try:
-        records = tmp_path / "checkpoints" / topic / RECORDS_DIR
-        eventually(lambda: stack.catalog.table_identifier(topic) in recorded_tables(records),
-                   "the topic's files recorded pending", timeout=240)  # fmt: skip
+        checkpoint = tmp_path / "checkpoints" / topic
+        eventually(lambda: topic in newest_record(checkpoint)[1], "the topic's range recorded unread",
+                   timeout=240)  # fmt: skip
         recreate(stack.bootstrap_servers, topic, 2)
         produce(ProduceRequest(topic=topic, schema="playback", count=10, partitions=2, seed=5),
                 stack.bootstrap_servers, show_progress=False)  # fmt: skip
