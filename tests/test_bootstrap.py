@@ -269,7 +269,7 @@ def test_a_bootstrap_and_a_backfill_plan_made_while_the_router_leaves_records_un
     from bergstream.backfill.read.planner import plan, table_ref
     from bergstream.schemas.batch_range import BatchRange
     from tests.routers import eventually, start_router, unread_record, write_config
-    from tests.test_pending_commits import killed
+    from tests.test_unread_ranges import killed
 
     topic = topics.names["playback"]
     ref = table_ref(topic, stack.catalog)

@@ -136,7 +136,7 @@ def test_a_topic_made_again_with_fewer_records_while_the_router_runs_stops_it_re
     records at those offsets; the old topic's range stays recorded unread from its start, and nothing of
     either topic is archived."""
     from tests.routers import archived_offsets, start_router, unread_record, write_config
-    from tests.test_pending_commits import killed
+    from tests.test_unread_ranges import killed
 
     topic = "recreated_fewer"
     # A trigger long beside the topic's deletion and creation: no batch sees the topic missing between them.

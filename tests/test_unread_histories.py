@@ -41,7 +41,7 @@ from tests.routers import (
     write_defaults,
 )
 from tests.services import Services
-from tests.test_pending_commits import killed, metric_value
+from tests.test_unread_ranges import killed, metric_value
 
 
 def archived(stack: Services, topic: str) -> Counter[tuple[int, int]]:
