@@ -137,6 +137,26 @@ def checkpoint_has_batches(spark: SparkSession, location: str) -> bool:
     return bool(_logged_batches(spark, location, "offsets"))
 
 
+def checkpoint_query_id(spark: SparkSession, location: str) -> str | None:
+    """The id of the query whose checkpoint `location` is (Spark's `metadata` file), the id its batches are
+    committed under; None before the query first started."""
+    jvm = spark._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/metadata")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return None
+    stream = fs.open(path)
+    try:
+        text = bytes(stream.readAllBytes()).decode()
+    finally:
+        stream.close()
+    try:
+        return str(json.loads(text.strip().splitlines()[0])["id"])
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
 def last_committed_batch(spark: SparkSession, location: str) -> int | None:
     """The newest batch the query's checkpoint records as committed; None before its first."""
     return max(_logged_batches(spark, location, "commits"), default=None)

@@ -103,8 +103,10 @@ class BatchArchive:
             elif starts_by_name(covered):
                 if topic in busy:
                     by_name[topic] = covered
-            elif topic in workers:
-                self.unread.met(topic, covered, now)
+            elif topic in workers and self.unread.met(topic, covered, now) and topic in busy:
+                # Its tables hold the whole range already (a batch run again after its commit): counted
+                # as a replay, as a topic committing every batch always was.
+                busy[topic].together.replayed_whole(batch_id)
         left = self.gone([topic for topic in self.unread.topics() if topic not in ranges])
         due = self.unread.due(policies(workers), now, every=draining, left=left)
         due.update(dict.fromkeys(by_name, "first"))
@@ -167,14 +169,16 @@ class BatchArchive:
         records: DataFrame | None = None,
         by_name: Mapping[str, BatchRange] | None = None,
         whole: bool = False,
+        settled: bool = False,
     ) -> None:
         """Read the `due` topics' ranges unread ({topic: why}) and archive them under batch `batch_id`.
         `records`: the batch's own read, for the topics whose range starts by name (`by_name`), or for all
-        of them when the batch's records are exactly what is due (`whole`)."""
+        of them when the batch's records are exactly what is due (`whole`). `settled`: between batches, up
+        to where the newest batch that ended ends."""
         by_name = by_name or {}
         covered: dict[str, BatchRange] = {}
         for topic in sorted(due):
-            taken = by_name.get(topic) or self.unread.range(topic)
+            taken = by_name.get(topic) or self.unread.range(topic, settled)
             if taken is None:
                 continue
             if topic not in workers:

@@ -42,6 +42,7 @@ from bergstream.router.identity import TopicRecreated
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import (
     checkpoint_has_batches,
+    checkpoint_query_id,
     last_committed_batch,
     logged_offsets,
     may_hold_records,
@@ -93,10 +94,14 @@ class TopicsQuery:
             isolation_level(settings.kafka),
         )
         self.unread = UnreadRanges(spark, settings.checkpoint_location, metrics, settings.trigger_seconds)
+        # Where a topic's archive ends is where this query's commits say (a fresh checkpoint: any query's,
+        # where it starts each topic).
+        query_id = checkpoint_query_id(spark, settings.checkpoint_location)
 
         def added(topic: str) -> None:
             # Where its tables end, read at start: what it has unread starts there.
-            self.unread.known(topic, self.members.topics[topic].archived_at_start(spark))
+            worker = self.members.topics[topic]
+            self.unread.known(topic, worker.archived_at_start(spark, query_id))
             if on_added is not None:
                 on_added(topic)
 
@@ -371,12 +376,12 @@ class TopicsQuery:
         if last is None:
             return
         self._ends_from_checkpoint(last)
-        due = self.unread.due({}, every=True)
+        due = self.unread.due({}, every=True, settled=True)
         if not due:
             return
         try:
             with self._writing:
-                self.batches.archive_due(last, due, self.topics)
+                self.batches.archive_due(last, due, self.topics, settled=True)
                 self.unread.record(last)
         except Exception as error:
             log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
@@ -411,9 +416,9 @@ class TopicsQuery:
         """Between batches (Spark runs none while no topic has new records): read and archive the topics due
         by their target lag, under the last batch's id."""
         self._ends_from_checkpoint(batch_id)
-        due = self.unread.due(policies(self.topics))
+        due = self.unread.due(policies(self.topics), settled=True)
         if due:
-            self.batches.archive_due(batch_id, due, self.topics)
+            self.batches.archive_due(batch_id, due, self.topics, settled=True)
             self.unread.record(batch_id)
 
     def _follow(self, query: StreamingQuery) -> None:
@@ -424,7 +429,8 @@ class TopicsQuery:
             if last is not None:
                 self._catch_up(last)
         # Between batches (Spark runs none while no topic has records): quiet topics read on their lag.
-        if self.unread.topics() and self._writing.acquire(blocking=False):
+        running = self.runner.running and not self._stopping.is_set()
+        if running and self.unread.topics() and self._writing.acquire(blocking=False):
             try:
                 last = self._last_batch()
                 if last is not None:

@@ -63,8 +63,10 @@ class UnreadRanges:
         # Per topic, where its archive ends where known: its tables' newest position, then each commit's end.
         self._archived: dict[str, dict[int, int]] = {}
         self._unread: dict[str, Unread] = {}
-        # Per topic, the newest batch's end: where a range read between batches ends.
+        # Per topic, the newest batch's end, and that of the newest batch that ended (`settled`): where a
+        # range read between batches, or as the query ends, ends (a batch that failed is run again).
         self.ends: dict[str, dict[int, int]] = {}
+        self._settled: dict[str, dict[int, int]] = {}
         # Per topic, the mean size of its records so far (bytes), for a commit's worth by size.
         self._record_bytes: dict[str, float] = {}
         self._recorded: dict[str, object] | None = None
@@ -107,21 +109,23 @@ class UnreadRanges:
         log.error("topic %s %s while the router was stopped, with offsets from %s unread: they are lost, "
                   "counted as expired", topic, why, offsets_json(start))  # fmt: skip
 
-    def met(self, topic: str, covered: BatchRange, now: float | None = None) -> None:
+    def met(self, topic: str, covered: BatchRange, now: float | None = None) -> bool:
         """A batch's range of `topic` (its start by offsets): added to what it has unread, from where its
         archive ends (a range its tables hold already, committed by a batch's first attempt, is not read
-        again)."""
+        again). Whether the range holds offsets and its tables hold them all: a batch run again."""
         assert not isinstance(covered.start, str), "a range starting by name is read by its batch"
         now = time.time() if now is None else now
         with self._lock:
             archived = self._archived.get(topic, {})
+            moved = {p: end for p, end in covered.end.items() if end > covered.start.get(p, 0)}
+            replayed = bool(moved) and all(end <= archived.get(p, -1) for p, end in moved.items())
             self.ends[topic] = {**self.ends.get(topic, {}), **covered.end}
             unread = self._unread.get(topic)
             if unread is None:
                 start = {p: max(covered.start.get(p, 0), archived.get(p, 0)) for p in covered.end}
                 unread = Unread(start, {p: max(e, start[p]) for p, e in covered.end.items()}, now)
                 if unread.empty:
-                    return
+                    return replayed
                 self._unread[topic] = unread
             else:
                 for partition, end in covered.end.items():
@@ -131,6 +135,7 @@ class UnreadRanges:
                 if unread.empty:
                     unread.since = now  # nothing unread yet: its age starts with its first record
             self._gauge(topic)
+            return replayed
 
     def ended(self, ends: Mapping[str, Mapping[int, int]]) -> None:
         """The newest batch's end in each topic, for topics whose range the query knows only from its
@@ -140,6 +145,7 @@ class UnreadRanges:
             for topic, end in ends.items():
                 if topic in self._unread and topic not in self.ends:
                     self.met(topic, BatchRange(dict(end), dict(end)))
+                    self._settled[topic] = dict(self.ends[topic])
                 lost = self._lost.pop(topic, None)
                 for partition, offset in sorted((lost or {}).items()):
                     count = end.get(partition, offset) - offset
@@ -152,9 +158,11 @@ class UnreadRanges:
         now: float | None = None,
         every: bool = False,
         left: Iterable[str] = (),
+        settled: bool = False,
     ) -> dict[str, str]:
         """The topics due now, with why: by their `policies` (a topic without one is not due), all with
-        `every` ("drain"), and those that `left` the query."""
+        `every` ("drain"), and those that `left` the query; with `settled`, of what the batches that ended
+        passed (`range`)."""
         now = time.time() if now is None else now
         gone = set(left)
         due = {}
@@ -164,7 +172,7 @@ class UnreadRanges:
                 self.metrics.target_lag.labels(topic).set(policy.target_lag or 0)
         with self._lock:
             for topic, unread in sorted(self._unread.items()):
-                if unread.empty:
+                if unread.empty or (settled and self.range(topic, settled=True) is None):
                     continue
                 if topic in gone:
                     due[topic] = "left"
@@ -177,11 +185,20 @@ class UnreadRanges:
                         due[topic] = reason
         return due
 
-    def range(self, topic: str) -> BatchRange | None:
-        """What `topic` has unread, None when nothing."""
+    def range(self, topic: str, settled: bool = False) -> BatchRange | None:
+        """What `topic` has unread, None when nothing; with `settled`, up to where the newest batch that
+        ended ends (between batches, and as the query ends: a batch that failed is run again, and the range
+        it met is read by it)."""
         with self._lock:
             unread = self._unread.get(topic)
-            return None if unread is None or unread.empty else unread.range
+            if unread is None or unread.empty:
+                return None
+            if not settled:
+                return unread.range
+            until = self._settled.get(topic, {})
+            end = {p: max(unread.start.get(p, 0), min(e, until.get(p, -1))) for p, e in unread.end.items()}
+            taken = Unread(dict(unread.start), end, unread.since)
+            return None if taken.empty else taken.range
 
     def topics(self) -> list[str]:
         """The topics with a range unread."""
@@ -230,6 +247,7 @@ class UnreadRanges:
             }
             # Recorded before the driver started, not met by this one yet: kept as they were.
             document.update(self._kept)
+            self._settled.update({topic: dict(end) for topic, end in self.ends.items()})
             if document == self._recorded:
                 return
             path = self._path(batch_id)

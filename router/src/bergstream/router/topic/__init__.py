@@ -112,8 +112,10 @@ class TopicWorker(Protocol):
     @property
     def totals(self) -> RouterTotals: ...
 
-    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
-        """Where its tables said its archive ends when the topic joined the query; None: nowhere."""
+    def archived_at_start(self, spark: SparkSession, query_id: str | None) -> dict[int, int] | None:
+        """Where its tables said its archive ends when the topic joined the query, by commits of query
+        `query_id` (None: of any query); None: nowhere. Another router's commits are not this query's
+        progress: its write finds them in its way, and stops."""
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         """Where the topic's tables say its archive ends; None when they record no position."""

@@ -24,6 +24,7 @@ from bergstream.router.progress_follower import ProgressFollower
 from bergstream.router.recorded_positions import RecordedHistory
 from bergstream.router.resume import recorded_positions, starting_offsets
 from bergstream.router.topic import BatchTables
+from bergstream.router.write import QUERY_ID
 from bergstream.schemas.batch_range import EARLIEST, NEXT_OFFSETS, BatchRange
 
 log = logging.getLogger("bergstream.router")
@@ -57,8 +58,9 @@ class ArchivedTopic:
         )  # fmt: skip
         # Read once at start, for the check of the topic's id that follows (`identify`).
         self._recorded: dict[str, RecordedHistory] | None = self.tables.prepare(self.archiver.layout)
-        # Where its tables say its archive ends, per partition, as read at start (None: they record nothing).
-        self.archived_end: dict[int, int] | None = None
+        # Where each of its tables' newest commits says its archive ends, with the query that committed it,
+        # as read at start.
+        self._archived_ends: list[tuple[str | None, dict[int, int]]] = []
 
     @property
     def totals(self) -> RouterTotals:
@@ -79,8 +81,13 @@ class ArchivedTopic:
     def settings_due(self) -> bool:
         return False
 
-    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
-        return self.archived_end
+    def archived_at_start(self, spark: SparkSession, query_id: str | None) -> dict[int, int] | None:
+        end: dict[int, int] | None = None
+        for committed_by, ends in self._archived_ends:
+            if query_id is None or committed_by == query_id:
+                end = end or {}
+                end.update({p: max(o, end.get(p, o)) for p, o in ends.items()})
+        return end
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
         archiver = self.archiver
@@ -102,7 +109,7 @@ class ArchivedTopic:
         otherwise; the tables' commits record it from then on."""
         tables, self._recorded = self._recorded, None
         assert tables is not None, "a topic is identified once, at start, against its tables as prepared"
-        self.archived_end = archived_end(tables, self.topic, self.config.query.cluster)
+        self._archived_ends = archived_ends(tables, self.topic, self.config.query.cluster)
         identity = TopicIdentity(self.topic, self.config.query.cluster, self.kafka)
         archiver = self.archiver
         archiver.origin = replace(archiver.origin, topic_id=identity.at_start(spark, checkpoint, tables))
@@ -118,14 +125,15 @@ class ArchivedTopic:
         self.archiver.archive(records, batch_id, covered)
 
 
-def archived_end(histories: Mapping[str, RecordedHistory], topic: str, cluster: str) -> dict[int, int] | None:
-    """Per partition, the furthest position the tables' `histories` record for `topic` read from `cluster`;
-    None when they record none."""
-    end: dict[int, int] | None = None
+def archived_ends(
+    histories: Mapping[str, RecordedHistory], topic: str, cluster: str
+) -> list[tuple[str | None, dict[int, int]]]:
+    """Per table of `histories`, the position its newest commit records for `topic` read from `cluster`,
+    with the id of the query that committed it."""
+    ends = []
     for history in histories.values():
         newest = history.newest_of(NEXT_OFFSETS, topic, cluster)
         recorded = None if newest is None else BatchRange.recorded(newest[1], topic, cluster)
-        if recorded is not None:
-            end = end or {}
-            end.update({p: max(o, end.get(p, o)) for p, o in recorded.end.items()})
-    return end
+        if newest is not None and recorded is not None:
+            ends.append((newest[1].get(QUERY_ID), dict(recorded.end)))
+    return ends

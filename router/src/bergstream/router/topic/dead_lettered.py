@@ -116,7 +116,7 @@ class DeadLetteredTopic:
         self.rejected_at = time.monotonic()
         return True
 
-    def archived_at_start(self, spark: SparkSession) -> dict[int, int] | None:
+    def archived_at_start(self, spark: SparkSession, query_id: str | None) -> dict[int, int] | None:
         return self.positions(spark)
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
