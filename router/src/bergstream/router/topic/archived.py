@@ -82,11 +82,13 @@ class ArchivedTopic:
         return False
 
     def archived_at_start(self, spark: SparkSession, query_id: str | None) -> dict[int, int] | None:
+        # Where every table holds the archive to: a batch whose archive committed and whose dead letters did
+        # not is run again, and its dead letters written alone.
         end: dict[int, int] | None = None
         for committed_by, ends in self._archived_ends:
             if query_id is None or committed_by == query_id:
                 end = end or {}
-                end.update({p: max(o, end.get(p, o)) for p, o in ends.items()})
+                end.update({p: min(o, end.get(p, o)) for p, o in ends.items()})
         return end
 
     def positions(self, spark: SparkSession) -> dict[int, int] | None:
