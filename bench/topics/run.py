@@ -158,13 +158,10 @@ def by_topic(port: int, signs: dict[str, float]) -> dict[str, float]:
     return found
 
 
-def archived(port: int, committed: bool = False) -> dict[str, float]:
-    """{topic: records archived} from a driver's metrics endpoint: written, or with `committed` those in the
-    archive (written and not pending on a topic's target lag); empty while it does not answer."""
-    signs = {"bergstream_router_records_archived_total": 1.0}
-    if committed:
-        signs["bergstream_router_pending_records"] = -1.0
-    return by_topic(port, signs)
+def archived(port: int) -> dict[str, float]:
+    """{topic: records archived} from a driver's metrics endpoint (committed: a topic on a target lag is read
+    only when its commit is due); empty while it does not answer."""
+    return by_topic(port, {"bergstream_router_records_archived_total": 1.0})
 
 
 @dataclass
@@ -175,11 +172,11 @@ class Drivers:
     samples: list[tuple[float, int, float]] = field(default_factory=list)  # (seconds, rss, archived)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def archived(self, committed: bool = False) -> float:
-        return sum(sum(archived(port, committed).values()) for port in self.ports)
+    def archived(self) -> float:
+        return sum(sum(archived(port).values()) for port in self.ports)
 
     def archived_of(self, topic: str) -> float:
-        return sum(archived(port, committed=True).get(topic, 0.0) for port in self.ports)
+        return sum(archived(port).get(topic, 0.0) for port in self.ports)
 
     def pids(self) -> list[int]:
         return [pid for process in self.processes for pid in process_tree(process.pid)]
@@ -300,7 +297,7 @@ def wait_for(drivers: Drivers, total: float, timeout: float, what: str, topic: s
     deadline = time.monotonic() + timeout
     last_print = 0.0
     while True:
-        done = drivers.archived(committed=True) if topic is None else drivers.archived_of(topic)
+        done = drivers.archived() if topic is None else drivers.archived_of(topic)
         now = time.monotonic()
         if done >= total:
             return now
@@ -321,7 +318,7 @@ def restart_seconds(
     shape: str, topics: list[str], directory: Path, log: Path, pattern: str, timeout: float
 ) -> float:
     """Seconds from launching the drivers again on their checkpoints and tables until every topic is up:
-    archived by a running query (its tables described, its id checked, its pending files committed)."""
+    archived by a running query (its tables described, its id checked, what it left unread read)."""
     launched = time.monotonic()
     drivers = launch(shape, topics, directory, log, pattern)
     try:
@@ -620,7 +617,7 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=2, help="the routers' trigger interval, seconds")
     parser.add_argument(
         "--target-lag", type=float, default=None,
-        help="every topic's target lag, seconds (router/pending.py); unset, a commit every batch",
+        help="every topic's target lag, seconds (router/driver/unread.py); unset, a commit every batch",
     )  # fmt: skip
     parser.add_argument(
         "--separate-max", type=int, default=4, help="run separate drivers up to this many topics"
