@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from tests.routers import (
     write_defaults,
 )
 from tests.services import Services
-from tests.test_unread_ranges import killed, metric_value
+from tests.test_unread_ranges import killed, metric_total, metric_value
 
 
 def archived(stack: Services, topic: str) -> Counter[tuple[int, int]]:
@@ -56,21 +55,6 @@ def once(stack: Services, topic: str, sent: set[tuple[int, int]]) -> bool:
     counted = archived(stack, topic)
     assert not counted or max(counted.values()) == 1, f"{topic}: archived twice: {counted.most_common(3)}"
     return set(counted) == sent
-
-
-def metric_sum(port: int, name: str, topic: str) -> float:
-    """The sum of the series of `name` for `topic` over its other labels (each partition); 0 when none, or
-    while the router does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
-    except OSError:  # not serving yet
-        return 0.0
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") and f'topic="{topic}"' in line
-    )
 
 
 def ends(sent: set[tuple[int, int]]) -> dict[int, int]:
@@ -120,7 +104,7 @@ def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_r
         return metric_value(port, "bergstream_router_pending_records", topic)
 
     def expired(topic: str) -> float:
-        return metric_sum(port, "bergstream_router_expired_offsets_total", topic)
+        return metric_total(port, "bergstream_router_expired_offsets_total", topic)
 
     log = tmp_path / "router.log"
     router = start_command(command, log)
