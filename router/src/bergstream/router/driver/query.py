@@ -24,10 +24,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bergstream.errors import ConfigError, first_line
+from bergstream.errors import first_line
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level, kafka_ranges
-from bergstream.kafka_topics import retention_seconds
 from bergstream.query import QueryRunner, foreach_batch
 from bergstream.router.accounting import RouterTotals
 from bergstream.router.config import RouterConfig
@@ -37,7 +36,7 @@ from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
-from bergstream.router.driver.unread import UnreadRanges
+from bergstream.router.driver.unread import UnreadRanges, check_retention
 from bergstream.router.identity import TopicRecreated
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import (
@@ -59,8 +58,6 @@ log = logging.getLogger("bergstream.router.driver")
 POOL_PROPERTY = "spark.scheduler.pool"
 # The Iceberg commits of one batch's topics made at once.
 COMMIT_THREADS = 8
-# A topic's records stay in Kafka at least this many times its target lag, or its target lag is refused.
-RETENTION_MARGIN = 2
 # The most topics whose lag is measured after each batch, rather than every lag_refresh_seconds alone.
 MEASURED_EACH_BATCH = 8
 
@@ -215,31 +212,9 @@ class TopicsQuery:
             self._resume = self.members.resume_offsets()
 
     def _check_retention(self) -> None:
-        """Refuse a target lag Kafka's retention does not leave room for: a topic read only when due must
-        find its records still there, with a target lag to spare."""
-        lags = {
-            topic: lag
-            for topic, worker in self.topics.items()
-            if (lag := worker.together.commit_policy.target_lag) is not None
-        }
-        try:
-            kept = retention_seconds(self.kafka.admin, sorted(lags))
-        except Exception as error:  # Kafka out for a moment: a range that expires is counted as expired
-            log.warning("the retention of %d topics is not known now: %s", len(lags), first_line(error))
-            return
-        short = {
-            topic: seconds
-            for topic, seconds in kept.items()
-            if seconds is not None and seconds < RETENTION_MARGIN * lags[topic]
-        }
-        if short:
-            named = ", ".join(f"{t} (retention.ms {s * 1000:.0f}, target_lag {lags[t]:.0f}s)"
-                              for t, s in sorted(short.items()))  # fmt: skip
-            raise ConfigError(
-                f"{len(short)} topics keep their records in Kafka for less than {RETENTION_MARGIN} times "
-                f"their target lag: {named}. A topic is read only when its commit is due: lower target_lag "
-                "in its settings file, or raise the topic's retention.ms"
-            )
+        """Refuse a target lag Kafka's retention does not leave room for (unread.py)."""
+        policies = {topic: worker.together.commit_policy for topic, worker in self.topics.items()}
+        check_retention(self.kafka.admin, {t: p.target_lag for t, p in policies.items() if p.target_lag})
 
     def run(self, available_now: bool = False) -> dict[str, RouterTotals]:
         """Until stopped (with `available_now`, until every topic is archived as it is now)."""

@@ -32,15 +32,20 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pyspark.sql import SparkSession
 
+from bergstream.errors import ConfigError, first_line
+from bergstream.kafka_topics import retention_seconds
 from bergstream.router.commit_policy import Cadence, CommitPolicy, Unread, due_reason, phase
 from bergstream.router.metrics import RouterMetrics
 from bergstream.schemas.batch_range import BatchRange, offsets_json
 
 log = logging.getLogger("bergstream.router.driver")
 RECORDS_DIR = "bergstream-unread"
+# A topic's records stay in Kafka at least this many times its target lag, or its target lag is refused.
+RETENTION_MARGIN = 2
 # The records kept: a crash while the newest is written leaves the one before it whole.
 KEPT_RECORDS = 2
 
@@ -299,3 +304,26 @@ class UnreadRanges:
         since = unread.since if unread is not None and records else 0
         self.metrics.pending_since.labels(topic).set(since)
         self.metrics.pending_oldest.labels(topic).set(since)
+
+
+def check_retention(admin: Any, lags: Mapping[str, float]) -> None:
+    """Refuse the target `lags` ({topic: seconds}) Kafka's retention does not leave room for: a topic read
+    only when its commit is due must find its records still there, with a target lag to spare."""
+    try:
+        kept = retention_seconds(admin, sorted(lags))
+    except Exception as error:  # Kafka out for a moment: a range that expires is counted as expired
+        log.warning("the retention of %d topics is not known now: %s", len(lags), first_line(error))
+        return
+    short = {
+        topic: seconds
+        for topic, seconds in kept.items()
+        if seconds is not None and seconds < RETENTION_MARGIN * lags[topic]
+    }
+    if short:
+        named = ", ".join(f"{t} (retention.ms {s * 1000:.0f}, target_lag {lags[t]:.0f}s)"
+                          for t, s in sorted(short.items()))  # fmt: skip
+        raise ConfigError(
+            f"{len(short)} topics keep their records in Kafka for less than {RETENTION_MARGIN} times "
+            f"their target lag: {named}. A topic is read only when its commit is due: lower target_lag "
+            "in its settings file, or raise the topic's retention.ms"
+        )
