@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.write import BATCH_ID, QUERY_ID
+from bergstream.schemas.batch_range import CLUSTER, BatchRange
+
+if TYPE_CHECKING:
+    from bergstream.router.topic import TopicWorker
 
 log = logging.getLogger("bergstream.router.driver")
 RECORDS_DIR = "bergstream-pending"
@@ -39,16 +43,37 @@ class PendingCommits:
 
     def recover(
         self,
+        workers: Mapping[str, TopicWorker],
+        set_aside: Callable[[str, BatchRange, str], None],
+        subscription: str,
+    ) -> int:
+        """Commit the files a driver before this one left pending on the checkpoint, each once (a table
+        that holds their batch already committed them before the record was cleared), through outages as
+        the topic's worker retries, and clear their records: how many tables were committed. A topic whose
+        files are gone, or one of whose tables is not the table they were written for (dropped, and made
+        again or not: their field ids and partitions are that table's), commits none: its recorded range is
+        given to `set_aside(topic, range, why)`, to be read from Kafka again into the tables as they are."""
+
+        def attempt(topic: str, commit: Callable[[], Any]) -> Any:
+            worker = workers.get(topic)
+            return commit() if worker is None else worker.retry.attempt(topic, -1, commit)
+
+        def lost(topic: str, summary: dict[str, str], why: str) -> None:
+            covered = BatchRange.recorded(summary, topic, summary[CLUSTER])
+            if covered is not None:
+                set_aside(topic, covered, why)
+
+        committed = self._recover(attempt, lost)
+        if committed:
+            log.warning("%s: the files of %d tables pending when the router stopped are committed",
+                        subscription, committed)  # fmt: skip
+        return committed
+
+    def _recover(
+        self,
         attempt: Callable[[str, Callable[[], Any]], Any],
         lost: Callable[[str, dict[str, str], str], None],
     ) -> int:
-        """Commit the files a driver before this one left pending on the checkpoint, each once (a table
-        that holds their batch already committed them before the record was cleared), and clear their
-        records: how many tables were committed. `attempt(topic, commit)` runs a commit of a topic's table
-        through outages; `lost(topic, summary, why)` takes a topic whose files are gone, or one of whose
-        tables is not the table they were written for (dropped, and made again or not: their field ids and
-        partitions are that table's), none committed (its range, in `summary`, is to be read from Kafka
-        again, into the tables as they are)."""
         loaded = json.loads(self.files.load(self.spark._jsparkSession, self._directory))
         if not loaded:
             return 0

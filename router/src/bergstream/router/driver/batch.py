@@ -197,6 +197,7 @@ class BatchArchive:
                 for t, c in covered.items()
                 if t not in by_name and not isinstance(c.start, str)
             }
+            self._count_expired(offsets)
             read = self._read(offsets) if offsets else None
             named = None
             if by_name and records is not None:
@@ -217,6 +218,62 @@ class BatchArchive:
             self.unread.archived(topic, covered[topic], records_now - before[topic][0],
                                  bytes_now - before[topic][1])  # fmt: skip
             self._metrics.pending_commits.labels(topic, due[topic]).inc()
+
+    def _count_expired(self, ranges: Mapping[str, tuple[dict[int, int], dict[int, int]]]) -> None:
+        """Of the `ranges` ({topic: (start, end)}) about to be read, the offsets Kafka's retention removed
+        before their read (a router stopped past a topic's retention, a retention by size): counted as
+        expired and logged, as those a batch misses are (expired.py). The range recorded is the whole one,
+        as a batch's is. Kafka out for a moment: not counted; its read then waits it out, or fails."""
+        if not ranges:
+            return
+        try:
+            starts = self._log_starts(sorted(ranges))
+        except Exception as error:
+            log.warning("whether the ranges of %d topics read now expired from Kafka is not known (%s)",
+                        len(ranges), first_line(error))  # fmt: skip
+            return
+        for topic, (start, end) in sorted(ranges.items()):
+            for partition, first in sorted(start.items()):
+                kept = starts.get(topic, {}).get(partition, first)
+                count = min(kept, end.get(partition, first)) - first
+                if count > 0:
+                    self._metrics.expired_offsets.labels(topic, str(partition)).inc(count)
+                    log.warning("%s partition %d: offsets %d to %d (%d records) expired from Kafka before "
+                                "being archived", topic, partition, first, first + count - 1,
+                                count)  # fmt: skip
+
+    def overdue(self, batch_id: int, workers: Mapping[str, TopicWorker], subscription: str) -> None:
+        """Between batches (Spark runs none while no topic has new records): read and archive the topics due
+        by their target lag, under the last batch's id, up to where it ended. Kafka out for a moment, most
+        often: their ranges stay unread, due at the next batch, whose failure Spark's query handles as any
+        batch's. An error no retry mends is raised."""
+        due = self.unread.due(policies(workers), settled=True)
+        if not due:
+            return
+        try:
+            self.archive_due(batch_id, due, workers, settled=True)
+            self.unread.record(batch_id)
+        except Exception as error:
+            if self.behind.fails(error) or isinstance(error, StopRequested):
+                raise
+            log.warning("%s: the %d topics due between batches are not read now (%s); they are at the next "
+                        "batch", subscription, len(due), first_line(error))  # fmt: skip
+
+    def drain(self, last: int, workers: Mapping[str, TopicWorker], subscription: str) -> None:
+        """The query ended: every topic's range unread read and archived under its last batch `last`, as
+        many at once as a batch does. One that fails stays unread, recorded: read when the router starts
+        again."""
+        due = self.unread.due({}, every=True, settled=True)
+        if not due:
+            return
+        try:
+            self.archive_due(last, due, workers, settled=True)
+            self.unread.record(last)
+        except Exception as error:
+            log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
+                      "router starts again", subscription, first_line(error))  # fmt: skip
+            return
+        log.info("%s: the ranges of %d topics unread archived as the query ended", subscription, len(due))
 
     def _write(
         self, records: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: dict[str, TopicWorker]

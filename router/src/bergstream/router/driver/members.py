@@ -111,6 +111,8 @@ class Members:
         """Stop before batch `batch_id` is written when one of `topics` is no longer the topic it was when
         the query met it (deleted and created again): one request for all of them."""
         known = {topic: topic_id for topic in topics if (topic_id := self.topics[topic].topic_id)}
+        if not known:
+            return
         try:
             current_ids = topic_ids(self.kafka.admin, sorted(known))
         except Exception as error:  # Kafka out for a moment: Spark's reader waits it out, or fails

@@ -19,12 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bergstream.errors import first_line
 from bergstream.kafka_settings import librdkafka_settings
 from bergstream.kafka_source import SOURCE_DEFAULTS, isolation_level, kafka_ranges
 from bergstream.query import QueryRunner, foreach_batch
@@ -52,7 +50,6 @@ from bergstream.router.pending import PendingCommits
 from bergstream.router.table import ensure_namespace
 from bergstream.router.together import TogetherWriter
 from bergstream.router.topic import TopicWorker
-from bergstream.schemas.batch_range import CLUSTER, BatchRange
 
 log = logging.getLogger("bergstream.router.driver")
 POOL_PROPERTY = "spark.scheduler.pool"
@@ -213,8 +210,8 @@ class TopicsQuery:
 
     def _check_retention(self) -> None:
         """Refuse a target lag Kafka's retention does not leave room for (unread.py)."""
-        policies = {topic: worker.together.commit_policy for topic, worker in self.topics.items()}
-        check_retention(self.kafka.admin, {t: p.target_lag for t, p in policies.items() if p.target_lag})
+        lags = {topic: policy.target_lag for topic, policy in policies(self.topics).items()}
+        check_retention(self.kafka.admin, {topic: lag for topic, lag in lags.items() if lag})
 
     def run(self, available_now: bool = False) -> dict[str, RouterTotals]:
         """Until stopped (with `available_now`, until every topic is archived as it is now)."""
@@ -300,9 +297,9 @@ class TopicsQuery:
         # A topic whose end fell below the batch's start holds nothing for Spark: made again with fewer
         # records, it is refused all the same before anything more is archived or committed for it.
         moved = [topic for topic, covered in sorted(ranges.items()) if moved_back(covered)]
-        self._check_ids([t for t in moved if t in self.topics and t not in busy_topics], batch_id)
+        self.members.check_ids([t for t in moved if t in self.topics and t not in busy_topics], batch_id)
         busy = {topic: self.members.for_batch(topic, query) for topic in busy_topics}
-        self._check_ids(busy_topics, batch_id)
+        self.members.check_ids(busy_topics, batch_id)
         first_of_fresh_checkpoint = batch_id == 0 and self._fresh_checkpoint
         if self._archived_batch is None and batch_id > 0:
             # This run's first batch: ranges recorded unread end where the checkpoint's last batch did.
@@ -317,53 +314,17 @@ class TopicsQuery:
         self._archived_batch = batch_id
         self._catch_up(batch_id)
 
-    def _check_ids(self, topics: list[str], batch_id: int) -> None:
-        """Stop before batch `batch_id` when one of `topics` was deleted and made again."""
-        if not topics:
-            return
-        try:
-            self.members.check_ids(topics, batch_id)
-        except TopicRecreated:
-            # What the other topics have unread stays so, recorded: read when the router starts again.
-            raise
-
     def _recover(self) -> None:
         """Commit what a driver before this one left pending on the checkpoint, each table once."""
-
-        def attempt(topic: str, commit: Callable[[], Any]) -> Any:
-            worker = self.topics.get(topic)
-            return commit() if worker is None else worker.retry.attempt(topic, -1, commit)
-
-        def lost(topic: str, summary: dict[str, str], why: str) -> None:
-            covered = BatchRange.recorded(summary, topic, summary[CLUSTER])
-            if covered is not None:
-                self.behind.set_aside(topic, covered, why)
-
-        committed = self.pending.recover(attempt, lost)
-        if committed:
-            log.warning("%s: the files of %d tables pending when the router stopped are committed",
-                        self.settings.subscription, committed)  # fmt: skip
+        self.pending.recover(self.topics, self.behind.set_aside, self.settings.subscription)
 
     def _drain_unread(self) -> None:
-        """The query ended (stopped, or every topic archived as it was): read every topic's range unread
-        and archive it, as many at once as a batch does."""
+        """The query ended (stopped, or every topic archived as it was): what each topic has unread."""
         last = self._last_batch()
-        if last is None:
-            return
-        self._ends_from_checkpoint(last)
-        due = self.unread.due({}, every=True, settled=True)
-        if not due:
-            return
-        try:
+        if last is not None:
+            self._ends_from_checkpoint(last)
             with self._writing:
-                self.batches.archive_due(last, due, self.topics, settled=True)
-                self.unread.record(last)
-        except Exception as error:
-            log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
-                      "router starts again", self.settings.subscription, first_line(error))  # fmt: skip
-            return
-        log.info("%s: the ranges of %d topics unread archived as the query ended",
-                 self.settings.subscription, len(due))  # fmt: skip
+                self.batches.drain(last, self.topics, self.settings.subscription)
 
     def _ends_from_checkpoint(self, last: int) -> None:
         """Before this run's first batch: where the checkpoint's last batch ended, from its offset log, for
@@ -387,15 +348,6 @@ class TopicsQuery:
             self.unread.rejoined(topic, reached)
             worker.follower.on_progress(json.dumps({topic: {str(p): o for p, o in reached.items()}}))
 
-    def _read_overdue(self, batch_id: int) -> None:
-        """Between batches (Spark runs none while no topic has new records): read and archive the topics due
-        by their target lag, under the last batch's id."""
-        self._ends_from_checkpoint(batch_id)
-        due = self.unread.due(policies(self.topics), settled=True)
-        if due:
-            self.batches.archive_due(batch_id, due, self.topics, settled=True)
-            self.unread.record(batch_id)
-
     def _follow(self, query: StreamingQuery) -> None:
         """Commit every topic's consumer group to where Spark checkpointed the query; catch up the topics set
         aside while no batch runs too."""
@@ -409,7 +361,11 @@ class TopicsQuery:
             try:
                 last = self._last_batch()
                 if last is not None:
-                    self._read_overdue(last)
+                    self._ends_from_checkpoint(last)
+                    self.batches.overdue(last, self.topics, self.settings.subscription)
+            except BaseException:  # one no retry mends (batch.py): the query stops with it
+                query.stop()
+                raise
             finally:
                 self._writing.release()
         progress = query.lastProgress
