@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -95,7 +96,7 @@ def test_maintain_while_the_router_runs(
             lambda: router_log.read_text().count(" batch ") >= 2, "two batches of the live router", 180
         )
         maintained = subprocess.run(
-            [".venv/bin/python", "-m", "bergstream", "router", "maintain", "--topic", topic_name,
+            [sys.executable, "-m", "bergstream", "router", "maintain", "--topic", topic_name,
              "--config", str(config), "--json"],
             capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
         )  # fmt: skip
