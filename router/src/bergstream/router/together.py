@@ -289,7 +289,7 @@ def write_tables(
     written = tables.write(spark._jsparkSession, source._jdf, source.columns.index("topic"), writes,
                            int(time.time() * 1_000_000), cores, shares, keys)  # fmt: skip
     if commit_threads is not None:
-        written.commit(None, list(range(len(writes))), commit_threads)
+        written.commit(list(range(len(writes))), commit_threads)
     return written
 
 

@@ -14,16 +14,15 @@ import org.apache.iceberg.Table;
 
 /**
  * A batch's files as written (TopicTables.write), each topic's outcome, and where its time went. The driver
- * reads the outcomes ({@link #json}), then commits the topics that are due ({@link #commit}, each with what
- * is pending of its tables) and keeps the others' files pending ({@link #hold}).
+ * reads the outcomes ({@link #json}), then commits every topic written ({@link #commit}).
  */
 public final class BatchWrite {
-  private final List<TopicWrite> writes;
-  private final List<TopicResult> outcomes;
-  private final List<Table> archives;
-  private final List<Table> deadLetters;
-  private final List<List<DataFile>> archiveFiles;
-  private final List<List<DataFile>> deadLetterFiles;
+  final List<TopicWrite> writes;
+  final List<TopicResult> outcomes;
+  final List<Table> archives;
+  final List<Table> deadLetters;
+  final List<List<DataFile>> archiveFiles;
+  final List<List<DataFile>> deadLetterFiles;
   private final SecondWriters.Keys keys;
   private final long tablesMillis;
   private final long jobMillis;
@@ -63,29 +62,12 @@ public final class BatchWrite {
     return new ObjectMapper().writeValueAsString(listed);
   }
 
-  /** Keeps the files topics {@code topics} wrote as pending in {@code pending}, under batch {@code batch}. */
-  public void hold(PendingFiles pending, long batch, List<Integer> topics) {
-    for (int i : topics) {
-      TopicWrite topic = writes.get(i);
-      if (outcomes.get(i).error != null) {
-        continue;
-      }
-      if (topic.writtenArchive() != null) {
-        pending.keep(topic.archive, archives.get(i), batch, archiveFiles.get(i));
-      }
-      if (topic.writtenDeadLetters() != null) {
-        pending.keep(topic.deadLetters, deadLetters.get(i), batch, deadLetterFiles.get(i));
-      }
-    }
-  }
-
   /**
-   * Commits topics {@code topics}: each table's files of this batch with those of it {@code pending} holds
-   * (null: none), in one append with the topic's summary, the archive table before the dead-letter table;
-   * at most {@code threads} topics at once. A topic whose commit fails has the reason in its outcome (the
-   * others are committed regardless); its pending files stay pending.
+   * Commits topics {@code topics}: each table's files of this batch in one append with the topic's
+   * summary, the archive table before the dead-letter table; at most {@code threads} topics at once. A topic
+   * whose commit fails has the reason in its outcome (the others are committed regardless).
    */
-  public void commit(PendingFiles pending, List<Integer> topics, int threads) throws Exception {
+  public void commit(List<Integer> topics, int threads) throws Exception {
     long began = System.nanoTime();
     ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, Math.min(threads, topics.size())));
     try {
@@ -94,7 +76,7 @@ public final class BatchWrite {
         if (outcomes.get(i).error != null) {
           continue;
         }
-        commits.add(pool.submit(() -> commitOne(pending, i)));
+        commits.add(pool.submit(() -> commitOne(i)));
       }
       for (Future<?> commit : commits) {
         commit.get();
@@ -105,19 +87,15 @@ public final class BatchWrite {
     commitMillis += (System.nanoTime() - began) / 1_000_000;
   }
 
-  private void commitOne(PendingFiles pending, int index) {
+  private void commitOne(int index) {
     TopicWrite topic = writes.get(index);
     TopicResult outcome = outcomes.get(index);
-    long batch = Long.parseLong(topic.properties.get(keys.batchId()));
     try {
       long began = System.nanoTime();
       Table archive = archives.get(index);
       if (archive != null) {
-        long[] archived = PendingFiles.append(archive, files(pending, topic.archive, archiveFiles.get(index),
-            topic.writtenArchive() != null), topic.properties);
-        if (pending != null) {
-          pending.committed(topic.archive, batch);
-        }
+        long[] archived = PendingFiles.append(
+            archive, files(archiveFiles.get(index), topic.writtenArchive() != null), topic.properties);
         outcome.archiveCommitMicros = archived[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
         if (archived[0] > 0) {
           outcome.metadataBytes = PendingFiles.metadataBytes(archive);
@@ -130,11 +108,8 @@ public final class BatchWrite {
       began = System.nanoTime();
       Table deadLetter = deadLetters.get(index);
       if (deadLetter != null) {
-        long[] dead = PendingFiles.append(deadLetter, files(pending, topic.deadLetters,
-            deadLetterFiles.get(index), topic.writtenDeadLetters() != null), topic.properties);
-        if (pending != null) {
-          pending.committed(topic.deadLetters, batch);
-        }
+        long[] dead = PendingFiles.append(deadLetter,
+            files(deadLetterFiles.get(index), topic.writtenDeadLetters() != null), topic.properties);
         outcome.deadLetterCommitMicros = dead[0] > 0 ? (System.nanoTime() - began) / 1000 : 0;
       }
     } catch (RuntimeException error) {
@@ -143,18 +118,9 @@ public final class BatchWrite {
     }
   }
 
-  /**
-   * What a table's commit appends: its pending files, then this batch's; nothing when it holds the batch
-   * already (a replay: what was pending of it went in the commit of the batch, or before).
-   */
-  private static List<DataFile> files(PendingFiles pending, String table, List<DataFile> written,
-      boolean writes) {
-    if (!writes) {
-      return List.of();
-    }
-    List<DataFile> all = pending == null ? new ArrayList<>() : pending.of(table);
-    all.addAll(written);
-    return all;
+  /** What a table's commit appends: this batch's files; nothing when it holds the batch already (a replay). */
+  private static List<DataFile> files(List<DataFile> written, boolean writes) {
+    return writes ? written : List.of();
   }
 
   /**

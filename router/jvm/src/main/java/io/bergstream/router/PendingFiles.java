@@ -2,7 +2,6 @@ package io.bergstream.router;
 
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Iterator;
@@ -10,7 +9,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.SortedMap;
 import java.util.TreeMap;
-import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
@@ -32,26 +30,26 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 
 /**
- * The data files a query wrote and has not committed yet, per table and batch: kept in the driver's memory
- * between batches, and in a record per batch beside the query's checkpoint ({@link #record}), written
- * before the batch is done, so that a driver started again commits each of them once ({@link #load}, then
- * {@link #flush}).
+ * The data files an earlier version of the router wrote and had not committed yet, per table and batch, as it
+ * recorded them beside a query's checkpoint, a record per batch: a driver started on such a checkpoint reads
+ * them ({@link #load}) and commits each of them once ({@link #flush}), before anything new. Today's router
+ * commits every batch it writes and records no files.
  *
  * <p>A record is one JSON document, {"batch": N, "query": id, "tables": {table: {..., "files": [...]}}}:
- * what the driver says of each table (its topic, the range of the batch, its counts) with the table's files
- * of that batch in Iceberg's own JSON form of a data file (ContentFileParser). It is written to a file of its
- * own and renamed into place: a record is there whole or not at all. Each table's entry names the table's
- * Iceberg uuid too: files written for a table are committed into that table alone, never into another made
- * under its name since (dropped and made again while the driver was stopped), whose columns and partitions
- * may be numbered otherwise; {@link #load} says which tables are another or gone ("replaced").
+ * what the driver said of each table (its topic, the range of the batch, its counts) with the table's files
+ * of that batch in Iceberg's own JSON form of a data file (ContentFileParser), written to a file of its own
+ * and renamed into place. Each table's entry names the table's Iceberg uuid too: files written for a table
+ * are committed into that table alone, never into another made under its name since (dropped and made again
+ * while the driver was stopped), whose columns and partitions may be numbered otherwise; {@link #load} says
+ * which tables are another or gone ("replaced").
  */
 public final class PendingFiles {
   private static final ObjectMapper JSON = JsonUtil.mapper();
-  private final Map<String, SortedMap<Long, List<DataFile>>> files = new ConcurrentHashMap<>();
-  private final Map<String, Map<Integer, PartitionSpec>> specs = new ConcurrentHashMap<>();
-  private final Map<String, String> uuids = new ConcurrentHashMap<>();
+  final Map<String, SortedMap<Long, List<DataFile>>> files = new ConcurrentHashMap<>();
+  final Map<String, Map<Integer, PartitionSpec>> specs = new ConcurrentHashMap<>();
+  final Map<String, String> uuids = new ConcurrentHashMap<>();
 
-  /** Keeps {@code written}, the files of {@code table} written by batch {@code batch}. */
+  /** Keeps {@code written}, the files of {@code table} written by batch {@code batch}, as read back. */
   synchronized void keep(String name, Table table, long batch, List<DataFile> written) {
     if (written.isEmpty()) {
       return;
@@ -62,16 +60,6 @@ public final class PendingFiles {
       // The same batch written again (a replay that found its record): the later attempt's files.
       return b;
     });
-  }
-
-  /** Every file of {@code table} not committed yet, oldest batch first. */
-  synchronized List<DataFile> of(String table) {
-    List<DataFile> all = new ArrayList<>();
-    SortedMap<Long, List<DataFile>> batches = files.get(table);
-    if (batches != null) {
-      batches.values().forEach(all::addAll);
-    }
-    return all;
   }
 
   /** The files of {@code table} of batches up to {@code batch} are committed: no longer pending. */
@@ -90,44 +78,6 @@ public final class PendingFiles {
   public synchronized long[] batches(String table) {
     SortedMap<Long, List<DataFile>> batches = files.get(table);
     return batches == null ? new long[0] : batches.keySet().stream().mapToLong(Long::longValue).toArray();
-  }
-
-  /**
-   * Writes the record of batch {@code batch} at {@code path}: {@code document} (the driver's JSON of it,
-   * {"batch", "query", "tables": {table: {...}}}) with each table's files of that batch added. The bytes are
-   * written beside it and renamed into place.
-   */
-  public synchronized void record(SparkSession spark, String path, String document) throws IOException {
-    ObjectNode record = (ObjectNode) JSON.readTree(document);
-    long batch = record.get("batch").asLong();
-    Iterator<Map.Entry<String, JsonNode>> tables = record.get("tables").fields();
-    while (tables.hasNext()) {
-      Map.Entry<String, JsonNode> table = tables.next();
-      ObjectNode entry = (ObjectNode) table.getValue();
-      String uuid = uuids.get(table.getKey());
-      if (uuid != null) {
-        entry.put("uuid", uuid);
-      }
-      ArrayNode listed = entry.putArray("files");
-      SortedMap<Long, List<DataFile>> batches = files.get(table.getKey());
-      List<DataFile> written = batches == null ? List.of() : batches.getOrDefault(batch, List.of());
-      Map<Integer, PartitionSpec> known = specs.get(table.getKey());
-      for (DataFile file : written) {
-        listed.add(JSON.readTree(ContentFileParser.toJson(file, known.get(file.specId()))));
-      }
-    }
-    Path target = new Path(path);
-    FileSystem fs = target.getFileSystem(spark.sparkContext().hadoopConfiguration());
-    Path written = target.suffix("." + UUID.randomUUID() + ".tmp");
-    try (OutputStream out = fs.create(written, true)) {
-      out.write(JSON.writeValueAsBytes(record));
-    }
-    if (fs.exists(target)) {
-      fs.delete(target, false);
-    }
-    if (!fs.rename(written, target)) {
-      throw new IOException("cannot write " + path + ": renaming " + written + " over it failed");
-    }
   }
 
   /**

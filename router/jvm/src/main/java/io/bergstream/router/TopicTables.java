@@ -125,7 +125,7 @@ public final class TopicTables {
    * topic i's rows, its tables and its commit's summary, {@code writeMicros} is every row's router_write_ts.
    * One job of at most {@code tasks} tasks, a topic read by {@code shares.get(topic)} of them at most (one
    * when not named: TopicGroups). A topic whose tables cannot be written this way has the reason in its
-   * outcome. The files are committed, or kept pending, by {@link BatchWrite}.
+   * outcome. The files are committed by {@link BatchWrite}.
    */
   public static BatchWrite write(
       SparkSession spark,
@@ -158,8 +158,8 @@ public final class TopicTables {
       outcomes.add(outcome);
       archiveFiles.add(new ArrayList<>());
       deadLetterFiles.add(new ArrayList<>());
-      // A table that holds the batch already (a replay) is loaded to commit what is pending of it, if
-      // anything; its rows are counted, not written.
+      // A table that holds the batch already (a replay) is loaded all the same; its rows are counted, not
+      // written.
       Table archive = load(spark, topic.archive);
       Table deadLetter = load(spark, topic.deadLetters);
       archiveTables.add(archive);

@@ -132,7 +132,7 @@ class TopicWriterTest {
         List.of(new TopicWrite("plays", plan(), archive, deadLetters, archive == null, deadLetters == null,
             properties)),
         writeMicros, 2, Map.of("plays", 2), KEYS);
-    written.commit(null, List.of(0), 2);
+    written.commit(List.of(0), 2);
     return written;
   }
 
@@ -219,7 +219,7 @@ class TopicWriterTest {
     Dataset<Row> records = spark.createDataFrame(rows, RECORDS).coalesce(1);
     BatchWrite written =
         TopicTables.write(spark, records, RECORDS.fieldIndex("topic"), writes, START_MICROS, 2, Map.of(), KEYS);
-    written.commit(null, List.of(0, 1), 2);
+    written.commit(List.of(0, 1), 2);
 
     for (String topic : topics) {
       List<Row> archived =
@@ -320,13 +320,15 @@ class TopicWriterTest {
     assertEquals(0L, spark.sql("SELECT count(*) FROM t.ns.replayed").first().getLong(0));
   }
 
-  /** Tables `name` made, and batch 3's files for them written and held (offsets 100 to 108). */
+  /**
+   * Tables `name` made, and batch 3's files for them written and held (offsets 100 to 108), as an earlier
+   * version of the router held them.
+   */
   static PendingFiles heldBatch3(String name) throws Exception {
     createTables(name);
     PendingFiles held = new PendingFiles();
-    TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
-            List.of(pendingWrite(name, 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS)
-        .hold(held, 3, List.of(0));
+    EarlierPending.hold(held, TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
+        List.of(pendingWrite(name, 3, 100, 108)), START_MICROS, 1, Map.of(), KEYS), 3, 0);
     return held;
   }
 
@@ -347,65 +349,63 @@ class TopicWriterTest {
   }
 
   @Test
-  void filesHeldPendingAreRecordedAndCommittedOnceWithTheNextBatchOrAfterARestart() throws Exception {
+  void filesAnEarlierVersionLeftPendingAreCommittedOnceByEachRestart() throws Exception {
     createTables("pending");
     String archive = "t.ns.pending";
     String dead = "t.ns.pending__dlq";
     PendingFiles pending = new PendingFiles();
-    // Batch 7 is written and held: nothing committed, its files kept and recorded.
+    // Batch 7 written and held, its files recorded: nothing committed.
     BatchWrite seventh = TopicTables.write(spark, offsets(100, 108), RECORDS.fieldIndex("topic"),
         List.of(pendingWrite("pending", 7, 100, 108)), START_MICROS, 1, Map.of(), KEYS);
-    seventh.hold(pending, 7, List.of(0));
+    EarlierPending.hold(pending, seventh, 7, 0);
     assertEquals(0L, snapshots(archive));
     assertEquals(0L, snapshots(dead));
-    assertEquals(1, pending.batches(archive).length);
     Path records = Files.createTempDirectory(warehouse, "pending");
-    pending.record(spark, records.resolve("7.json").toString(),
+    EarlierPending.record(pending, spark, records.resolve("7.json").toString(),
         "{\"batch\": 7, \"query\": \"query-p\", \"tables\": {\"" + archive + "\": {\"records\": 6}, \""
             + dead + "\": {\"records\": 2}}}");
 
-    // Batch 8's commit of the archive carries batch 7's files too, in one snapshot.
-    BatchWrite eighth = TopicTables.write(spark, offsets(108, 112), RECORDS.fieldIndex("topic"),
-        List.of(pendingWrite("pending", 8, 100, 112)), START_MICROS, 1, Map.of(), KEYS);
-    eighth.commit(pending, List.of(0), 1);
-    assertEquals(1L, snapshots(archive));
-    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
-    assertEquals(1L, snapshots(dead));
-    assertEquals(3L, spark.sql("SELECT count(*) FROM " + dead).first().getLong(0));
-    assertEquals(0, pending.batches(archive).length);
+    // Started on it: batch 7's files committed, each table once; stopped before the record was cleared.
+    PendingFiles restarted = new PendingFiles();
+    restarted.load(spark, records.toString());
+    Map<String, String> summary = Map.of("q", "query-p", "b", "7");
+    assertTrue(restarted.flush(spark, archive, "q", "b", 7, summary)[0] > 0);
+    assertTrue(restarted.flush(spark, dead, "q", "b", 7, summary)[0] > 0);
+    assertEquals(6L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(2L, spark.sql("SELECT count(*) FROM " + dead).first().getLong(0));
 
-    // Batch 9 held after that commit, recorded beside batch 7's record, which still names its files.
+    // Batch 9 held and recorded beside batch 7's record, which still names its files.
     BatchWrite ninth = TopicTables.write(spark, offsets(112, 116), RECORDS.fieldIndex("topic"),
         List.of(pendingWrite("pending", 9, 112, 116)), START_MICROS, 1, Map.of(), KEYS);
-    ninth.hold(pending, 9, List.of(0));
-    pending.record(spark, records.resolve("9.json").toString(),
+    EarlierPending.hold(pending, ninth, 9, 0);
+    EarlierPending.record(pending, spark, records.resolve("9.json").toString(),
         "{\"batch\": 9, \"query\": \"query-p\", \"tables\": {\"" + archive + "\": {}}}");
     PendingFiles stale = new PendingFiles();
     stale.load(spark, records.toString());
     // Started again: batch 9's files alone are committed; batch 7's, which the table holds, are not again.
     long[] nine = stale.flush(spark, archive, "q", "b", 9, Map.of("q", "query-p", "b", "9"));
     assertTrue(nine[0] > 0, java.util.Arrays.toString(nine));
-    assertEquals(12L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
     java.nio.file.Files.delete(records.resolve("9.json"));
 
-    // A driver started again before the record was cleared: each table holds batch 7, nothing appended.
-    PendingFiles restarted = new PendingFiles();
-    JsonNode loaded = new ObjectMapper().readTree(restarted.load(spark, records.toString()));
+    // Started once more before the last record was cleared: each table holds batch 7, nothing appended.
+    PendingFiles again = new PendingFiles();
+    JsonNode loaded = new ObjectMapper().readTree(again.load(spark, records.toString()));
     assertEquals(1, loaded.size());
     assertEquals(7, loaded.get(0).get("batch").asLong());
     assertTrue(loaded.get(0).get("tables").get(archive).get("files").asLong() > 0, loaded.toString());
-    Map<String, String> summary = Map.of("q", "query-p", "b", "7");
-    assertEquals(-1, restarted.flush(spark, archive, "q", "b", 7, summary)[0]);
-    assertEquals(-1, restarted.flush(spark, dead, "q", "b", 7, summary)[0]);
-    assertEquals(12L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(-1, again.flush(spark, archive, "q", "b", 7, summary)[0]);
+    assertEquals(-1, again.flush(spark, dead, "q", "b", 7, summary)[0]);
+    assertEquals(9L, spark.sql("SELECT count(*) FROM " + archive).first().getLong(0));
+    assertEquals(2L, spark.sql("SELECT count(*) FROM " + dead).first().getLong(0));
 
     // Of a record whose batch was never committed, a restart commits the files read back from it, once.
     PendingFiles first = heldBatch3("restarted");
-    Path again = Files.createTempDirectory(warehouse, "restarted");
-    first.record(spark, again.resolve("3.json").toString(),
+    Path restartedRecords = Files.createTempDirectory(warehouse, "restarted");
+    EarlierPending.record(first, spark, restartedRecords.resolve("3.json").toString(),
         "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.restarted\": {}}}");
     PendingFiles second = new PendingFiles();
-    second.load(spark, again.toString());
+    second.load(spark, restartedRecords.toString());
     long[] flushed = second.flush(spark, "t.ns.restarted", "q", "b", 3, Map.of("q", "query-p", "b", "3"));
     assertTrue(flushed[0] > 0, java.util.Arrays.toString(flushed));
     assertEquals(6L, spark.sql("SELECT count(*) FROM t.ns.restarted").first().getLong(0));
@@ -415,7 +415,7 @@ class TopicWriterTest {
     // uuid), into which its files are not committed; a table dropped and not made again: gone.
     PendingFiles held = heldBatch3("remade");
     Path remade = Files.createTempDirectory(warehouse, "remade");
-    held.record(spark, remade.resolve("3.json").toString(),
+    EarlierPending.record(held, spark, remade.resolve("3.json").toString(),
         "{\"batch\": 3, \"query\": \"query-p\", \"tables\": {\"t.ns.remade\": {}, "
             + "\"t.ns.remade__dlq\": {}}}");
     spark.sql("DROP TABLE t.ns.remade");
