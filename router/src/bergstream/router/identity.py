@@ -23,7 +23,9 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bergstream.errors import ConfigError
@@ -61,7 +63,11 @@ def refuse_another(topic: str, current: str | None, recorded: str | None, where:
 
 class CheckpointFile:
     """A JSON object kept beside a query's checkpoint (`name`), on the checkpoint's own file system: the
-    topic ids (IDS_FILE), the positions topics new to the query start from (FLOORS_FILE)."""
+    topic ids (IDS_FILE), the positions topics new to the query start from (FLOORS_FILE).
+
+    The object last read or written is kept in this process with the file's modification time and length:
+    a read finds the file as it was by those (one status, not its bytes), which a driver of a thousand topics
+    reads once for each at start. Inside `gathered()`, what is put is written once, as it ends."""
 
     def __init__(self, spark: SparkSession, checkpoint: str, name: str = IDS_FILE) -> None:
         jvm = spark._jvm
@@ -74,11 +80,19 @@ class CheckpointFile:
         """The object as it is: read under the lock `put` writes under, as the file is replaced by a delete
         and a rename, between which a read would find none."""
         with _lock_of(self.location):
-            return self._read()
+            return dict(self._read())
 
     def _read(self) -> dict[str, Any]:
+        held = _HELD.get(self.location)
+        if held is not None and held.gathering:
+            return held.document
         if not self._fs.exists(self._path):
+            _HELD.pop(self.location, None)
             return {}
+        status = self._fs.getFileStatus(self._path)
+        stamp = (status.getModificationTime(), status.getLen())
+        if held is not None and held.stamp == stamp:
+            return held.document
         stream = self._fs.open(self._path)
         try:
             text = bytes(stream.readAllBytes()).decode()
@@ -92,6 +106,7 @@ class CheckpointFile:
             ) from error
         if not isinstance(document, dict):
             raise ConfigError(f"{self.location} is not a JSON object; remove it to record it again")
+        _HELD[self.location] = _Held(document, stamp)
         return document
 
     def put(self, key: str, value: Any) -> None:
@@ -99,25 +114,61 @@ class CheckpointFile:
         a file beside it, then renamed over it), one key at a time in this process, as topics of one query
         are added from several threads."""
         with _lock_of(self.location):
-            document = self._read()
+            document = dict(self._read())
             if document.get(key) == value:
                 return
             if value is None:
                 document.pop(key)
             else:
                 document[key] = value
-            written = self._path.suffix(f".{uuid.uuid4().hex}.tmp")
-            stream = self._fs.create(written, True)
-            try:
-                stream.write(json.dumps(dict(sorted(document.items())), indent=1).encode())
-            finally:
-                stream.close()
-            if self._fs.exists(self._path):
-                self._fs.delete(self._path, False)
-            if not self._fs.rename(written, self._path):
-                raise ConfigError(f"cannot write {self.location}: renaming {written} over it failed")
+            held = _HELD.get(self.location)
+            if held is not None and held.gathering:
+                held.document, held.changed = document, True
+                return
+            self._write(document)
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """What is put meanwhile, by any thread, written once as it ends (not at all when it fails)."""
+        with _lock_of(self.location):
+            held = _HELD[self.location] = _Held(dict(self._read()), None, gathering=True)
+        try:
+            yield
+        finally:
+            with _lock_of(self.location):
+                held.gathering = False
+                _HELD.pop(self.location, None)
+        if held.changed:
+            with _lock_of(self.location):
+                self._write(held.document)
+
+    def _write(self, document: dict[str, Any]) -> None:
+        written = self._path.suffix(f".{uuid.uuid4().hex}.tmp")
+        stream = self._fs.create(written, True)
+        try:
+            stream.write(json.dumps(dict(sorted(document.items())), indent=1).encode())
+        finally:
+            stream.close()
+        if self._fs.exists(self._path):
+            self._fs.delete(self._path, False)
+        if not self._fs.rename(written, self._path):
+            raise ConfigError(f"cannot write {self.location}: renaming {written} over it failed")
+        status = self._fs.getFileStatus(self._path)
+        _HELD[self.location] = _Held(document, (status.getModificationTime(), status.getLen()))
 
 
+@dataclass
+class _Held:
+    """A checkpoint file's object as last read or written, with the file's (modification time, length) then;
+    `gathering`: puts are kept here, to be written once (`CheckpointFile.gathered`)."""
+
+    document: dict[str, Any]
+    stamp: tuple[int, int] | None
+    gathering: bool = False
+    changed: bool = False
+
+
+_HELD: dict[str, _Held] = {}
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 

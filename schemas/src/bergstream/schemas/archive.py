@@ -7,6 +7,7 @@ table, decides what is valid, and a record it refuses goes to the dead-letter ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import types as T
@@ -128,21 +129,27 @@ class ArchiveLayout:
         assert isinstance(event_fields, T.StructType)
         return T.StructType([*event_fields.fields, T.StructField(METADATA, METADATA_TYPE)])
 
-    def create_statements(self, identifier: str) -> list[str]:
-        """Spark SQL that creates the archive table `identifier` when it does not exist yet."""
-        return _create_statements(identifier, self.table_type)
+    def create_statements(self, identifier: str, properties: Mapping[str, str] | None = None) -> list[str]:
+        """Spark SQL that creates the archive table `identifier` when it does not exist yet, with
+        `properties` beside the archive's own."""
+        return _create_statements(identifier, self.table_type, properties)
 
-    def dead_letter_create_statements(self, identifier: str) -> list[str]:
-        return dead_letter_create_statements(identifier)
+    def dead_letter_create_statements(
+        self, identifier: str, properties: Mapping[str, str] | None = None
+    ) -> list[str]:
+        return dead_letter_create_statements(identifier, properties)
 
 
-def dead_letter_create_statements(identifier: str) -> list[str]:
+def dead_letter_create_statements(identifier: str, properties: Mapping[str, str] | None = None) -> list[str]:
     """Spark SQL that creates the dead-letter table `identifier`: the same for every topic."""
-    return _create_statements(identifier, DEAD_LETTER_TYPE)
+    return _create_statements(identifier, DEAD_LETTER_TYPE, properties)
 
 
-def _create_statements(identifier: str, columns: T.StructType) -> list[str]:
-    properties = ",\n  ".join(f"'{key}' = '{value}'" for key, value in TABLE_PROPERTIES.items())
+def _create_statements(
+    identifier: str, columns: T.StructType, given: Mapping[str, str] | None = None
+) -> list[str]:
+    settings = {**TABLE_PROPERTIES, **(given or {})}
+    properties = ",\n  ".join(f"'{key}' = '{value}'" for key, value in settings.items())
     return [
         f"CREATE TABLE IF NOT EXISTS {identifier} (\n  {ddl_columns(columns)}\n)\nUSING iceberg\n"
         f"PARTITIONED BY ({PARTITION_SPEC})\nTBLPROPERTIES (\n  {properties}\n)",

@@ -35,7 +35,7 @@ from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.members import Members
 from bergstream.router.driver.settings import DriverSettings
 from bergstream.router.driver.unread import UnreadRanges, check_retention
-from bergstream.router.identity import TopicRecreated
+from bergstream.router.identity import CheckpointFile, TopicRecreated
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.offset_log import (
     checkpoint_has_batches,
@@ -183,8 +183,10 @@ class TopicsQuery:
         )
         # Made once here: topics creating their tables at once would each try to make the namespace.
         ensure_namespace(self.spark, settings.catalog)
-        # Side by side: each topic's settings, schema and tables take a fraction of a second.
-        list(self._pool.map(self.members.add, existing))
+        # Side by side: each topic's settings, schema and tables take a fraction of a second; their ids are
+        # written beside the checkpoint once, for all of them.
+        with CheckpointFile(self.spark, settings.checkpoint_location).gathered():
+            list(self._pool.map(self.members.add, existing))
         # Topics that left the query while the router was stopped, with a range unread: read once more, unless
         # deleted (and made again: the recorded offsets are the old topic's), their range then lost.
         left = self.unread.left_before_start()
