@@ -53,6 +53,7 @@ from bergstream.router.topic import TopicWorker
 
 log = logging.getLogger("bergstream.router.driver")
 POOL_PROPERTY = "spark.scheduler.pool"
+GROUP = "kafka.group.id"
 # The Iceberg commits of one batch's topics made at once.
 COMMIT_THREADS = 8
 # The most topics whose lag is measured after each batch, rather than every lag_refresh_seconds alone.
@@ -130,10 +131,12 @@ class TopicsQuery:
         # Files a driver of an earlier version left pending beside the checkpoint: committed once, at start.
         self.pending = PendingCommits(spark, settings.checkpoint_location, metrics)
         options = {**SOURCE_DEFAULTS, **dict(settings.kafka)}
-        group = f"{options.get('groupIdPrefix', 'spark-kafka-relation')}-bergstream-router-{settings.name}"
+        # One pool of Spark's consumers, one per partition, for its batches and reads of due ranges alike.
+        prefix = options.get("groupIdPrefix", "spark-kafka-relation")
+        self._group = f"{prefix}-bergstream-router-{settings.name}"
 
         def read(ranges: dict[str, tuple[dict[int, int], dict[int, int]]]) -> DataFrame:
-            return kafka_ranges(spark, options, ranges, group)
+            return kafka_ranges(spark, options, ranges, self._group)
 
         def log_starts(topics: list[str]) -> dict[str, dict[int, int]]:
             return {topic: bounds.start for topic, bounds in self.kafka.log_bounds(topics).items()}
@@ -183,8 +186,7 @@ class TopicsQuery:
         )
         # Made once here: topics creating their tables at once would each try to make the namespace.
         ensure_namespace(self.spark, settings.catalog)
-        # Side by side: each topic's settings, schema and tables take a fraction of a second; their ids are
-        # written beside the checkpoint once, for all of them.
+        # Side by side, a fraction of a second each; their ids written beside the checkpoint once for all.
         with CheckpointFile(self.spark, settings.checkpoint_location).gathered():
             list(self._pool.map(self.members.add, existing))
         # Topics that left the query while the router was stopped, with a range unread: read once more, unless
@@ -259,7 +261,7 @@ class TopicsQuery:
             )
         reader = self.spark.readStream.format("kafka").options(**{**SOURCE_DEFAULTS, **options})
         option, subscribed = settings.source_options(every_topic_exists=self.members.strict)
-        reader = reader.option(option, subscribed).option("includeHeaders", "true")
+        reader = reader.option(option, subscribed).option("includeHeaders", "true").option(GROUP, self._group)
         if settings.max_offsets_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
         name = f"bergstream-router-{settings.name}"
