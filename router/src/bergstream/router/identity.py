@@ -129,7 +129,8 @@ class CheckpointFile:
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
-        """What is put meanwhile, by any thread, written once as it ends (not at all when it fails)."""
+        """What is put meanwhile, by any thread, written once as it ends, however it ends (each put stands
+        on its own: a topic refused leaves the others' ids good)."""
         with _lock_of(self.location):
             held = _HELD[self.location] = _Held(dict(self._read()), None, gathering=True)
         try:
@@ -138,9 +139,8 @@ class CheckpointFile:
             with _lock_of(self.location):
                 held.gathering = False
                 _HELD.pop(self.location, None)
-        if held.changed:
-            with _lock_of(self.location):
-                self._write(held.document)
+                if held.changed:
+                    self._write(held.document)
 
     def _write(self, document: dict[str, Any]) -> None:
         written = self._path.suffix(f".{uuid.uuid4().hex}.tmp")

@@ -74,10 +74,10 @@ def ensure_tables(
     ):
         identifier = catalog.table_identifier(table)
         if not spark.catalog.tableExists(identifier):
-            # Made with every property wanted: nothing to read back or bring in line.
+            # Made with every property wanted, so that nothing is to be brought in line below, unless another
+            # process made it first (read back, and checked, all the same).
             for statement in statements(identifier, wanted):
                 spark.sql(statement)
-            continue
         current = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {identifier}").collect()}
         archived = current.get(TOPIC_PROPERTY)
         if TOPIC_PROPERTY in wanted and archived is not None and archived != wanted[TOPIC_PROPERTY]:

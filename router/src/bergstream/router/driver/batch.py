@@ -197,7 +197,7 @@ class BatchArchive:
                 for t, c in covered.items()
                 if t not in by_name and not isinstance(c.start, str)
             }
-            self._count_expired(offsets)
+            self._count_expired(offsets, workers)
             read = self._read(offsets) if offsets else None
             named = None
             if by_name and records is not None:
@@ -219,11 +219,15 @@ class BatchArchive:
                                  bytes_now - before[topic][1])  # fmt: skip
             self._metrics.pending_commits.labels(topic, due[topic]).inc()
 
-    def _count_expired(self, ranges: Mapping[str, tuple[dict[int, int], dict[int, int]]]) -> None:
+    def _count_expired(
+        self, ranges: Mapping[str, tuple[dict[int, int], dict[int, int]]], workers: Mapping[str, TopicWorker]
+    ) -> None:
         """Of the `ranges` ({topic: (start, end)}) about to be read, the offsets Kafka's retention removed
         before their read (a router stopped past a topic's retention, a retention by size): counted as
-        expired and logged, as those a batch misses are (expired.py). The range recorded is the whole one,
-        as a batch's is. Kafka out for a moment: not counted; its read then waits it out, or fails."""
+        expired and logged, as those a batch misses are, and each topic's accounting told it left off where
+        its log starts (expired.py), so that the read's first offset counts none of them again. The range
+        recorded is the whole one, as a batch's is. Kafka out for a moment: not counted here; its read then
+        waits it out, or fails."""
         if not ranges:
             return
         try:
@@ -237,6 +241,7 @@ class BatchArchive:
                 kept = starts.get(topic, {}).get(partition, first)
                 count = min(kept, end.get(partition, first)) - first
                 if count > 0:
+                    workers[topic].follower.expired.left_off({partition: first + count})
                     self._metrics.expired_offsets.labels(topic, str(partition)).inc(count)
                     log.warning("%s partition %d: offsets %d to %d (%d records) expired from Kafka before "
                                 "being archived", topic, partition, first, first + count - 1,
