@@ -26,8 +26,17 @@ from bergstream.local import LocalStack, StackConfig, kafka_broker
 from bergstream.local.processes import free_ports
 from bergstream.router.config import load_router_config
 from bergstream.router.driver.launch import archive_available_now
-from tests.routers import archived_offsets, produced_offsets, start_router, write_config
+from tests.routers import (
+    archived_offsets,
+    eventually,
+    produced_offsets,
+    run_router,
+    start_router,
+    unread_record,
+    write_config,
+)
 from tests.services import Services
+from tests.test_unread_ranges import archived, archived_once_exactly, killed, metric_value
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -164,3 +173,49 @@ def test_the_leader_killed_during_a_replay_loses_and_repeats_nothing(
     consumer.close()
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} records replayed more than once"
     assert set(seen) == expected, f"{len(expected - set(seen))} records lost by the replay"
+
+
+def test_kafka_out_while_a_topics_range_is_due_and_at_a_graceful_stop_loses_and_repeats_nothing(
+    cluster: LocalStack, topic_name: str, tmp_path: Path
+) -> None:
+    """A router on a target lag has a range unread when every broker of the cluster goes: the range falls due
+    between batches and its read fails, so it stays unread; the operator stops the router while Kafka is
+    still out, and its stop ends, the range recorded beside the checkpoint. Kafka back, the router run
+    again archives that range and what came since, each record once, the commits' positions following each
+    other."""
+    kafka = services(cluster)
+    sent: set[tuple[int, int]] = set()
+
+    def send(count: int, seed: int) -> None:
+        request = ProduceRequest(topic=topic_name, schema="playback", count=count, partitions=3, seed=seed)
+        sent.update(produced_offsets(produce(request, kafka.bootstrap_servers, show_progress=False).offsets))
+
+    send(300, seed=1)
+    (port,) = free_ports(1)
+    config = write_config(kafka, tmp_path, topic_name, target_lag="30s", metrics_port=port,
+                          metrics_host="127.0.0.1")  # fmt: skip
+    log = tmp_path / "router.log"
+    router = start_router(topic_name, config, log)
+    try:
+        eventually(lambda: metric_value(port, "bergstream_router_pending_records", topic_name) == 300,
+                   "the records met and unread", timeout=240)  # fmt: skip
+        with ThreadPoolExecutor(len(cluster.config.nodes)) as pool:
+            list(pool.map(kill, cluster.config.nodes))
+        eventually(lambda: "due between batches are not read now" in log.read_text(),
+                   "the read of the range due failing while Kafka is out", timeout=300)  # fmt: skip
+        assert router.poll() is None, log.read_text()[-3000:]
+        router.send_signal(signal.SIGINT)
+        router.wait(300)
+    finally:
+        if router.poll() is None:
+            killed(router)
+    output = log.read_text()
+    assert router.returncode == 0, output[-3000:]
+    assert not archived(kafka, topic_name), "archived before its target lag"
+    assert unread_record(tmp_path / "checkpoints" / topic_name).keys() == {topic_name}, output[-3000:]
+
+    kafka_broker.start_cluster(cluster.config.nodes)
+    send(100, seed=2)
+    run = run_router(topic_name, config, "--available-now", timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    archived_once_exactly(kafka, topic_name, sent)

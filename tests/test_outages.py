@@ -23,7 +23,7 @@ from bergstream.catalog import CatalogConfig
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
-from bergstream.router.retry import CommitRetrySettings, JavaCause, transient_reason
+from bergstream.router.retry import CommitRetrySettings, JavaCause, kafka_unavailable, transient_reason
 from tests.postgres import USER, postgres_server
 from tests.routers import (
     appended_by_spark,
@@ -409,3 +409,17 @@ def test_outages_are_told_from_errors_no_wait_mends() -> None:
     ]
     assert transient_reason(schema_refused) is None
     assert transient_reason([]) is None
+
+
+def test_kafka_out_is_told_from_a_topics_own_failure() -> None:
+    errors = "org.apache.kafka.common.errors."
+    kafka = (f"{errors}ApiException", "org.apache.kafka.common.KafkaException", "java.lang.RuntimeException")
+    brokers_out = [
+        cause("java.util.concurrent.ExecutionException", "java.lang.Exception", message="x"),
+        cause(f"{errors}TimeoutException", f"{errors}RetriableException", *kafka, message="Timed out: nodes"),
+    ]
+    assert kafka_unavailable(brokers_out) == "TimeoutException: Timed out: nodes"
+    # Kafka refusing for good, or no Kafka error at all: no wait on Kafka mends it.
+    refused = [cause(f"{errors}TopicAuthorizationException", f"{errors}AuthorizationException", *kafka)]
+    assert kafka_unavailable(refused) is None
+    assert kafka_unavailable([cause("java.net.ConnectException", "java.io.IOException")]) is None

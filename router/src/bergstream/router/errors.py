@@ -17,3 +17,8 @@ class StopRequested(RouterStopped):
 class SecondWriter(BergstreamError):
     """Another router writes the same topic into the same table: the later one stops, before it archives
     a record twice."""
+
+
+class KafkaUnavailable(BergstreamError):
+    """Kafka cannot be read now (its brokers out, a timeout): the ranges being read stay where they were
+    (unread, or the batch's, which Spark runs again); none is set aside as a topic's failure."""

@@ -32,6 +32,9 @@ _TRANSIENT_CLASSES = (
     "org.apache.iceberg.exceptions.ServiceUnavailableException",
     "org.apache.iceberg.exceptions.ServiceFailureException",
 )
+# Kafka's errors that say it cannot serve now (a timeout, a broker gone, a leader moving): every one of them
+# is a RetriableException.
+_KAFKA_RETRIABLE = "org.apache.kafka.common.errors.RetriableException"
 # SQLSTATE classes of a database that cannot serve now: 08 connection exception, 53 insufficient
 # resources, 57P operator intervention (shutting down, starting up), 40001 serialization failure.
 _TRANSIENT_SQL_STATES = ("08", "53", "57P", "40001")
@@ -107,3 +110,9 @@ def transient_reason(causes: list[JavaCause]) -> str | None:
     # The deepest cause that says something says most: "... (Read-only file system)", "Connection refused".
     worded = [cause for cause in transient if cause.message]
     return (worded or transient)[-1].line
+
+
+def kafka_unavailable(causes: list[JavaCause]) -> str | None:
+    """One line naming Kafka's failure when `causes` show Kafka unable to serve a read now; None otherwise."""
+    retriable = [cause for cause in causes if _KAFKA_RETRIABLE in cause.classes]
+    return retriable[-1].line if retriable else None

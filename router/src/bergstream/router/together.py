@@ -28,8 +28,9 @@ from pyspark.sql import functions as F
 from bergstream.errors import first_line
 from bergstream.router.batch_counts import BatchCounts, PartitionRead
 from bergstream.router.commit_retry import CommitRetry
+from bergstream.router.errors import KafkaUnavailable
 from bergstream.router.metrics import RouterMetrics
-from bergstream.router.retry import java_causes
+from bergstream.router.retry import java_causes, kafka_unavailable
 from bergstream.router.topic import BatchTables, TopicWorker
 from bergstream.router.write import BATCH_ID, QUERY_ID, Appended
 from bergstream.schemas.archive import INGESTION_TS, METADATA, OFFSET, PARTITION, WRITE_TS
@@ -147,6 +148,11 @@ class TogetherWriter:
         try:
             written = self._job(source, batch_id, together, plans, tables, ranges, holding, tasks, shares)
         except Exception as error:
+            kafka = kafka_unavailable(java_causes(error))
+            if kafka is not None:
+                for topic in together:
+                    tables[topic].forget_commits()
+                raise KafkaUnavailable(f"batch {batch_id}: Kafka cannot be read now ({kafka})") from error
             # The catalog or the warehouse out, most often: each topic alone waits the outage out
             # (CommitRetry), and finds what landed before it.
             log.warning("batch %d: writing %d topics together failed (%s); each alone now", batch_id,

@@ -21,8 +21,9 @@ from bergstream.router.commit_policy import CommitPolicy
 from bergstream.router.driver.behind import SetAside
 from bergstream.router.driver.floors import Floors
 from bergstream.router.driver.unread import UnreadRanges
-from bergstream.router.errors import StopRequested
+from bergstream.router.errors import KafkaUnavailable, StopRequested
 from bergstream.router.metrics import RouterMetrics
+from bergstream.router.retry import java_causes, kafka_unavailable
 from bergstream.router.together import TogetherWriter, failure_reason
 from bergstream.router.topic import TopicWorker
 from bergstream.schemas.batch_range import EARLIEST, BatchRange
@@ -113,7 +114,13 @@ class BatchArchive:
         whole = set(due) == set(busy) and all(
             (by_name.get(topic) or self.unread.range(topic)) == ranges[topic] for topic in due
         )
-        self.archive_due(batch_id, due, workers, records, by_name, whole)
+        try:
+            self.archive_due(batch_id, due, workers, records, by_name, whole)
+        except KafkaUnavailable as error:
+            if by_name:
+                raise  # a range that starts by name is read by its batch or not at all: Spark runs it again
+            # Their ranges are met, kept unread beside the checkpoint: read once Kafka answers again.
+            log.warning("%s; the %d topics due stay unread, due again", error, len(due))
 
     def gone(self, left: list[str]) -> list[str]:
         """Of the topics that `left` the query with a range unread, those Kafka still has, to be read now;
@@ -210,14 +217,19 @@ class BatchArchive:
         log.debug("batch %d: %d topics due (%s)", batch_id, len(covered), reasons)
         due_workers = {topic: workers[topic] for topic in covered}
         before = {topic: _written(worker) for topic, worker in due_workers.items()}
-        failed = self._write(source, batch_id, covered, due_workers)
+        failed, unreadable = self._write(source, batch_id, covered, due_workers)
         for topic in covered:
-            if topic in failed:
+            if topic in failed or topic in unreadable:
                 continue
             records_now, bytes_now = _written(due_workers[topic])
             self.unread.archived(topic, covered[topic], records_now - before[topic][0],
                                  bytes_now - before[topic][1])  # fmt: skip
             self._metrics.pending_commits.labels(topic, due[topic]).inc()
+        if unreadable:
+            raise KafkaUnavailable(
+                f"batch {batch_id}: Kafka cannot be read now ({unreadable[sorted(unreadable)[0]]}); "
+                f"{len(unreadable)} topics' ranges stay where they were"
+            )
 
     def _count_expired(
         self, ranges: Mapping[str, tuple[dict[int, int], dict[int, int]]], workers: Mapping[str, TopicWorker]
@@ -226,16 +238,16 @@ class BatchArchive:
         before their read (a router stopped past a topic's retention, a retention by size): counted as
         expired and logged, as those a batch misses are, and each topic's accounting told it left off where
         its log starts (expired.py), so that the read's first offset counts none of them again. The range
-        recorded is the whole one, as a batch's is. Kafka out for a moment: not counted here; its read then
-        waits it out, or fails."""
+        recorded is the whole one, as a batch's is. Kafka not answering: nothing read (KafkaUnavailable)."""
         if not ranges:
             return
         try:
             starts = self._log_starts(sorted(ranges))
         except Exception as error:
-            log.warning("whether the ranges of %d topics read now expired from Kafka is not known (%s)",
-                        len(ranges), first_line(error))  # fmt: skip
-            return
+            # Kafka does not answer: the read would wait out its own timeouts, then fail.
+            raise KafkaUnavailable(
+                f"Kafka does not answer where the logs of {len(ranges)} topics start ({first_line(error)})"
+            ) from error
         for topic, (start, end) in sorted(ranges.items()):
             for partition, first in sorted(start.items()):
                 kept = starts.get(topic, {}).get(partition, first)
@@ -282,9 +294,10 @@ class BatchArchive:
 
     def _write(
         self, records: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: dict[str, TopicWorker]
-    ) -> set[str]:
+    ) -> tuple[set[str], dict[str, str]]:
         """Write the `busy` topics' `records` (their ranges `ranges`) under batch `batch_id`; the topics set
-        aside, their write failed."""
+        aside, their write failed, and those Kafka could not be read for ({topic: why}), not set aside: Kafka
+        out is no topic's failure."""
         # The job's tasks: one per core at most, fewer for a few records; each topic is read by as many of
         # them as its last batch's records are worth (TopicGroups, router/jvm): a file an hour and task.
         shares = {topic: worker.together.write_tasks() for topic, worker in busy.items()}
@@ -307,6 +320,7 @@ class BatchArchive:
         if len(together) < len(busy) or registries:
             cache()
         failed: set[str] = set()
+        unreadable: dict[str, str] = {}
         try:
             alone = [topic for topic in busy if topic not in together]
             if together:
@@ -322,14 +336,17 @@ class BatchArchive:
             }
             for topic, future in futures.items():
                 error = future.exception()
-                if error is not None:
+                kafka = None if error is None else kafka_unavailable(java_causes(error))
+                if kafka is not None:
+                    unreadable[topic] = kafka
+                elif error is not None:
                     log.error("batch %d of topic %s failed: %s", batch_id, topic, first_line(error))
                     self.set_aside(topic, ranges[topic], error)
                     failed.add(topic)
         finally:
             if cached:
                 source.unpersist()
-        return failed
+        return failed, unreadable
 
     def set_aside(self, topic: str, covered: BatchRange, error: BaseException) -> None:
         """The topic's range is archived later, from Kafka; an error no other way mends (another router
