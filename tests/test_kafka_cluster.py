@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from bergstream.backfill.read.batches import window_of
 from bergstream.backfill.read.order import BoundedOrder
@@ -190,13 +190,18 @@ def test_kafka_out_while_a_topics_range_is_due_and_at_a_graceful_stop_loses_and_
         request = ProduceRequest(topic=topic_name, schema="playback", count=count, partitions=3, seed=seed)
         sent.update(produced_offsets(produce(request, kafka.bootstrap_servers, show_progress=False).offsets))
 
-    send(300, seed=1)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic_name, 3)])[topic_name].result(30)
     (port,) = free_ports(1)
-    config = write_config(kafka, tmp_path, topic_name, target_lag="30s", metrics_port=port,
+    config = write_config(kafka, tmp_path, topic_name, target_lag="15s", metrics_port=port,
                           metrics_host="127.0.0.1")  # fmt: skip
     log = tmp_path / "router.log"
     router = start_router(topic_name, config, log)
     try:
+        # Sent once the router runs, so that the records' target lag runs from when the router meets them.
+        eventually(lambda: metric_value(port, "bergstream_router_target_lag_seconds", topic_name) == 15,
+                   "the router running", timeout=240)  # fmt: skip
+        send(300, seed=1)
         eventually(lambda: metric_value(port, "bergstream_router_pending_records", topic_name) == 300,
                    "the records met and unread", timeout=240)  # fmt: skip
         with ThreadPoolExecutor(len(cluster.config.nodes)) as pool:
