@@ -29,7 +29,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > 
     && if [ -f constraints.txt ]; then set -- -c constraints.txt; fi \
     && /opt/bergstream/venv/bin/pip install -q "$@" -r /tmp/requirements.txt
 COPY core/src/bergstream/jvm/pom.xml core/src/bergstream/jvm/pom.xml
-RUN for jars in spark kafka bergstream-spark; do \
+RUN for jars in spark kafka; do \
         mvn -q -B -f core/src/bergstream/jvm/pom.xml -P "$jars" dependency:copy-dependencies -DincludeScope=runtime \
             -DoutputDirectory="/tmp/warm/$jars" || exit 1; \
     done && rm -rf /tmp/warm

@@ -87,12 +87,13 @@ test: setup test-jvm docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not image"
 
 # bergstream's Java, a Maven module per part (schemas, router, backfill), compiled and tested with JUnit against
-# the pinned Spark and Iceberg; the count of tests and the time said at the end (from surefire's reports of the
-# run: those of an earlier run removed first).
+# the pinned Spark and Iceberg, then put in bergstream-spark.jar by the build a checkout and a wheel use
+# (parts.xml); the count of tests and the time said at the end (from surefire's reports of the run: those of an
+# earlier run removed first).
 test-jvm:
-	@started=$$(date +%s); rm -rf */jvm/target/surefire-reports; \
-	mvn -q -B -f core/src/bergstream/jvm/parts.xml test || exit 1; \
-	count=$$(cat */jvm/target/surefire-reports/TEST-*.xml 2>/dev/null \
+	@started=$$(date +%s); rm -rf */jvm/target/*/surefire-reports; \
+	mvn -q -B -f core/src/bergstream/jvm/parts.xml package || exit 1; \
+	count=$$(cat */jvm/target/*/surefire-reports/TEST-*.xml 2>/dev/null \
 		| sed -n 's/.*<testsuite [^>]*tests="\([0-9]*\)".*/\1/p' | awk '{n += $$1} END {print n + 0}'); \
 	echo "make test-jvm: $$count JUnit tests passed in $$(( $$(date +%s) - started )) s"
 

@@ -8,7 +8,8 @@ with several `where` maps the namespace to one root only), so the mapping is wri
 A wheel also carries what lives outside the source roots (BuildWithJar): bergstream's Java, built with Maven
 into bergstream/jvm/bergstream-spark.jar, and the settings files of the example topics and applications
 (deploy/topics, deploy/apps) as bergstream/deploy/topics and bergstream/deploy/apps, which the demo runs. An
-editable install carries neither: it compiles the Java from the checkout on first use and reads deploy/ there.
+editable install carries neither: it builds the Java from the checkout on first use, by the same Maven build,
+and reads deploy/ there.
 """
 
 import shutil
@@ -21,7 +22,8 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError
 
 HERE = Path(__file__).resolve().parent
-POM = HERE / "core" / "src" / "bergstream" / "jvm" / "pom.xml"
+# bergstream's Java: a Maven module per part, and the one that puts them in one jar (as bergstream.jars does).
+PARTS = HERE / "core" / "src" / "bergstream" / "jvm" / "parts.xml"
 PROJECT_JAR = "bergstream-spark.jar"
 EXAMPLE_SETTINGS = ("topics", "apps")
 
@@ -53,15 +55,12 @@ def layout() -> tuple[list[str], dict[str, str]]:
 
 
 def build_project_jar(target: Path) -> None:
-    """bergstream-spark.jar from the pom's bergstream-spark profile, against the pinned Spark and Iceberg."""
+    """bergstream-spark.jar, built by parts.xml's modules against the pinned Spark and Iceberg."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise SetupError("building bergstream needs Maven ('mvn' on PATH) and a JDK 17 to build its Java")
     with tempfile.TemporaryDirectory(prefix="bergstream-jar-") as out:
-        command = [
-            mvn, "-q", "-B", "-f", str(POM), "-P", "bergstream-spark", f"-Djar.directory={out}",
-            "resources:resources", "compiler:compile", "jar:jar",
-        ]  # fmt: skip
+        command = [mvn, "-q", "-B", "-f", str(PARTS), "-DskipTests", f"-Dparts.build={out}", "package"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SetupError(f"Maven could not build {PROJECT_JAR}:\n{(done.stdout + done.stderr)[-4000:]}")

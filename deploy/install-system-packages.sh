@@ -29,7 +29,7 @@ if ! "$python" -c '' >/dev/null 2>&1; then
 elif ! "$python" -c 'import ensurepip' >/dev/null 2>&1; then  # Debian splits venv's pip out
   missing="$missing $(basename "$python")-venv"
 fi
-# javac too: the backfill's Spark source is compiled on this machine.
+# javac too: Maven builds bergstream's Java on this machine.
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] || ! command -v javac >/dev/null 2>&1; then
   missing="$missing default-jdk-headless"
 fi

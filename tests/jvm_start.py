@@ -37,7 +37,12 @@ from bergstream.jars import cache_root, spark_home_jars
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = "SPARK_SUBMIT_OPTS"
-QUICK = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m", "-Xlog:disable", "-Xlog:all=error:stderr")
+QUICK = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:ReservedCodeCacheSize=240m",
+    "-Xlog:disable",
+    "-Xlog:all=error:stderr",
+)
 # The most a driver running the usual work takes to start, work and dump its classes.
 ARCHIVE_TIMEOUT = 600
 

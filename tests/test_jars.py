@@ -104,20 +104,49 @@ def test_bergstreams_java_is_built_once_and_the_backfill_and_hybrid_sources_regi
         assert "io/bergstream/backfill/EpochStream.class" in built.namelist()
         assert "io/bergstream/backfill/HybridStream.class" in built.namelist()
         assert "io/bergstream/router/PartitionRanges.class" in built.namelist()
-    monkeypatch.setenv("PATH", "/nonexistent")  # no javac: a built jar must not need it
+    monkeypatch.setenv("PATH", "/nonexistent")  # no Maven: a built jar must not need it
     assert jars.project_jar() == jar
 
 
-def test_a_java_error_names_the_file(tmp_path: Path) -> None:
+# Below a module's folder: its Java's package folder.
+PACKAGES = Path("src", "main", "java", "io", "bergstream")
+
+
+def java_parts_copy(root: Path) -> Path:
+    """The checkout's Java build (its poms, every module of parts.xml) copied under `root`, each in the same
+    place beside the others; the copy's parts.xml."""
     import shutil
 
-    sources = tuple(tmp_path / str(number) / "main" for number in range(len(jars.JAVA_SOURCES)))
-    for original, copy in zip(jars.JAVA_SOURCES, sources, strict=True):
-        shutil.copytree(original, copy)
-    broken = sources[-1] / "java" / "io" / "bergstream" / "backfill" / "Plan.java"
+    checkout = jars.PARTS.resolve().parents[4]
+    parts = root / jars.PARTS.resolve().relative_to(checkout)
+    parts.parent.mkdir(parents=True)
+    for pom in (jars.POM, jars.PARTS):
+        shutil.copyfile(pom, parts.parent / pom.name)
+    for module in jars.modules():
+        shutil.copytree(module, root / module.relative_to(checkout), ignore=shutil.ignore_patterns("target"))
+    return parts
+
+
+def test_a_java_error_names_the_file(tmp_path: Path) -> None:
+    parts = java_parts_copy(tmp_path)
+    broken = tmp_path / "backfill" / "jvm" / PACKAGES / "backfill" / "Plan.java"
     broken.write_text(broken.read_text().replace("final String table;", "final Strin table;"))
-    with pytest.raises(BergstreamError, match=r"javac could not compile bergstream's Java: .*Plan\.java"):
-        jars.project_jar(sources=sources)
+    with pytest.raises(BergstreamError, match=r"Maven could not build bergstream's Java: .*Plan\.java"):
+        jars.project_jar(parts)
+
+
+def test_a_change_to_a_java_source_is_built_anew_by_the_same_build(tmp_path: Path) -> None:
+    import zipfile
+
+    parts = java_parts_copy(tmp_path)
+    built = jars.project_jar(parts)
+    assert jars.project_jar(parts) == built, "built again with nothing changed"
+    added = tmp_path / "router" / "jvm" / PACKAGES / "router" / "Added.java"
+    added.write_text("package io.bergstream.router;\n\nfinal class Added {}\n")
+    again = jars.project_jar(parts)
+    assert again != built
+    with zipfile.ZipFile(again) as jar:
+        assert "io/bergstream/router/Added.class" in jar.namelist()
 
 
 def test_packages_hand_spark_the_pinned_coordinates_and_bergstreams_jar(
@@ -161,10 +190,10 @@ def test_the_shipped_jar_is_used_without_sources_or_a_jdk(
 ) -> None:
     shipped = tmp_path / "jvm" / jars.PROJECT_JAR
     monkeypatch.setattr(jars, "SHIPPED_JAR", shipped)
-    missing = (tmp_path / "no-sources",)
+    missing = tmp_path / "no-sources" / "parts.xml"
     with pytest.raises(BergstreamError, match="no Java sources to build it from"):
-        jars.project_jar(sources=missing)
+        jars.project_jar(missing)
     shipped.parent.mkdir()
     shipped.write_bytes(jars.project_jar().read_bytes())
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert jars.project_jar(sources=missing) == shipped
+    assert jars.project_jar(missing) == shipped

@@ -2,10 +2,11 @@
 project's own Java (the router's writer of many topics, the strict JSON reader, the backfill source) against
 the same Spark and Iceberg.
 
-An installed bergstream ships its own Java built, as jvm/bergstream-spark.jar (setup.py builds it with
-Maven); a checkout compiles it from its sources once per version of them. Spark and the broker read the
-cache; Maven and javac run only when the cache lacks what is pinned. With BERGSTREAM_JARS=packages, Spark is
-handed the pinned coordinates (spark.jars.packages) to resolve itself instead of the cache's jars.
+An installed bergstream ships its own Java built, as jvm/bergstream-spark.jar; a checkout builds it once per
+version of its sources, by the same Maven build (jvm/parts.xml) as the wheel and the JUnit tests. Spark and
+the broker read the cache; Maven runs only when the cache lacks what is pinned or built. With
+BERGSTREAM_JARS=packages, Spark is handed the pinned coordinates (spark.jars.packages) to resolve itself
+instead of the cache's jars.
 """
 
 from __future__ import annotations
@@ -26,13 +27,9 @@ from bergstream.errors import BergstreamError, ConfigError, MissingToolError
 
 POM = Path(__file__).parent / "jvm" / "pom.xml"
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
-# The repository's root, from core/src/bergstream/jars.py.
-_PROJECT = Path(__file__).resolve().parents[3]
-# bergstream's own Java, each component's beside its Python: compiled into one jar handed to every
-# SparkSession.
-JAVA_SOURCES: tuple[Path, ...] = tuple(
-    _PROJECT / part / "jvm" / "src" / "main" for part in ("schemas", "router", "backfill")
-)
+# bergstream's own Java, each part's beside its Python, a Maven module each, and the module that puts them in
+# one jar handed to every SparkSession: parts.xml lists them.
+PARTS = POM.parent / "parts.xml"
 PROJECT_JAR = "bergstream-spark.jar"
 # Where a wheel carries the jar that setup.py built; a checkout has none there.
 SHIPPED_JAR = Path(__file__).parent / "jvm" / PROJECT_JAR
@@ -197,7 +194,7 @@ def spark_jar_conf(spark_home: Path | None = None, pom: Path = POM) -> dict[str,
     jars and bergstream's own."""
     if jar_source() == "packages":
         return {
-            "spark.jars": str(project_jar(spark_home, pom)),
+            "spark.jars": str(project_jar()),
             "spark.jars.packages": ",".join(spark_packages(pom)),
         }
     return {"spark.jars": ",".join(str(jar) for jar in spark_jars(spark_home, pom))}
@@ -208,63 +205,60 @@ def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
     own."""
     shipped = spark_home or spark_home_jars()
     pinned = [jar for jar in resolved_jars("spark", pom) if not ships(shipped, artifact_id(jar))]
-    return [*pinned, project_jar(shipped, pom)]
+    return [*pinned, project_jar()]
 
 
-def _sources_digest(sources: tuple[Path, ...], pom: Path) -> str:
-    digest = hashlib.sha256(pom.read_bytes())
-    for number, root in enumerate(sources):
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            digest.update(f"{number}/{path.relative_to(root)}".encode())
+def modules(parts: Path = PARTS) -> list[Path]:
+    """The folders of the Maven modules that `parts` (parts.xml) lists, in its order."""
+    listed = ET.parse(parts).getroot().findall("m:modules/m:module", _NS)
+    return [(parts.parent / str(module.text).strip()).resolve() for module in listed]
+
+
+def _sources_digest(parts: Path) -> str:
+    """A digest of the poms and of every module's main sources and resources: a change to any builds anew."""
+    digest = hashlib.sha256()
+    for pom in (parts.parent / "pom.xml", parts):
+        digest.update(pom.read_bytes())
+    for number, folder in enumerate(modules(parts)):
+        digest.update(f"{number}/pom.xml".encode())
+        digest.update((folder / "pom.xml").read_bytes())
+        main = folder / "src" / "main"
+        for path in sorted(p for p in main.rglob("*") if p.is_file()) if main.is_dir() else ():
+            digest.update(f"{number}/{path.relative_to(main)}".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def project_jar(
-    spark_home: Path | None = None, pom: Path = POM, sources: tuple[Path, ...] = JAVA_SOURCES
-) -> Path:
-    """bergstream's own Java in one jar: the one an installed bergstream ships, else compiled from the
-    checkout's sources with javac against Spark's jars and the pinned Iceberg runtime, once per version of
-    its sources and of the pom."""
+def project_jar(parts: Path = PARTS) -> Path:
+    """bergstream's own Java in one jar: the one an installed bergstream ships, else built by Maven from the
+    checkout's modules (parts.xml, as `make test` and a wheel build it), once per version of their sources
+    and poms, in a folder of its own (two builds at once share no file)."""
     if SHIPPED_JAR.is_file():
         return SHIPPED_JAR
-    if not all(root.is_dir() for root in sources):
+    if not parts.is_file():
         raise BergstreamError(
             f"{SHIPPED_JAR} is missing and there are no Java sources to build it from: "
             "reinstall bergstream from its wheel, or run it from a checkout"
         )
-    target = cache_root() / "built" / _sources_digest(sources, pom) / PROJECT_JAR
+    target = cache_root() / "built" / _sources_digest(parts) / PROJECT_JAR
     if target.exists():
         return target
-    javac = require_tool("javac", "compile bergstream's Java (a JDK, not only a JRE)")
-    jar_tool = require_tool("jar", "package bergstream's Java")
-    classpath = [
-        str((spark_home or spark_home_jars()) / "*"),
-        *(str(jar) for jar in resolved_jars("spark", pom)),
-    ]
+    mvn = require_tool("mvn", "build bergstream's Java (Maven, with a JDK 17)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        java_files = sorted(str(path) for root in sources for path in (root / "java").rglob("*.java"))
-        compiled = subprocess.run(
-            [javac, "--release", "17", "-nowarn", "-d", str(staging / "classes"),
-             "-cp", os.pathsep.join(classpath), *java_files],
+        built = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(parts), "-DskipTests", f"-Dparts.build={staging}", "package"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        if compiled.returncode != 0:
-            errors = [line for line in compiled.stderr.splitlines() if ": error:" in line]
-            first = (errors or [compiled.stderr.strip()])[0]
-            raise BergstreamError(f"javac could not compile bergstream's Java: {first[:400]}")
-        for root in sources:
-            if (root / "resources").is_dir():
-                shutil.copytree(root / "resources", staging / "classes", dirs_exist_ok=True)
-        packed = subprocess.run(
-            [jar_tool, "--create", "--file", str(staging / PROJECT_JAR),
-             "-C", str(staging / "classes"), "."],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if packed.returncode != 0:
-            raise BergstreamError(f"jar could not package bergstream's Java: {packed.stderr.strip()[:400]}")
+        if built.returncode != 0:
+            output = [line.strip() for line in (built.stdout + built.stderr).splitlines() if line.strip()]
+            # A compiler error names its file: "[ERROR] /…/Plan.java:[12,9] cannot find symbol".
+            errors = [line for line in output if ".java:[" in line] or [
+                line for line in output if "ERROR" in line
+            ]
+            first = (errors or output or ["no output"])[0]
+            raise BergstreamError(f"Maven could not build bergstream's Java: {first[:400]}")
         with contextlib.suppress(OSError):  # another build finished first: its jar is as good
             (staging / PROJECT_JAR).rename(target)
     finally:
