@@ -60,7 +60,9 @@ def build_project_jar(target: Path) -> None:
     if mvn is None:
         raise SetupError("building bergstream needs Maven ('mvn' on PATH) and a JDK 17 to build its Java")
     with tempfile.TemporaryDirectory(prefix="bergstream-jar-") as out:
-        command = [mvn, "-q", "-B", "-f", str(PARTS), "-DskipTests", f"-Dparts.build={out}", "package"]
+        command = [
+            mvn, "-q", "-B", "-f", str(PARTS), "-Dmaven.test.skip=true", f"-Dparts.build={out}", "package",
+        ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SetupError(f"Maven could not build {PROJECT_JAR}:\n{(done.stdout + done.stderr)[-4000:]}")

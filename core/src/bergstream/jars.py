@@ -248,7 +248,8 @@ def project_jar(parts: Path = PARTS) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
         built = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(parts), "-DskipTests", f"-Dparts.build={staging}", "package"],
+            [mvn, "-q", "-B", "-f", str(parts), "-Dmaven.test.skip=true", f"-Dparts.build={staging}",
+             "package"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if built.returncode != 0:
