@@ -193,8 +193,17 @@ def test_kafka_out_while_a_topics_range_is_due_and_at_a_graceful_stop_loses_and_
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     admin.create_topics([NewTopic(topic_name, 3)])[topic_name].result(30)
     (port,) = free_ports(1)
+    # Spark's Kafka source waits out each offset request up to default.api.timeout.ms, three times, before
+    # its query fails, and a stop asked meanwhile waits for that: 30 s rather than a minute keeps the stop
+    # short and still leaves the test a minute to ask for it before the query would fail on its own.
+    kafka_settings = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "startingOffsets": "earliest",
+        "kafka.default.api.timeout.ms": "30000",
+        "kafka.request.timeout.ms": "10000",
+    }
     config = write_config(kafka, tmp_path, topic_name, target_lag="15s", metrics_port=port,
-                          metrics_host="127.0.0.1")  # fmt: skip
+                          metrics_host="127.0.0.1", kafka=kafka_settings)  # fmt: skip
     log = tmp_path / "router.log"
     router = start_router(topic_name, config, log)
     try:
