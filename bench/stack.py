@@ -9,10 +9,17 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bergstream.local import LocalStack, StackConfig
 from bergstream.local.processes import free_ports
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from bergstream.router.config import RouterConfig
+    from bergstream.router.driver.query import TopicsQuery
+    from bergstream.router.metrics import RouterMetrics
 
 
 def bench_parser(description: str | None) -> argparse.ArgumentParser:
@@ -60,3 +67,17 @@ def throwaway_stack(name: str, **config: Any) -> Iterator[tuple[LocalStack, Any,
             yield stack, stack.up(), home
         finally:
             stack.down()
+
+
+def topic_query(
+    spark: SparkSession, config: RouterConfig, metrics: RouterMetrics | None = None
+) -> TopicsQuery:
+    """The query of `router run --topic T`, for the topic of `config`, on `spark`, to run without a driver
+    around it (no maintenance, no signals): what a bench times."""
+    from bergstream.router.driver.query import TopicsQuery
+    from bergstream.router.driver.settings import named_topics_settings
+    from bergstream.router.metrics import RouterMetrics
+
+    topic = config.settings.topic
+    settings = named_topics_settings(topic, [config], None)
+    return TopicsQuery(settings, lambda _: config, spark, metrics or RouterMetrics(topic), strict=True)

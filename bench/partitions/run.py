@@ -30,11 +30,10 @@ from pyspark.sql import functions as F
 from bench.router.batches import BatchDurations
 from bench.router.cpu import CpuClock
 from bench.router.run import machine
-from bench.stack import bench_parser, throwaway_stack
+from bench.stack import bench_parser, throwaway_stack, topic_query
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.batch_counts import from_observation, observed_columns
 from bergstream.router.config import RouterConfig
-from bergstream.router.driver.launch import topic_query
 from bergstream.router.metrics import RouterMetrics
 from bergstream.router.transform import RecordSplitter
 from bergstream.schemas.archive import ArchiveLayout

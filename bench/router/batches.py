@@ -37,10 +37,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 from bench.router.cpu import CpuClock, command_name, cpu_ticks
 from bench.router.plain import create_plain_table, start_plain_job
 from bench.router.run import percentile
-from bench.stack import bench_parser, throwaway_stack
+from bench.stack import bench_parser, throwaway_stack, topic_query
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import RouterConfig
-from bergstream.router.driver.launch import topic_query
 from bergstream.router.metrics import RouterMetrics
 from bergstream.spark import build_spark_session
 

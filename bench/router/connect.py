@@ -141,7 +141,7 @@ class ConnectWorker:
         connector = write_properties(
             self.home / f"{first.name}.properties", sink_properties(first, self.catalog, self.bootstrap)
         )
-        classpath = os.pathsep.join(str(jar) for jar in jars.kafka_connect_classpath())
+        classpath = os.pathsep.join(str(jar) for jar in jars.resolved_jars("kafka-connect"))
         command = [
             jars.require_tool("java", "run the Kafka Connect worker (install OpenJDK 17 or newer)"),
             "-Xmx2g", "-XX:+UseG1GC", "-Djava.awt.headless=true",

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from bench.router.connect import ConnectWorker, SinkSpec
 from bench.router.cpu import CpuClock
 from bench.router.plain import TIMESTAMP, create_plain_table, start_plain_job
+from bench.stack import topic_query
 from bergstream.catalog import CatalogConfig
 from bergstream.errors import BergstreamError
 from bergstream.router.config import RouterConfig
-from bergstream.router.driver.launch import archive_available_now, topic_query
+from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.driver.query import TopicsQuery
 from bergstream.schemas.archive import INGESTION_TS, METADATA
 

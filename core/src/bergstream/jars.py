@@ -273,7 +273,3 @@ def kafka_classpath(pom: Path = POM) -> list[Path]:
 
 def rest_catalog_classpath(pom: Path = POM) -> list[Path]:
     return resolved_jars("rest-catalog", pom)
-
-
-def kafka_connect_classpath(pom: Path = POM) -> list[Path]:
-    return resolved_jars("kafka-connect", pom)

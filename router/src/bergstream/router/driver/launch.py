@@ -26,7 +26,6 @@ from bergstream.router.driver.named import (
     group_queries,
     load_topics,
 )
-from bergstream.router.driver.query import TopicsQuery
 from bergstream.router.driver.run import Driver, TopicOutcome
 from bergstream.router.driver.settings import DriverSettings, named_topics_settings
 from bergstream.router.metrics import RouterMetrics
@@ -179,16 +178,6 @@ def launch_pattern(
     label = settings.pattern or settings.name
     return run_queries(queries or [settings], load, settings, spark, restart, available_now, label=label,
                        app_name=app_name, conf=conf, strict=False)  # fmt: skip
-
-
-def topic_query(
-    spark: SparkSession, config: RouterConfig, metrics: RouterMetrics | None = None
-) -> TopicsQuery:
-    """The query of `router run --topic T`, for the topic of `config`, on `spark`, to run without a driver
-    around it (no maintenance, no signals)."""
-    topic = config.settings.topic
-    settings = named_topics_settings(topic, [config], None)
-    return TopicsQuery(settings, lambda _: config, spark, metrics or RouterMetrics(topic), strict=True)
 
 
 def archive_available_now(spark: SparkSession, config: RouterConfig) -> RouterTotals:
