@@ -4,6 +4,7 @@ identities (their Kafka ids) for the router and the hand-over."""
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -16,7 +17,11 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from bergstream.errors import BergstreamError
 from bergstream.kafka_settings import ClientErrors, KafkaUnreachable, cluster_metadata, failure
 
+log = logging.getLogger("bergstream.kafka")
+
 _DESCRIBE_SECONDS = 15
+# The most a refresh of the brokers' metadata waits, after a description failed.
+_METADATA_SECONDS = 5
 
 
 def _admin_and_topics(client_config: Mapping[str, Any]) -> tuple[AdminClient, dict[str, Any]]:
@@ -310,14 +315,29 @@ def topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
 
     if not topics:
         return {}
-    described = admin.describe_topics(TopicCollection(topics), request_timeout=_DESCRIBE_SECONDS)
     ids: dict[str, str | None] = {}
-    for topic, future in described.items():
-        uuid = future.result(_DESCRIBE_SECONDS).topic_id
-        ids[topic] = None if uuid is None or (
-            uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0
-        ) else canonical_id(uuid)  # fmt: skip
+    try:
+        described = admin.describe_topics(TopicCollection(topics), request_timeout=_DESCRIBE_SECONDS)
+        for topic, future in described.items():
+            uuid = future.result(_DESCRIBE_SECONDS).topic_id
+            ids[topic] = None if uuid is None or (
+                uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0
+            ) else canonical_id(uuid)  # fmt: skip
+    except Exception:
+        _refresh_metadata(admin)
+        raise
     return ids
+
+
+def _refresh_metadata(admin: AdminClient) -> None:
+    """Ask any broker for the cluster's metadata: the client sends its next description to the controller
+    that answer names, not to the broker it last knew as one. With that broker killed, a long-lived client
+    (a router's, asking before every batch) would otherwise wait out each description until its own refresh,
+    minutes later."""
+    try:
+        admin.list_topics(timeout=_METADATA_SECONDS)
+    except Exception as error:
+        log.debug("the brokers' metadata is not refreshed now: %s", error)
 
 
 def retention_seconds(admin: AdminClient, topics: list[str]) -> dict[str, float | None]:

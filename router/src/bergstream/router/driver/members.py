@@ -25,9 +25,6 @@ from bergstream.schemas.schema_registry import RegistryStopped
 
 log = logging.getLogger("bergstream.router.driver")
 
-# The most a refresh of the brokers' metadata waits, after a check of the topics' ids failed.
-_METADATA_SECONDS = 5
-
 
 class Members:
     """The workers of the topics of query `settings`. `load(topic)` reads a topic's settings. `strict`
@@ -120,20 +117,10 @@ class Members:
             current_ids = topic_ids(self.kafka.admin, sorted(known))
         except Exception as error:  # Kafka out for a moment: Spark's reader waits it out, or fails
             log.warning("batch %d is written without checking its topics' ids: %s", batch_id, error)
-            self._refresh_brokers()
             return
         for topic, current in current_ids.items():
             where = f"the router, which met it and was about to write batch {batch_id},"
             refuse_another(topic, current, known[topic], where)
-
-    def _refresh_brokers(self) -> None:
-        """Ask any broker for the cluster's metadata: the admin client sends its next description to the
-        controller that answer names, not to the broker it last knew as one (gone with a broker killed, it
-        would wait out every batch's check until its own refresh, minutes later)."""
-        try:
-            self.kafka.admin.list_topics(timeout=_METADATA_SECONDS)
-        except Exception as error:
-            log.warning("the brokers' metadata is not refreshed now: %s", first_line(error))
 
     def resume_offsets(self) -> dict[str, dict[int, int]] | None:
         """Per topic and partition, where a query without checkpoint starts: where the topic's tables end;
