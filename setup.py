@@ -13,7 +13,7 @@ and reads deploy/ there.
 """
 
 import shutil
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,9 +22,12 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError
 
 HERE = Path(__file__).resolve().parent
-# bergstream's Java: a Maven module per part, and the one that puts them in one jar (as bergstream.jars does).
-PARTS = HERE / "core" / "src" / "bergstream" / "jvm" / "parts.xml"
-PROJECT_JAR = "bergstream-spark.jar"
+# bergstream's Java is built by bergstream.maven, the build a checkout's first use runs too: it needs nothing
+# of bergstream but its errors, both in the ground's source root.
+sys.path.insert(0, str(HERE / "core" / "src"))
+from bergstream import maven  # noqa: E402
+from bergstream.errors import BergstreamError  # noqa: E402
+
 EXAMPLE_SETTINGS = ("topics", "apps")
 
 # The folder of each part of bergstream, and the packages it holds. Only core puts modules directly into
@@ -56,18 +59,13 @@ def layout() -> tuple[list[str], dict[str, str]]:
 
 def build_project_jar(target: Path) -> None:
     """bergstream-spark.jar, built by parts.xml's modules against the pinned Spark and Iceberg."""
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise SetupError("building bergstream needs Maven ('mvn' on PATH) and a JDK 17 to build its Java")
     with tempfile.TemporaryDirectory(prefix="bergstream-jar-") as out:
-        command = [
-            mvn, "-q", "-B", "-f", str(PARTS), "-Dmaven.test.skip=true", f"-Dparts.build={out}", "package",
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SetupError(f"Maven could not build {PROJECT_JAR}:\n{(done.stdout + done.stderr)[-4000:]}")
+        try:
+            built = maven.package(maven.PARTS, Path(out))
+        except BergstreamError as error:
+            raise SetupError(f"building bergstream (it needs Maven and a JDK 17): {error}") from None
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(Path(out) / PROJECT_JAR, target)
+        shutil.copyfile(built, target)
 
 
 class BuildWithJar(build_py):
@@ -78,7 +76,7 @@ class BuildWithJar(build_py):
         super().run()
         if self.editable_mode:
             return
-        build_project_jar(Path(self.build_lib) / "bergstream" / "jvm" / PROJECT_JAR)
+        build_project_jar(Path(self.build_lib) / "bergstream" / "jvm" / maven.PROJECT_JAR)
         for folder in EXAMPLE_SETTINGS:
             settings = Path(self.build_lib) / "bergstream" / "deploy" / folder
             settings.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from bergstream import jars
+from bergstream import jars, maven
 from bergstream.errors import BergstreamError, MissingToolError
 from bergstream.jars import spark_home_jars
 
@@ -117,12 +117,12 @@ def java_parts_copy(root: Path) -> Path:
     place beside the others; the copy's parts.xml."""
     import shutil
 
-    checkout = jars.PARTS.resolve().parents[4]
-    parts = root / jars.PARTS.resolve().relative_to(checkout)
+    checkout = maven.PARTS.resolve().parents[4]
+    parts = root / maven.PARTS.resolve().relative_to(checkout)
     parts.parent.mkdir(parents=True)
-    for pom in (jars.POM, jars.PARTS):
+    for pom in (maven.POM, maven.PARTS):
         shutil.copyfile(pom, parts.parent / pom.name)
-    for module in jars.modules():
+    for module in maven.modules():
         shutil.copytree(module, root / module.relative_to(checkout), ignore=shutil.ignore_patterns("target"))
     return parts
 
@@ -188,7 +188,7 @@ def test_resolved_jars_are_the_default_and_an_unknown_source_is_refused(
 def test_the_shipped_jar_is_used_without_sources_or_a_jdk(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    shipped = tmp_path / "jvm" / jars.PROJECT_JAR
+    shipped = tmp_path / "jvm" / maven.PROJECT_JAR
     monkeypatch.setattr(jars, "SHIPPED_JAR", shipped)
     missing = tmp_path / "no-sources" / "parts.xml"
     with pytest.raises(BergstreamError, match="no Java sources to build it from"):

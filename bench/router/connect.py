@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.router.plain import TIMESTAMP
 from bergstream import jars
 from bergstream.catalog import CatalogConfig
-from bergstream.errors import BergstreamError
+from bergstream.errors import BergstreamError, require_tool
 from bergstream.kafka_topics import ensure_topic
 from bergstream.local import processes
 
@@ -143,7 +143,7 @@ class ConnectWorker:
         )
         classpath = os.pathsep.join(str(jar) for jar in jars.resolved_jars("kafka-connect"))
         command = [
-            jars.require_tool("java", "run the Kafka Connect worker (install OpenJDK 17 or newer)"),
+            require_tool("java", "run the Kafka Connect worker (install OpenJDK 17 or newer)"),
             "-Xmx2g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", classpath, WORKER_CLASS, str(worker), str(connector),

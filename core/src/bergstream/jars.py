@@ -1,10 +1,10 @@
-"""The JVM side: jars pinned in jvm/pom.xml, resolved once with Maven into a local cache, and the
+"""The jars bergstream's JVMs run: those pinned in jvm/pom.xml, resolved once into a local cache, and the
 project's own Java (the router's writer of many topics, the strict JSON reader, the backfill source) against
-the same Spark and Iceberg.
+the same Spark and Iceberg; which of them a SparkSession is handed.
 
 An installed bergstream ships its own Java built, as jvm/bergstream-spark.jar; a checkout builds it once per
-version of its sources, by the same Maven build (jvm/parts.xml) as the wheel and the JUnit tests. Spark and
-the broker read the cache; Maven runs only when the cache lacks what is pinned or built. With
+version of its sources into the cache. Spark and the broker read the cache; the build (maven.py, the same as
+the wheel's and the JUnit tests') runs only when the cache lacks what is pinned or built. With
 BERGSTREAM_JARS=packages, Spark is handed the pinned coordinates (spark.jars.packages) to resolve itself
 instead of the cache's jars.
 """
@@ -16,23 +16,19 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bergstream.errors import BergstreamError, ConfigError, MissingToolError
+from bergstream import maven
+from bergstream.errors import BergstreamError, ConfigError
+from bergstream.maven import PARTS, POM, PROJECT_JAR
 
-POM = Path(__file__).parent / "jvm" / "pom.xml"
-_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
-# bergstream's own Java, each part's beside its Python, a Maven module each, and the module that puts them in
-# one jar handed to every SparkSession: parts.xml lists them.
-PARTS = POM.parent / "parts.xml"
-PROJECT_JAR = "bergstream-spark.jar"
+_NS = maven.NAMESPACE
 # Where a wheel carries the jar that setup.py built; a checkout has none there.
-SHIPPED_JAR = Path(__file__).parent / "jvm" / PROJECT_JAR
+SHIPPED_JAR = maven.JVM / PROJECT_JAR
 # How Spark gets the pinned jars: "resolved", the cache's files in spark.jars (what the local stack and an
 # offline machine need); "packages", their Maven coordinates in spark.jars.packages, for a cluster that
 # resolves them from its own repository or mirror.
@@ -89,35 +85,19 @@ def jar_dir(jar_set: JarSet, pom: Path = POM) -> Path:
     return cache_root() / _pom_digest(pom) / jar_set
 
 
-def require_tool(name: str, purpose: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise MissingToolError(
-            f"'{name}' was not found on PATH; it is needed to {purpose}. Install it and retry."
-        )
-    return path
-
-
 def resolve(jar_set: JarSet, pom: Path = POM) -> Path:
     """Copy one set's jars and their runtime dependencies into the cache; a no-op when already there."""
     target = jar_dir(jar_set, pom)
     if (target / _COMPLETE).exists():
         return target
-    mvn = require_tool("mvn", f"resolve the {jar_set} jars pinned in {pom}")
     target.parent.mkdir(parents=True, exist_ok=True)
     # A staging folder of its own, so that two resolves at once cannot spoil each other's files.
     staging = Path(tempfile.mkdtemp(prefix=f".{jar_set}-", dir=target.parent))
-    command = [
-        mvn, "-q", "-B", "-f", str(pom), "-P", jar_set,
-        "dependency:copy-dependencies", "-DincludeScope=runtime", "-Dmdep.useRepositoryLayout=true",
-        f"-DoutputDirectory={staging}",
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    try:
+        maven.copy_dependencies(pom, jar_set, staging)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        output = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        reason = next((line for line in output if "ERROR" in line), output[-1] if output else "no output")
-        raise BergstreamError(f"Maven could not resolve the {jar_set} jars of {pom}: {reason[:400]}")
+        raise
     (staging / _COMPLETE).write_text(_pom_digest(pom))
     try:
         staging.rename(target)
@@ -208,30 +188,9 @@ def spark_jars(spark_home: Path | None = None, pom: Path = POM) -> list[Path]:
     return [*pinned, project_jar()]
 
 
-def modules(parts: Path = PARTS) -> list[Path]:
-    """The folders of the Maven modules that `parts` (parts.xml) lists, in its order."""
-    listed = ET.parse(parts).getroot().findall("m:modules/m:module", _NS)
-    return [(parts.parent / str(module.text).strip()).resolve() for module in listed]
-
-
-def _sources_digest(parts: Path) -> str:
-    """A digest of the poms and of every module's main sources and resources: a change to any builds anew."""
-    digest = hashlib.sha256()
-    for pom in (parts.parent / "pom.xml", parts):
-        digest.update(pom.read_bytes())
-    for number, folder in enumerate(modules(parts)):
-        digest.update(f"{number}/pom.xml".encode())
-        digest.update((folder / "pom.xml").read_bytes())
-        main = folder / "src" / "main"
-        for path in sorted(p for p in main.rglob("*") if p.is_file()) if main.is_dir() else ():
-            digest.update(f"{number}/{path.relative_to(main)}".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def project_jar(parts: Path = PARTS) -> Path:
     """bergstream's own Java in one jar: the one an installed bergstream ships, else built by Maven from the
-    checkout's modules (parts.xml, as `make test` and a wheel build it), once per version of their sources
+    checkout's modules (maven.package, as `make test` and a wheel build it), once per version of their sources
     and poms, in a folder of its own (two builds at once share no file)."""
     if SHIPPED_JAR.is_file():
         return SHIPPED_JAR
@@ -240,28 +199,15 @@ def project_jar(parts: Path = PARTS) -> Path:
             f"{SHIPPED_JAR} is missing and there are no Java sources to build it from: "
             "reinstall bergstream from its wheel, or run it from a checkout"
         )
-    target = cache_root() / "built" / _sources_digest(parts) / PROJECT_JAR
+    target = cache_root() / "built" / maven.sources_digest(parts) / PROJECT_JAR
     if target.exists():
         return target
-    mvn = require_tool("mvn", "build bergstream's Java (Maven, with a JDK 17)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        built = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(parts), "-Dmaven.test.skip=true", f"-Dparts.build={staging}",
-             "package"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if built.returncode != 0:
-            output = [line.strip() for line in (built.stdout + built.stderr).splitlines() if line.strip()]
-            # A compiler error names its file: "[ERROR] /…/Plan.java:[12,9] cannot find symbol".
-            errors = [line for line in output if ".java:[" in line] or [
-                line for line in output if "ERROR" in line
-            ]
-            first = (errors or output or ["no output"])[0]
-            raise BergstreamError(f"Maven could not build bergstream's Java: {first[:400]}")
+        built = maven.package(parts, staging)
         with contextlib.suppress(OSError):  # another build finished first: its jar is as good
-            (staging / PROJECT_JAR).rename(target)
+            built.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -15,8 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bergstream import jars
-from bergstream.errors import StackError
+from bergstream.errors import StackError, require_tool
 
 CA_FILE = "ca.pem"
 KEYSTORE_FILE = "broker.p12"
@@ -35,7 +34,7 @@ def keytool() -> str:
     if java is not None:
         candidates.append(Path(java).resolve().parent / "keytool")
     found = next((str(path) for path in candidates if path.exists()), None)
-    return found or jars.require_tool("keytool", "make the broker's TLS certificate (it comes with the JDK)")
+    return found or require_tool("keytool", "make the broker's TLS certificate (it comes with the JDK)")
 
 
 def _start(arguments: list[str], env: dict[str, str], output: Path | None = None) -> subprocess.Popen[bytes]:

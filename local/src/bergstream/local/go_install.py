@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bergstream import jars
-from bergstream.errors import BergstreamError, MissingToolError
+from bergstream.errors import BergstreamError, MissingToolError, require_tool
 
 _GO_VERSION = re.compile(r"go(\d+)\.(\d+)")
 
@@ -23,7 +23,7 @@ _GO_VERSION = re.compile(r"go(\d+)\.(\d+)")
 def require_go(needed: str, program: str) -> str:
     """The `go` command on the PATH, when it is Go `needed` ("1.25") or newer; MissingToolError otherwise.
     GOTOOLCHAIN=local in every build: a Go too old never downloads another."""
-    go = jars.require_tool("go", f"build {program} (Go {needed} or newer)")
+    go = require_tool("go", f"build {program} (Go {needed} or newer)")
     found = subprocess.run(
         [go, "env", "GOVERSION"], capture_output=True, text=True, check=False
     ).stdout.strip()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bergstream import jars
-from bergstream.errors import StackError
+from bergstream.errors import StackError, require_tool
 from bergstream.local import processes
 from bergstream.local.kafka_security import BrokerSecurity
 
@@ -115,7 +115,7 @@ def _java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
         return str(Path(java_home) / "bin" / "java")
-    return jars.require_tool("java", "run the Kafka broker (install OpenJDK 17 or newer)")
+    return require_tool("java", "run the Kafka broker (install OpenJDK 17 or newer)")
 
 
 def _classpath() -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bergstream import jars
-from bergstream.errors import StackError
+from bergstream.errors import StackError, require_tool
 from bergstream.local import processes
 
 MAIN_CLASS = "org.apache.iceberg.rest.RESTCatalogServer"
@@ -78,7 +78,7 @@ def _java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
         return str(Path(java_home) / "bin" / "java")
-    return jars.require_tool("java", "run the Iceberg REST catalog (install OpenJDK 17 or newer)")
+    return require_tool("java", "run the Iceberg REST catalog (install OpenJDK 17 or newer)")
 
 
 def running_pid(config: RestCatalogConfig) -> int | None:
