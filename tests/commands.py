@@ -5,6 +5,7 @@ test runs whole on its own Spark session."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from bergstream import spark as spark_module
 from bergstream.catalog import CatalogConfig
 from bergstream.cli import cli
 from bergstream.errors import BergstreamError
+from bergstream.router.driver import launch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,23 +59,40 @@ class Ran:
 
 def run_in_process(spark: SparkSession, *arguments: str) -> Ran:
     """`bergstream ARGUMENTS` run to its end in the test's own process, on the test's Spark session instead
-    of a driver of its own: for the commands a test runs whole and never kills (an audit, a publish), whose
-    work takes a fraction of a driver's start. The command's catalog must be the session's; the session
-    outlives the command."""
+    of a driver of its own: for the commands a test runs whole and never kills (an audit, a publish, a
+    router's `--available-now`), whose work takes a fraction of a driver's start. The command's catalog must
+    be the session's, and any of bergstream's own Spark settings (spark.bergstream.*) it asks for set on the
+    session alike: a command that needs a session of its own runs as a process. The session outlives the
+    command."""
     from pyspark.sql import SparkSession as Session
 
-    def shared(catalog: CatalogConfig, *_: Any, **__: Any) -> SparkSession:
+    command = f"bergstream {' '.join(arguments)}"
+
+    def shared(
+        catalog: CatalogConfig, master: str = "", app_name: str = "", conf: Mapping[str, str] | None = None
+    ) -> SparkSession:
         uri = spark.conf.get(f"spark.sql.catalog.{catalog.name}.uri", None)
-        assert uri == catalog.uri, (
-            f"bergstream {' '.join(arguments)}: catalog {catalog.uri}, the session's {uri}"
+        assert uri == catalog.uri, f"{command}: catalog {catalog.uri}, the session's {uri}"
+        assert not master.startswith("spark://"), (
+            f"{command}: master {master}, a cluster's: run it as a process"
         )
+        differ = {
+            key: value
+            for key, value in (conf or {}).items()
+            if key.startswith("spark.bergstream.") and spark.conf.get(key, None) != value
+        }
+        assert not differ, f"{command}: Spark settings {differ} the session has not: run it as a process"
         return spark
 
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    # As in a process of its own: the command's logging set up on a root logger without handlers, its lines
+    # on the command's stderr.
+    root.handlers[:] = []
     try:
         with pytest.MonkeyPatch.context() as patched:
             patched.setattr(spark_module, "build_spark_session", shared)
+            patched.setattr(launch, "build_spark_session", shared)  # the router's drivers
             patched.setattr(Session, "stop", lambda _: None)
             result = CliRunner().invoke(cli, list(arguments))
     finally:
@@ -85,3 +104,10 @@ def run_in_process(spark: SparkSession, *arguments: str) -> Ran:
     elif error is not None and not isinstance(error, SystemExit):
         raise error
     return Ran(result.exit_code, result.stdout, stderr)
+
+
+def run_whole(spark: SparkSession, command: list[str]) -> Ran:
+    """A `[python, "-m", "bergstream", ...]` command, as tests write those they start as processes, run to its
+    end by run_in_process instead."""
+    assert command[1:3] == ["-m", "bergstream"], command
+    return run_in_process(spark, *command[3:])

@@ -33,6 +33,7 @@ from bergstream.schemas.archive import PARTITION_SPEC, ArchiveLayout
 from bergstream.schemas.batch_range import BatchRange
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.spark_types import ddl_columns
+from tests.commands import Ran, run_in_process, run_whole
 from tests.routers import (
     ROOT,
     appended_by_spark,
@@ -334,10 +335,7 @@ def test_one_query_archives_every_matching_topic_and_those_created_later(
 
     # Started again from its checkpoint: what came meanwhile is archived once, nothing twice.
     sent[own] |= send(own, 100, seed=7)
-    again = subprocess.run(
-        [*command, "--available-now", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        check=False,
-    )  # fmt: skip
+    again = run_whole(spark, [*command, "--available-now", "--json"])
     assert again.returncode == 1, again.stderr[-3000:]
     report = json.loads(again.stdout)
     assert report["ok"] is False and no_schema in report["error"]
@@ -373,7 +371,7 @@ def archived_dead_letters(stack: Services, identifier: str) -> list[str]:
 
 @pytest.mark.integration
 def test_all_archives_the_topics_with_a_file_in_one_query_and_takes_a_new_file_at_its_next_start(
-    stack: Services, topic_name: str, tmp_path: Path
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     """`--all`: the topics with a file in --topics-dir, by name, in one query named `all`; its
     checkpoint kept when the files change, a topic whose file is added is archived from its first offset,
@@ -404,11 +402,8 @@ def test_all_archives_the_topics_with_a_file_in_one_query_and_takes_a_new_file_a
         return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
 
     def run(files: set[str]) -> dict[str, dict[str, object]]:
-        done = subprocess.run(
-            [sys.executable, "-m", "bergstream", "router", "run", "--all", "--available-now",
-             "--json", "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-        )  # fmt: skip
+        done = run_in_process(spark, "router", "run", "--all", "--available-now", "--json", "--defaults",
+                              str(defaults), "--topics-dir", str(topics_dir))  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         # One query, of every topic with a file, checkpointed where the defaults say.
         (one_query,) = [line for line in done.stderr.splitlines() if "checkpoints to" in line]
@@ -495,7 +490,7 @@ def test_a_batch_larger_than_a_task_s_buffer_is_written_in_more_files_each_sorte
 
 @pytest.mark.integration
 def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_when_the_checkpoint_is_lost(
-    stack: Services, topic_name: str, tmp_path: Path
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     """A topic whose schema is not found is dead-lettered whole, with its positions recorded as any topic's:
     the checkpoint lost, it resumes where its dead-letter table ends, not from `startingOffsets` (earliest
@@ -513,7 +508,7 @@ def test_a_topic_dead_lettered_whole_resumes_where_its_dead_letter_table_ends_wh
         return send_playback(stack, topic, count, seed)
 
     def run() -> None:
-        done = run_all_in_one_query(defaults, topics_dir)
+        done = run_all_in_one_query(spark, defaults, topics_dir)
         # A run with a topic dead-lettered whole reports it as failed, and exits non-zero.
         assert done.returncode == 1, done.stderr[-3000:]
         assert done.stderr.rstrip().endswith(f"bergstream: error: 1 of 2 topics failed: {bad}"), done.stderr[
@@ -562,7 +557,7 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
         return send_playback(stack, topic, count, seed)
 
     def run() -> None:
-        done = run_all_in_one_query(defaults, topics_dir)
+        done = run_all_in_one_query(spark, defaults, topics_dir)
         assert done.returncode == 0, done.stderr[-3000:]
 
     sent = {first: send(first, 100, 1), joined: send(joined, 150, 2)}
@@ -598,7 +593,7 @@ def test_a_topic_new_to_the_checkpoint_starts_where_its_tables_end_not_at_its_fi
 
 @pytest.mark.integration
 def test_a_topic_moved_into_a_query_of_its_own_settings_and_back_is_archived_once(
-    stack: Services, topic_name: str, tmp_path: Path
+    stack: Services, spark: SparkSession, topic_name: str, tmp_path: Path
 ) -> None:
     """A matching topic whose file comes to set another trigger runs in a query of its own from the next
     start, resuming where its tables end; its file's setting gone, it is back in the pattern's query, whose
@@ -613,7 +608,7 @@ def test_a_topic_moved_into_a_query_of_its_own_settings_and_back_is_archived_onc
     command = pattern_command(rf"{prefix}\..*", defaults, topics_dir, "--available-now", "--json")
 
     def run() -> str:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+        done = run_whole(spark, command)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stderr
 
@@ -641,10 +636,8 @@ def send_playback(stack: Services, topic: str, count: int, seed: int) -> set[tup
     return produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
 
 
-def run_all_in_one_query(defaults: Path, topics_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`router run --all --available-now` over the topics with a file in `topics_dir`."""
-    return subprocess.run(
-        [sys.executable, "-m", "bergstream", "router", "run", "--all", "--available-now",
-         "--defaults", str(defaults), "--topics-dir", str(topics_dir)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-    )  # fmt: skip
+def run_all_in_one_query(spark: SparkSession, defaults: Path, topics_dir: Path) -> Ran:
+    """`router run --all --available-now` over the topics with a file in `topics_dir`, run whole on the
+    test's session."""
+    return run_in_process(spark, "router", "run", "--all", "--available-now", "--defaults", str(defaults),
+                          "--topics-dir", str(topics_dir))  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from importlib.metadata import PackageNotFoundError, version
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,6 +36,7 @@ def _version(package: str) -> str:
 class RouterMetrics:
     def __init__(self, topic: str, registry: CollectorRegistry | None = None) -> None:
         self.topic = topic
+        self._server: WSGIServer | None = None
         if registry is None:
             # The driver's own registry, with what Prometheus's default one holds: the process (CPU, memory,
             # open files), Python's garbage collector and version, and which bergstream this is.
@@ -251,5 +253,13 @@ class RouterMetrics:
                 f"cannot serve the metrics of {self.topic} on {host}:{port}: {error.strerror}; "
                 "choose another with --metrics-port or metrics_port"
             ) from error
+        self._server = server
         bound: int = server.server_port
         return bound
+
+    def close(self) -> None:
+        """Stop serving /metrics: the driver's run ended (its process may go on, as a test's does)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -149,15 +149,18 @@ def run_queries(
     if port is not None:
         bound = metrics.serve(port, driver.metrics_host)
         log.info("metrics on http://%s:%d/metrics for %s", driver.metrics_host, bound, label)
-    session = spark or build_spark_session(
-        driver.catalog, master=driver.spark.master, app_name=app_name, conf={**SPARK_PROMETHEUS_CONF, **conf}
-    )
     try:
-        runner = Driver(queries, load, session, metrics, restart, strict, again)
-        return runner.run(available_now)
+        session = spark or build_spark_session(
+            driver.catalog, master=driver.spark.master, app_name=app_name,
+            conf={**SPARK_PROMETHEUS_CONF, **conf},
+        )  # fmt: skip
+        try:
+            return Driver(queries, load, session, metrics, restart, strict, again).run(available_now)
+        finally:
+            if spark is None:
+                session.stop()
     finally:
-        if spark is None:
-            session.stop()
+        metrics.close()
 
 
 def launch_pattern(
