@@ -8,13 +8,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.commands import Ran, run_in_process
 from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).parent.parent
 
@@ -93,6 +97,14 @@ def run_router(
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def archive_whole(spark: SparkSession, topic: str, config: Path, *flags: str) -> Ran:
+    """`router run --topic T --config C --available-now`, run whole on the test's Spark session
+    (commands.run_in_process): for a test that neither kills the router nor gives it Spark settings of its
+    own."""
+    command = ["router", "run", "--topic", topic, "--config", str(config), "--available-now", *flags]
+    return run_in_process(spark, *command)
 
 
 def start_router(topic: str, config: Path, log: Path, *flags: str) -> subprocess.Popen[bytes]:

@@ -22,7 +22,9 @@ from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.local.processes import free_ports
 from bergstream.router.config import load_router_config
 from bergstream.router.driver.launch import archive_available_now
+from tests.commands import refused_before_spark
 from tests.routers import (
+    archive_whole,
     archived_offsets,
     committed_offsets,
     eventually,
@@ -49,8 +51,10 @@ def wait_for_line(log: Path, text: str, count: int, timeout: float = 120) -> Non
 
 
 def test_available_now_archives_each_offset_once_and_commits_the_group(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
+    """The command as a process of its own, then run again (nothing new, then new records) on the tests'
+    session."""
     config = write_config(stack, tmp_path, topic_name)
     first = produce(
         ProduceRequest(topic=topic_name, schema="playback", count=3000, bad_fraction=0.03, partitions=3),
@@ -67,7 +71,7 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
     added = [catalog.load_table(f"{stack.catalog.namespace}.{t}").inspect.files().num_rows for t in tables]
     assert counted is not None and int(counted.group(1)) == sum(added) and all(added), (counted, added)
 
-    again = run_router(topic_name, config, "--available-now")
+    again = archive_whole(spark, topic_name, config)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "read 0," in again.stdout
 
@@ -75,7 +79,7 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
         ProduceRequest(topic=topic_name, schema="playback", count=1000, partitions=3, seed=2),
         stack.bootstrap_servers, show_progress=False,
     )  # fmt: skip
-    assert run_router(topic_name, config, "--available-now").returncode == 0
+    assert archive_whole(spark, topic_name, config).returncode == 0
 
     seen = archived_offsets(stack, topic_name)
     expected = produced_offsets(first.offsets) | produced_offsets(second.offsets)
@@ -110,19 +114,22 @@ def test_available_now_archives_each_offset_once_and_commits_the_group(
     ],
 )
 def test_bad_settings_are_refused_naming_the_file_and_key(
-    stack: Services, tmp_path: Path, settings: dict[str, object], message: str
+    stack: Services,
+    tmp_path: Path,
+    settings: dict[str, object],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = write_config(stack, tmp_path, "refused", **settings)
-    done = run_router("refused", config, "--available-now", timeout=120)
-    assert done.returncode == 1
-    error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("bergstream: error: ")
-    assert message in error
-    assert str(config) in error
+    command = ["router", "run", "--topic", "refused", "--config", str(config), "--available-now"]
+    refused = refused_before_spark(monkeypatch, *command)
+    assert refused.exit_code == 1
+    assert message in refused.message
+    assert str(config) in refused.message
 
 
 def test_sigkill_at_random_moments_and_a_lost_checkpoint_lose_and_repeat_nothing(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     """Killed three times; once, its checkpoint is lost too: the router resumes where its tables end."""
     config = write_config(stack, tmp_path, topic_name, max_offsets_per_trigger=1500)
@@ -144,7 +151,7 @@ def test_sigkill_at_random_moments_and_a_lost_checkpoint_lose_and_repeat_nothing
         router.wait()
         if round_number == 1:
             shutil.rmtree(tmp_path / "checkpoints" / topic_name)
-    drained = run_router(topic_name, config, "--available-now")
+    drained = archive_whole(spark, topic_name, config)
     assert drained.returncode == 0, drained.stderr[-3000:]
     assert log.read_text().count("holds no batch; resuming where the tables' snapshots say") == 1
 
@@ -172,7 +179,7 @@ def test_expired_offsets_are_counted_and_the_router_goes_on(
         future.result(30)
     produce(request, stack.bootstrap_servers, show_progress=False)  # offsets 200..299
 
-    done = run_router(topic_name, config, "--available-now")
+    done = archive_whole(spark, topic_name, config)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         "partition 0: offsets 100 to 149 (50 records) expired from Kafka before being archived" in done.stderr
