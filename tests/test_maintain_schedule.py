@@ -24,11 +24,13 @@ from bergstream.router.write import BATCH_ID, QUERY_ID
 from bergstream.runtime.pins import pin
 from bergstream.schemas.archive import ArchiveLayout
 from bergstream.schemas.event_schema import load_event_schema
+from tests.commands import refused_before_spark
 from tests.routers import (
+    archive_whole,
     archived_offsets,
     eventually,
     produced_offsets,
-    run_router,
+    router_command,
     start_router,
     write_config,
 )
@@ -81,15 +83,20 @@ def test_properties_are_set_on_new_and_existing_tables(
     ],
 )
 def test_bad_maintain_every_is_refused_at_start(
-    stack: Services, topic_name: str, tmp_path: Path, flag: str | None, in_file: str | None, said: str
+    stack: Services,
+    topic_name: str,
+    tmp_path: Path,
+    flag: str | None,
+    in_file: str | None,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = {} if in_file is None else {"maintenance": {"every": in_file}}
     config = write_config(stack, tmp_path, topic_name, **settings)
     flags = () if flag is None else ("--maintain-every", flag)
-    done = run_router(topic_name, config, *flags, timeout=60)
-    assert done.returncode != 0
-    assert "maintenance.every" in done.stderr and said in done.stderr, done.stderr[-2000:]
-    assert "Spark" not in done.stderr  # refused before Spark started
+    refused = refused_before_spark(monkeypatch, *router_command(topic_name, config, *flags)[3:])
+    assert refused.exit_code != 0
+    assert "maintenance.every" in refused.message and said in refused.message, refused.message[-2000:]
 
 
 def metric(text: str, name: str) -> float:
@@ -229,7 +236,7 @@ def test_restart_after_expiry_neither_doubles_nor_loses(
     assert router_snapshots(spark, archive) == ["2"], "expiry left the router's older snapshots"
     assert router_snapshots(spark, dead_letters) == ["2"]
 
-    again = run_router(topic_name, path, "--available-now")
+    again = archive_whole(spark, topic_name, path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(1 replayed)" in again.stdout, again.stdout
     seen = archived_offsets(stack, topic_name)

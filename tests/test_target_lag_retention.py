@@ -3,17 +3,21 @@ is due (router/driver/unread.py), so its records must still be in Kafka by then.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.routers import ROOT, pattern_command, write_defaults
+from tests.commands import run_whole
+from tests.routers import pattern_command, write_defaults
 from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def test_a_target_lag_over_half_a_topic_s_retention_is_refused_at_start_naming_the_topic(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     prefix = topic_name[:40]
     short, long = f"{prefix}.short", f"{prefix}.long"
@@ -26,16 +30,13 @@ def test_a_target_lag_over_half_a_topic_s_retention_is_refused_at_start_naming_t
     (topics_dir := tmp_path / "topics").mkdir()
     command = pattern_command(rf"{prefix}\..*", write_defaults(stack, tmp_path, schema="playback",
                               encoding="json", target_lag="60s"), topics_dir, "--available-now")  # fmt: skip
-    refused = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    refused = run_whole(spark, command)
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0, output[-3000:]
     assert f"{short} (retention.ms 100000, target_lag 60s)" in output, output[-3000:]
     assert long not in output.split("less than 2 times their target lag")[-1].split("\n")[0]
 
     # Half the retention passes: the router starts and archives both topics.
-    accepted = subprocess.run(
-        pattern_command(rf"{prefix}\..*", write_defaults(stack, tmp_path, schema="playback", encoding="json",
-                        target_lag="50s"), topics_dir, "--available-now"),
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-    )  # fmt: skip
+    defaults = write_defaults(stack, tmp_path, schema="playback", encoding="json", target_lag="50s")
+    accepted = run_whole(spark, pattern_command(rf"{prefix}\..*", defaults, topics_dir, "--available-now"))
     assert accepted.returncode == 0, (accepted.stdout + accepted.stderr)[-3000:]
