@@ -8,9 +8,9 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -19,8 +19,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bergstream.loadgen.producer import ProduceRequest, produce
 from bergstream.router.config import table_for_topic
 from bergstream.schemas.event_schema import AVRO_DIR
+from tests.commands import run_whole
 from tests.routers import (
-    ROOT,
     archived_offsets,
     pattern_command,
     produced_offsets,
@@ -28,6 +28,9 @@ from tests.routers import (
     write_defaults,
 )
 from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 from tests.test_pattern_router import archived_dead_letters
 from tests.test_router import wait_for_line
 
@@ -35,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_one_query_over_several_topics_killed_at_random_moments_loses_and_repeats_nothing(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     prefix = topic_name[:40]
     steady = [f"{prefix}.s{n}" for n in range(3)]
@@ -89,9 +92,7 @@ def test_one_query_over_several_topics_killed_at_random_moments_loses_and_repeat
         finally:
             os.killpg(router.pid, signal.SIGKILL)  # the Python driver and its Spark JVM, at once
             router.wait()
-    drained = subprocess.run(
-        [*command, "--available-now"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False
-    )
+    drained = run_whole(spark, [*command, "--available-now"])
     assert drained.returncode == 0, drained.stderr[-3000:]
     # The third run found no checkpoint: each topic that had archived resumed where its tables end.
     resumed = log.read_text().count("holds no batch; resuming where the tables' snapshots say")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from confluent_kafka import Message, Producer, TopicPartition
@@ -28,9 +28,9 @@ from bergstream.router.driver.unread import RECORDS_DIR
 from bergstream.schemas.batch_range import BatchRange
 from bergstream.schemas.event_schema import load_event_schema
 from bergstream.schemas.schema_registry import SchemaRegistrySettings
+from tests.commands import run_whole
 from tests.postgres import USER, postgres_server
 from tests.routers import (
-    ROOT,
     archived_offsets,
     eventually,
     pattern_command,
@@ -40,6 +40,9 @@ from tests.routers import (
     write_defaults,
 )
 from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 from tests.test_unread_ranges import killed, metric_total, metric_value
 
 
@@ -66,7 +69,11 @@ def ends(sent: set[tuple[int, int]]) -> dict[int, int]:
 
 
 def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_record_once_or_counted_lost(
-    stack: Services, registry: registry_server.SchemaRegistryConfig, topic_name: str, tmp_path: Path
+    spark: SparkSession,
+    stack: Services,
+    registry: registry_server.SchemaRegistryConfig,
+    topic_name: str,
+    tmp_path: Path,
 ) -> None:
     """A pattern router on an hour's target lag reads nothing of its three topics while the test runs but
     what the history makes due. A new schema version of one topic while it is unread needs no commit of its
@@ -149,9 +156,7 @@ def test_a_schema_change_a_topic_deleted_and_one_made_again_while_stopped_each_r
     # refuses it at start (its offsets start over), and what the others have unread stays recorded.
     recreate(stack.bootstrap_servers, remade, 2)
     send(remade, 10, seed=10)
-    refused = subprocess.run(
-        [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
-    )
+    refused = run_whole(spark, [*command, "--available-now"])
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0, output[-3000:]
     assert f"topic {remade}: Kafka's topic of that name has id" in output, output[-3000:]
