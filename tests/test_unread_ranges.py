@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -30,9 +31,9 @@ from bergstream.local.processes import free_ports
 from bergstream.router.config import table_for_topic
 from bergstream.router.driver.behind import BEHIND_FILE
 from bergstream.router.driver.unread import RECORDS_DIR
+from tests.commands import run_whole
 from tests.postgres import USER, PostgresServer, postgres_server
 from tests.routers import (
-    ROOT,
     archived_offsets,
     eventually,
     pattern_command,
@@ -41,6 +42,9 @@ from tests.routers import (
     write_defaults,
 )
 from tests.services import Services
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # A batch's range in a partition, as its commit's summary records it.
 BATCH_START = "bergstream.kafka.batch-start"
@@ -146,11 +150,10 @@ def _metadata(table: object, snapshot_id: int | None = None) -> list[tuple[int, 
     return [(m["partition"], m["offset"]) for m in scan.to_arrow().column("__metadata__").to_pylist()]
 
 
-def drained(command: list[str]) -> str:
-    """`command` run with `--available-now` to its end: every topic's range unread archived."""
-    done = subprocess.run(
-        [*command, "--available-now"], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
-    )
+def drained(spark: SparkSession, command: list[str]) -> str:
+    """`command` run with `--available-now` to its end, on the tests' session: every topic's range unread
+    archived."""
+    done = run_whole(spark, [*command, "--available-now"])
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return done.stdout + done.stderr
 
@@ -335,7 +338,7 @@ def test_each_record_is_archived_once_whatever_step_the_router_is_killed_at_and_
 
 
 def test_a_topics_tables_dropped_while_a_range_is_unread_hold_it_from_where_its_record_says_it_starts(
-    stack: Services, topic_name: str, tmp_path: Path
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
 ) -> None:
     """A topic's tables dropped while the router is stopped with a range unread (its archive started over):
     made again, they record no position, and the range is read from where the record beside the checkpoint
@@ -378,7 +381,7 @@ def test_a_topics_tables_dropped_while_a_range_is_unread_hold_it_from_where_its_
         catalog.drop_table(f"{stack.catalog.namespace}.{name}")
     # More records meanwhile: the batch that meets them starts where the checkpoint's last one ended.
     unread |= send(30, seed=3)
-    drained(command)
+    drained(spark, command)
     archived_once_exactly(stack, topic, unread, start=ends)
 
 
