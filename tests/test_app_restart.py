@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from bergstream.loadgen.producer import ProduceRequest, produce
+from tests.commands import run_whole
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def test_a_live_application_killed_with_sigkill_resumes_with_every_record_once(
     process.wait()
     assert _logged(checkpoint / "commits") < 8, "killed before the end of the topic"
 
-    resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    resumed = run_whole(spark, command)  # the same command, run to its end on the tests' session
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "SPARK-55271" in resumed.stderr, "the killed batch was not replayed"
     rows = [(row.partition, row.offset) for row in spark.table(f"bergstream.apps.{output}").collect()]

@@ -20,6 +20,7 @@ from bergstream.router.driver.launch import archive_available_now
 from bergstream.runtime.run import run_app
 from bergstream.runtime.run_report import RunReport
 from bergstream.runtime.settings import AppSettings
+from tests.commands import run_whole
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ def test_a_bootstrap_killed_in_the_archive_phase_at_the_switch_and_after_it_resu
             then()
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    resumed = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    resumed = run_whole(spark, command)  # the same command, run to its end on the tests' session
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     plain = settings(stack, topics, "sessionizer", tmp_path / "plain", "killed_plain", mode="live")
     run_app(spark, plain, available_now=True, show_progress=False)
