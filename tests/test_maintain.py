@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,7 +23,8 @@ from bergstream.router.driver.launch import archive_available_now
 from bergstream.router.maintain import closed_before, until_committed
 from bergstream.router.retry import Backoff
 from bergstream.schemas.event_schema import load_event_schema
-from tests.routers import ROOT, archived_offsets, eventually, start_router, write_config
+from tests.commands import run_in_process
+from tests.routers import archived_offsets, eventually, start_router, write_config
 from tests.services import Services
 
 if TYPE_CHECKING:
@@ -95,11 +94,9 @@ def test_maintain_while_the_router_runs(
         eventually(
             lambda: router_log.read_text().count(" batch ") >= 2, "two batches of the live router", 180
         )
-        maintained = subprocess.run(
-            [sys.executable, "-m", "bergstream", "router", "maintain", "--topic", topic_name,
-             "--config", str(config), "--json"],
-            capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
-        )  # fmt: skip
+        # An operator's maintenance, on the tests' session: a driver beside the router's.
+        operator = ["router", "maintain", "--topic", topic_name, "--config", str(config), "--json"]
+        maintained = run_in_process(spark, *operator)
         assert maintained.returncode == 0, failure_lines(maintained.stderr)
         report = json.loads(maintained.stdout)
         assert report["ok"] and report["topic"] == topic_name

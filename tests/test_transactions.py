@@ -20,6 +20,7 @@ from bergstream.router.config import RouterConfig, flat_settings
 from bergstream.router.driver.launch import archive_available_now
 from bergstream.runtime.run import run_app
 from bergstream.schemas.batch_range import ISOLATION_LEVEL
+from tests.commands import run_whole
 from tests.jobs.identity_app import identity_settings
 from tests.kafka_reads import read_committed
 from tests.services import Services
@@ -256,7 +257,6 @@ def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_u
 ) -> None:
     """An archive made with read_uncommitted holds the aborted records; `router aborted` counts them per
     partition and table, and with --delete leaves each committed record once."""
-    import subprocess
     import sys
 
     import yaml
@@ -279,7 +279,7 @@ def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_u
     settings.write_text(yaml.safe_dump(flat_settings(uncommitted, mode="json")))
     command = [sys.executable, "-m", "bergstream", "router", "aborted", "--topic", topic, "--config",
                str(settings), "--json"]  # fmt: skip
-    found = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    found = run_whole(spark, command)
     assert found.returncode == 0, found.stderr[-3000:]
     report = json.loads(found.stdout)
     archive_report, dead_letter_report = report["tables"]
@@ -288,12 +288,12 @@ def test_router_aborted_finds_and_removes_the_aborted_records_a_router_reading_u
     assert dead_letter_report["aborted"] == 0
     assert len(archived(spark, stack, topic)) == 1600, "nothing removed without --delete"
 
-    removed = subprocess.run([*command, "--delete"], capture_output=True, text=True, timeout=300, check=False)
+    removed = run_whole(spark, [*command, "--delete"])
     assert removed.returncode == 0, removed.stderr[-3000:]
     assert json.loads(removed.stdout)["tables"][0]["deleted_in"] is not None
     spark.sql(f"REFRESH TABLE {stack.catalog.table_identifier(topic)}")
     rows = archived(spark, stack, topic)
     assert_once(rows)
     assert {name for name, _, _ in rows} == sent.committed
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    again = run_whole(spark, command)
     assert json.loads(again.stdout)["tables"][0]["aborted"] == 0
