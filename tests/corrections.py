@@ -397,9 +397,9 @@ def correct_live(
     stack: Services, spark: SparkSession, tmp_path: Path, scenario: Scenario, own_processes: bool = False
 ) -> None:
     """The proof for `scenario`'s application (the attribution's in test_corrections_two_sources.py, so
-    that the two run side by side). With `own_processes`, the audit that falls below its match, the unpublish
-    and the release run as an operator runs them, each a process and a driver of its own; the other
-    commands the proof runs whole run in this process."""
+    that the two run side by side). With `own_processes`, the audit that falls below its match runs as an
+    operator's script runs it, a process and a driver of its own whose exit code says so; the other commands
+    the proof runs whole (the resumed run too) run in this process, on its session."""
     t0 = scenario.start
     output = f"{scenario.app}_{next(iter(scenario.topics.values()))}"
     identifier = f"{stack.catalog.name}.apps.{output}"
@@ -481,8 +481,7 @@ def correct_live(
         assert first.poll() is None, killed_log.read_text()[-3000:]
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-        resumed = subprocess.run([*command, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                 check=False)  # fmt: skip
+        resumed = in_process(*command[3:], "--json")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert json.loads(resumed.stdout)["ok"] is True
         # The branch: main as it was made from, its window's rows the true ones, each once.
@@ -580,7 +579,7 @@ def correct_live(
     assert max(rows(identifier, "true").values()) == 1, "a row twice"
 
     # Unpublished: the window's rows are the live query's again, what it appended since kept.
-    undone = as_operator("backfill", "unpublish", *app, "--branch", "fix", "--json")
+    undone = in_process("backfill", "unpublish", *app, "--branch", "fix", "--json")
     assert undone.returncode == 0, undone.stderr[-3000:]
     assert rows(identifier, in_window) == lived
     assert rows(identifier, outside) == live_outside
@@ -591,7 +590,7 @@ def correct_live(
     assert json.loads(republished.stdout)["tag"] != tag
     assert rows(identifier, in_window) == expected
     assert rows(identifier, outside) == live_outside
-    released = as_operator("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
+    released = in_process("backfill", "release", *app[:2], "--branch", "fix", "--config", str(config))
     assert released.returncode == 0, released.stderr[-3000:]
     table = stack.catalog.load().load_table(("apps", output))
     assert sorted(table.metadata.refs) == ["main"]
