@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -187,6 +188,44 @@ def test_expired_offsets_are_counted_and_the_router_goes_on(
     assert "50 offsets expired before they were read" in done.stdout
     seen = sorted(archived_offsets(stack, topic_name))
     assert seen == [(0, o) for o in [*range(100), *range(150, 300)]]
+
+
+def test_an_available_now_run_whose_last_write_fails_exits_failed_and_the_next_archives_the_rest_once(
+    spark: SparkSession, stack: Services, topic_name: str, tmp_path: Path
+) -> None:
+    """A run's records held to its end by a target lag, then its one write refused by the file system (the
+    table's data folder a file): the run exits failed, naming the topic, and archives nothing. Mended, the
+    next run archives every offset of both, once."""
+    # A failed commit set aside at once, not waited out as an outage of the warehouse.
+    retry = {"give_up_after_seconds": 0}
+    config = write_config(stack, tmp_path, topic_name, target_lag="1h", commit_retry=retry)
+    request = ProduceRequest(topic=topic_name, schema="playback", count=200, partitions=2)
+    first = produced_offsets(produce(request, stack.bootstrap_servers, show_progress=False).offsets)
+    done = archive_whole(spark, topic_name, config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(archived_offsets(stack, topic_name)) == first
+
+    later = ProduceRequest(topic=topic_name, schema="playback", count=300, partitions=2, seed=2)
+    second = produced_offsets(produce(later, stack.bootstrap_servers, show_progress=False).offsets)
+    table = stack.catalog.load().load_table(f"{stack.catalog.namespace}.{topic_name}")
+    data = Path(urllib.parse.urlparse(table.location()).path) / "data"
+    data.rename(kept := data.with_name("data.kept"))
+    data.write_text("no folder: every write below it fails\n")
+    try:
+        failed = archive_whole(spark, topic_name, config)
+    finally:
+        data.unlink()
+        kept.rename(data)
+    assert failed.returncode != 0, failed.stdout[-3000:]
+    said = failed.stdout + failed.stderr
+    assert f"{topic_name}: FAILED: set aside, not caught up" in said, said[-3000:]
+    assert f"error: 1 of 1 topics failed: {topic_name}" in said, said[-3000:]
+    assert set(archived_offsets(stack, topic_name)) == first
+
+    mended = archive_whole(spark, topic_name, config)
+    assert mended.returncode == 0, mended.stderr[-3000:]
+    seen = archived_offsets(stack, topic_name)
+    assert len(seen) == len(set(seen)) and set(seen) == first | second
 
 
 def archived(stack: Services, topic: str) -> int:

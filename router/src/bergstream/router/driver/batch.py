@@ -276,21 +276,23 @@ class BatchArchive:
             log.warning("%s: the %d topics due between batches are not read now (%s); they are at the next "
                         "batch", subscription, len(due), first_line(error))  # fmt: skip
 
-    def drain(self, last: int, workers: Mapping[str, TopicWorker], subscription: str) -> None:
+    def drain(self, last: int, workers: Mapping[str, TopicWorker], subscription: str) -> dict[str, str]:
         """The query ended: every topic's range unread read and archived under its last batch `last`, as
-        many at once as a batch does. One that fails stays unread, recorded: read when the router starts
-        again."""
+        many at once as a batch does. Those that fail stay unread, recorded, read when the router starts
+        again: returned, with why ({topic: why})."""
         due = self.unread.due({}, every=True, settled=True)
         if not due:
-            return
+            return {}
         try:
             self.archive_due(last, due, workers, settled=True)
             self.unread.record(last)
         except Exception as error:
             log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
                       "router starts again", subscription, first_line(error))  # fmt: skip
-            return
+            why = f"left unread as the query ended ({first_line(error)}); read when the router starts again"
+            return dict.fromkeys(due, why)
         log.info("%s: the ranges of %d topics unread archived as the query ended", subscription, len(due))
+        return {}
 
     def _write(
         self, records: DataFrame, batch_id: int, ranges: dict[str, BatchRange], busy: dict[str, TopicWorker]

@@ -221,7 +221,7 @@ class SetAside:
                     del self._gaps[topic]
                     self._file.put(topic, None)
         with self._lock:
-            return {topic: gap.reason for topic, gap in self._gaps.items()}
+            return {topic: f"set aside, not caught up: {gap.reason}" for topic, gap in self._gaps.items()}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

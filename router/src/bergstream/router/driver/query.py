@@ -4,10 +4,9 @@ topic whose whole name a pattern matches (`--pattern`, topics created later too)
 Its micro-batch is split by topic: each topic's rows are appended to its own archive and dead-letter
 tables, each exactly once per batch under the query's and the batch's ids, with the Kafka range the batch
 covers in that topic (offset_log.py), by the topic's worker (router/topic), with its own accounting,
-metrics and consumer group `bergstream-router.<topic>`, committed after each batch. What a batch costs
-grows with the topics that have records in it, not with those read: a quiet topic costs nothing but its
-place in the offset log. A topic over one query costs what a topic's own router always did: it is the
-same code.
+metrics and consumer group `bergstream-router.<topic>`, committed after each batch. A batch costs what its
+topics with records cost: a quiet topic nothing but its place in the offset log, another what a router of
+its own always did (it is the same code).
 """
 
 from __future__ import annotations
@@ -115,7 +114,7 @@ class TopicsQuery:
         self._checkpoint_batch: int | None = None
         # This run's last batch whose topics are archived or set aside: catch-ups between batches use its id.
         self._archived_batch: int | None = None
-        # With available_now, the topics that could not be caught up before the query ended, with why.
+        # With available_now, the topics not archived as they were when the query ended, with why.
         self.still_behind: dict[str, str] = {}
         self._followed_batch: int | None = None
         workers = settings.parallel_topics or spark.sparkContext.defaultParallelism
@@ -181,9 +180,8 @@ class TopicsQuery:
             existing = list(settings.topics)
         else:
             existing = self.kafka.topics(settings.regex)
-        log.info(
-            "%s: %d topics now: %s", settings.subscription, len(existing), ", ".join(existing) or "none yet"
-        )
+        log.info("%s: %d topics now: %s", settings.subscription, len(existing),
+                 ", ".join(existing) or "none yet")  # fmt: skip
         # Made once here: topics creating their tables at once would each try to make the namespace.
         ensure_namespace(self.spark, settings.catalog)
         # Side by side, a fraction of a second each; their ids written beside the checkpoint once for all.
@@ -236,10 +234,11 @@ class TopicsQuery:
                      self.settings.checkpoint_location)  # fmt: skip
             self._recover()
             self.runner.run(self._follow)
-            self._drain_unread()
+            unread = self._drain_unread()
             last = self._last_batch() if available_now and self.behind.topics() else None
             if last is not None:
                 self.still_behind = self.behind.finish(self.topics, last)
+            self.still_behind.update(unread if available_now else {})
         finally:
             refreshing.set()
             if self.runner.query is not None:
@@ -322,13 +321,14 @@ class TopicsQuery:
         """Commit what a driver before this one left pending on the checkpoint, each table once."""
         self.pending.recover(self.topics, self.behind.set_aside, self.settings.subscription)
 
-    def _drain_unread(self) -> None:
-        """The query ended (stopped, or every topic archived as it was): what each topic has unread."""
-        last = self._last_batch()
-        if last is not None:
-            self._ends_from_checkpoint(last)
-            with self._writing:
-                self.batches.drain(last, self.topics, self.settings.subscription)
+    def _drain_unread(self) -> dict[str, str]:
+        """The query ended (stopped, or every topic archived as it was): what each topic has unread. The
+        topics left unread, with why."""
+        if (last := self._last_batch()) is None:
+            return {}
+        self._ends_from_checkpoint(last)
+        with self._writing:
+            return self.batches.drain(last, self.topics, self.settings.subscription)
 
     def _ends_from_checkpoint(self, last: int) -> None:
         """Before this run's first batch: where the checkpoint's last batch ended, from its offset log, for

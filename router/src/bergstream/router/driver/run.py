@@ -242,7 +242,7 @@ class Driver:
             outcome.totals.add(totals[topic])
             outcome.error = None if worker.refusal is None else f"dead-lettered whole: {worker.refusal}"
             if topic in query.still_behind:
-                outcome.error = f"set aside, not caught up: {query.still_behind[topic]}"
+                outcome.error = query.still_behind[topic]
 
     def _topics_of(self, settings: DriverSettings, query: TopicsQuery | None) -> list[str]:
         named = list(settings.topics or ())
