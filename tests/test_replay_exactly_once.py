@@ -307,7 +307,7 @@ def test_a_replay_failed_on_a_kafka_error_or_interrupted_resumes_exactly_once(
         f"replay of bergstream.archive.{TOPIC} into {target} stopped in epoch 2 " in str(failed.value)
         and "too large" in str(failed.value)
         and "Epochs 0 to 1 were delivered whole; the same command goes on from there" in str(failed.value)
-    ), failed.value
+    ), str(failed.value)
     set_max_message_bytes(stack.bootstrap_servers, target, "1048588")
 
     def interrupt(report: Any) -> None:
@@ -428,7 +428,7 @@ def test_a_replay_failed_reading_the_archive_resumes_exactly_once(stack: Service
         f"replay of bergstream.archive.{TOPIC} into {target} stopped in epoch 2 " in str(failed.value)
         and "reading the archive failed" in str(failed.value)
         and "Epochs 0 to 1 were delivered whole; the same command goes on from there" in str(failed.value)
-    ), failed.value
+    ), str(failed.value)
     for path in moved:
         path.rename(path.with_name(path.name.removesuffix(".away")))
     report = replay(stack.catalog, TOPIC, window, BoundedOrder(B), target, client)
