@@ -168,17 +168,15 @@ class RecordProducer:
         with self._fatal():
             remaining = self._producer.flush(timeout_seconds)
         if self.failures or remaining:
-            # The broker's refusal says more than the local failures that follow it: in a transaction, the
-            # records still queued then fail as purged.
-            refused = [failure for failure in self.failures if failure.code() >= 0]
-            fallback = (
-                (refused or self.failures)[0]
-                if self.failures
-                else f"{remaining} records still undelivered after {timeout_seconds:g}s"
-            )
-            raise DeliveryFailed(
-                self.errors.explain(self._producer, fallback), len(self.failures) + remaining
-            )
+            undelivered = f"{remaining} records still undelivered after {timeout_seconds:g}s"
+            fallback = self.failures[0] if self.failures else undelivered
+            raise DeliveryFailed(self._why(fallback), len(self.failures) + remaining)
+
+    def _why(self, fallback: KafkaError | str) -> str:
+        """Why records failed: the broker's refusal says more than the local failures that follow it (in a
+        transaction, the records still queued then fail as purged)."""
+        refused = [failure for failure in self.failures if failure.code() >= 0]
+        return self.errors.explain(self._producer, refused[0] if refused else fallback)
 
     def init_transactions(self, timeout_seconds: float) -> None:
         """Make this producer the only one of its `transactional.id`: an earlier one (a process killed in a
@@ -228,7 +226,14 @@ class RecordProducer:
         except (KafkaException, SystemError) as error:
             cause = error.__cause__ if isinstance(error, SystemError) else error
             if isinstance(cause, KafkaException):
-                raise DeliveryFailed(failure(cause.args[0])) from error
+                if cause.args[0].code() == KafkaError._STATE:
+                    # A transaction a refused record put in error refuses the records sent after it: the
+                    # refusal, in its delivery report, says why.
+                    with suppress(KafkaException, SystemError):
+                        self._producer.poll(0)
+                if cause.args[0].code() != KafkaError._STATE or not self.failures:
+                    raise DeliveryFailed(failure(cause.args[0])) from error
+                raise DeliveryFailed(self._why(self.failures[0]), len(self.failures)) from error
             with suppress(KafkaException, SystemError):
                 self._producer.poll(0)  # serves the error callback
             if self.errors.fatal is None and not self.failures:
