@@ -290,7 +290,7 @@ class BatchArchive:
             log.error("%s: the ranges unread as the query ended are not all archived (%s); they are when the "
                       "router starts again", subscription, first_line(error))  # fmt: skip
             why = f"left unread as the query ended ({first_line(error)}); read when the router starts again"
-            return dict.fromkeys(due, why)
+            return {topic: why for topic in due if self.unread.range(topic, settled=True) is not None}
         log.info("%s: the ranges of %d topics unread archived as the query ended", subscription, len(due))
         return {}
 
